@@ -1,0 +1,27 @@
+"""Mizuoto's memory runtime: a model runs if its minimum working set fits on the device.
+
+The public API (see the README and ../shared/spec/SPEC.md for the requirement IDs):
+`DeviceService` (M5, M14, M55–M56), `VramPolicy` (M9–M10), `ModelHandle` (M15–M17,
+M25–M28), `ModelManager` (M6–M8, M30–M33), `RequestContext` (M1–M4, M40–M44), `Runtime`.
+This package never imports `comfy`, except in `comfy_bridge`.
+"""
+from __future__ import annotations
+
+from .audio import Audio, read_wav, write_wav
+from .devices import DeviceService, OomInjector
+from .errors import CancelledError, CheckpointError, MizuotoError, SettingError, StrictDeviceError
+from .handle import ModelHandle
+from .loading import build_on_meta, load_safetensors
+from .manager import ModelManager
+from .phases import RequestContext
+from .policy import VramPolicy
+from .runtime import Runtime
+from .tiling import tiled_1d
+from .units import plan_units
+
+__all__ = [
+    "Audio", "CancelledError", "CheckpointError", "DeviceService", "MizuotoError", "ModelHandle",
+    "ModelManager", "OomInjector", "RequestContext", "Runtime", "SettingError", "StrictDeviceError",
+    "VramPolicy", "build_on_meta", "load_safetensors", "plan_units", "read_wav", "tiled_1d", "write_wav",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,92 @@
+"""`mizuoto say | runtime | doctor` — the runtime without ComfyUI."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .audio import read_wav, write_wav
+from .engines import ENGINES, Sampling
+from .errors import MizuotoError
+from .runtime import DTYPES, Runtime
+
+log = logging.getLogger("mizuoto")
+
+
+def _settings(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise MizuotoError(f"--setting expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mizuoto", description="Mizuoto TTS runtime")
+    sub = p.add_subparsers(dest="command", required=True)
+    say = sub.add_parser("say", help="synthesize text to a WAV file and print meta.memory")
+    say.add_argument("text")
+    say.add_argument("--engine", default="demo", choices=sorted(ENGINES))
+    say.add_argument("--model", help="checkpoint folder (engines that need weights)")
+    say.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    say.add_argument("-o", "--output", default="out.wav")
+    say.add_argument("--voice", help="reference WAV for voice cloning")
+    say.add_argument("--ref-text", help="transcript of the reference WAV")
+    say.add_argument("--speaker", help="a built-in speaker (engines that have them)")
+    say.add_argument("--seed", type=int, default=0)
+    say.add_argument("--max-new-tokens", type=int, default=2048)
+    say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
+    for name in ("say", "runtime", "doctor"):
+        target = say if name == "say" else sub.add_parser(name, help=f"{name} report")
+        target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                            help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
+    return p
+
+
+def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
+    rt = Runtime(_settings(args.setting))
+    engine = rt.engine(args.engine, args.model, args.dtype)
+    reference = read_wav(args.voice) if args.voice else None
+    sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens)
+    audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
+                         sampling=sampling, allow_fallback=args.allow_fallback)
+    path = write_wav(args.output, audio)
+    return {"output": str(path), "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate, **meta}
+
+
+def cmd_runtime(args: argparse.Namespace) -> dict[str, Any]:
+    return Runtime(_settings(args.setting)).describe()
+
+
+def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
+    """M52: the memory policy in force, and which engines can be imported."""
+    rt = Runtime(_settings(args.setting))
+    engines = {}
+    for engine_id, (module, _, extra) in ENGINES.items():
+        package = {"qwen3tts": "qwen_tts"}.get(engine_id)
+        ok = package is None or importlib.util.find_spec(package) is not None
+        engines[engine_id] = "ok" if ok else f"missing (pip install 'mizuoto[{extra}]')"
+    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        result = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor}[args.command](args)
+    except MizuotoError as exc:
+        log.error("%s", exc)
+        return 2
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

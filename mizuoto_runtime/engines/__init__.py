@@ -1,0 +1,29 @@
+"""Engine adapters, imported lazily: an engine's upstream package is an optional extra."""
+from __future__ import annotations
+
+import importlib
+
+from ..errors import MizuotoError
+from .base import Codes, Engine, Sampling, Voice
+
+# id -> (module, class, pip extra that provides its upstream package)
+ENGINES: dict[str, tuple[str, str, str | None]] = {
+    "demo": ("mizuoto_runtime.engines.demo", "DemoEngine", None),
+    "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
+    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
+}
+
+
+def engine_class(engine_id: str) -> type[Engine]:
+    if engine_id not in ENGINES:
+        raise MizuotoError(f"unknown engine {engine_id!r}; known: {', '.join(ENGINES)}")
+    module_name, cls_name, extra = ENGINES[engine_id]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f" (install it with: pip install 'mizuoto[{extra}]')" if extra else ""
+        raise MizuotoError(f"engine {engine_id!r} cannot be imported: {exc}{hint}") from exc
+    return getattr(module, cls_name)
+
+
+__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "engine_class"]

@@ -1,0 +1,120 @@
+"""The engine protocol: what an engine adapter offers the runtime, the CLI and the nodes.
+
+An engine owns components (registered `ModelHandle`s) and runs a TTS request in phases (M1):
+`voice_prompt` (reference audio → a cached voice), `generate` (text + voice → codes) and
+`decode` (codes → audio), each wrapping its work in ``ctx.run`` / ``ctx.use`` with its own
+working-memory estimate (M45). Unphased engines (`PHASED = False`, e.g. the dummy engine)
+get all their handles for the whole call, with `memory_required(text)` (M4, M48).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ..audio import Audio
+
+if TYPE_CHECKING:
+    from ..handle import ModelHandle
+    from ..manager import ModelManager
+    from ..phases import RequestContext
+
+
+@dataclasses.dataclass
+class Sampling:
+    """Generation settings a request may set; engines ignore what they do not use."""
+
+    seed: int = 0
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    max_new_tokens: int = 2048
+    do_sample: bool = True
+
+
+@dataclasses.dataclass
+class Voice:
+    """A voice prompt, cached by the engine under `key` (M4: a cached voice is not re-encoded)."""
+
+    key: str
+    data: dict[str, Any]
+    engine: str
+
+
+@dataclasses.dataclass
+class Codes:
+    """What the talker produced, ready for the codec decoder."""
+
+    tokens: torch.Tensor
+    engine: str
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None) -> str:
+    h = hashlib.sha256()
+    if reference is not None:
+        h.update(str(reference.sample_rate).encode())
+        h.update(reference.waveform.detach().float().contiguous().numpy().tobytes())
+    h.update(b"\0" + (transcript or "").encode())
+    h.update(b"\0" + (speaker or "").encode())
+    return h.hexdigest()[:16]
+
+
+class Engine(ABC):
+    """Base of every engine adapter."""
+
+    id: ClassVar[str]
+    PHASED: ClassVar[bool] = True
+    sample_rate: int = 24000
+
+    def __init__(self, manager: ModelManager, model_dir: str | Path | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.manager = manager
+        self.model_dir = Path(model_dir) if model_dir else None
+        self.dtype = dtype
+        self.voices: dict[str, Voice] = {}
+
+    @abstractmethod
+    def handles(self) -> list[ModelHandle]:
+        """Every component this engine registered."""
+
+    def memory_required(self, text: str) -> int:
+        """Working memory of a whole unphased call (M48)."""
+        return 0
+
+    # ---- phases --------------------------------------------------------------------------
+    def voice_prompt(self, ctx: RequestContext, reference: Audio | None = None,
+                     transcript: str | None = None, speaker: str | None = None) -> Voice:
+        """A voice, from the cache when the same reference was prompted before (M4)."""
+        key = voice_key(reference, transcript, speaker)
+        if key not in self.voices:
+            self.voices[key] = Voice(key, self.encode_voice(ctx, reference, transcript, speaker), self.id)
+        return self.voices[key]
+
+    @abstractmethod
+    def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
+                     speaker: str | None) -> dict[str, Any]:
+        """The voice-prompt phase proper (placed only when the voice is not cached)."""
+
+    @abstractmethod
+    def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
+        """The talker phase."""
+
+    @abstractmethod
+    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool = False) -> Audio:
+        """The codec-decoder phase."""
+
+    def synthesize(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
+                   allow_fallback: bool = False) -> Audio:
+        codes = self.generate(ctx, text, voice, sampling)
+        return self.decode(ctx, codes, allow_fallback)
+
+    def unload(self) -> None:
+        for h in self.handles():
+            self.manager.unregister(h)
+        self.voices.clear()

@@ -1,0 +1,1 @@
+"""Language-model helpers shared by engines (M46, M53)."""

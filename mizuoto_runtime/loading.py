@@ -1,0 +1,180 @@
+"""Checkpoints: memory-mapped safetensors into a model built in its run precision (M27).
+
+A model run in half precision never holds a float32 copy: it is built on the `meta` device
+(no memory), converted to the run dtype there (free), then each tensor is read from the
+memory-mapped file straight into its final buffer, converting one tensor at a time. The
+file's pages are released after each tensor, so peak RSS stays near the model's size. The
+result equals loading in float32 and converting (the same `Tensor.copy_` rounding).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+_PAGE = mmap.PAGESIZE
+
+
+class SafetensorsFile:
+    """A memory-mapped safetensors file: names, dtypes, shapes, and zero-copy views."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"checkpoint file not found: {self.path}")
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise CheckpointError(f"{self.path}: not a safetensors file (too short)")
+            (size,) = struct.unpack("<Q", head)
+            try:
+                header = json.loads(f.read(size))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise CheckpointError(f"{self.path}: not a safetensors file ({exc})") from exc
+        self.data_start = 8 + size
+        header.pop("__metadata__", None)
+        self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            if info["dtype"] not in _DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+            start, end = info["data_offsets"]
+            self.entries[name] = (_DTYPES[info["dtype"]], tuple(info["shape"]), start, end)
+        self._file = open(self.path, "rb")
+        length = self._file.seek(0, 2)
+        self._map = mmap.mmap(self._file.fileno(), length, access=mmap.ACCESS_READ) if length else None
+
+    def view(self, name: str) -> torch.Tensor:
+        """A read-only tensor viewing the mapped bytes (no copy)."""
+        dtype, shape, start, end = self.entries[name]
+        if end == start:
+            return torch.empty(shape, dtype=dtype)
+        assert self._map is not None
+        buf = memoryview(self._map)[self.data_start + start:self.data_start + end]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we only copy out of it
+            return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of one tensor from this process (keeps RSS near the model size)."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        _, _, start, end = self.entries[name]
+        lo = (self.data_start + start) // _PAGE * _PAGE
+        hi = self.data_start + end
+        if hi > lo:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a view is still alive; the mapping closes when it dies
+        self._file.close()
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_on_meta(factory: Callable[[], nn.Module], dtype: torch.dtype | None = None) -> nn.Module:
+    """Construct a model with no memory, in its run precision (M27)."""
+    with torch.device("meta"):
+        model = factory()
+    return model.to(dtype) if dtype is not None else model
+
+
+def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path], *, prefix: str = "",
+                     strict: bool = True) -> nn.Module:
+    """Fill `model` (built on `meta` or on the CPU) from memory-mapped safetensors files.
+
+    Each parameter keeps the dtype the model has (the run precision); tensors are converted
+    one at a time. Missing and unexpected keys and shape mismatches raise one
+    `CheckpointError` naming every tensor at fault. `prefix` selects keys under it.
+    """
+    files = [SafetensorsFile(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    try:
+        found: dict[str, tuple[SafetensorsFile, str]] = {}  # model name -> (file, key in file)
+        for f in files:
+            for key in f.entries:
+                if key.startswith(prefix):
+                    found[key[len(prefix):]] = (f, key)
+        targets = _targets(model)
+        _check(model, targets, found, files, strict)
+        for name, (owners, tensor) in targets.items():
+            source = next((n for n in [name, *owners[1:]] if n in found), None)
+            if source is None:
+                continue
+            f, key = found[source]
+            value = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+            value.copy_(f.view(key))
+            f.release(key)
+            _assign(model, owners, value, isinstance(tensor, nn.Parameter))
+    finally:
+        for f in files:
+            f.close()
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"tensors still on 'meta' after loading (not in the checkpoint): {', '.join(left)}")
+    return model
+
+
+def _targets(model: nn.Module) -> dict[str, tuple[list[str], torch.Tensor]]:
+    """Every state-dict tensor with all names it has (tied weights share one entry)."""
+    by_id: dict[int, tuple[list[str], torch.Tensor]] = {}
+    state = model.state_dict(keep_vars=True)
+    for name, tensor in state.items():
+        entry = by_id.setdefault(id(tensor), ([], tensor))
+        entry[0].append(name)
+    return {names[0]: (names, t) for names, t in by_id.values()}
+
+
+def _check(model: nn.Module, targets: dict[str, tuple[list[str], torch.Tensor]],
+           found: dict[str, tuple[SafetensorsFile, str]], files: list[SafetensorsFile], strict: bool) -> None:
+    where = ", ".join(str(f.path) for f in files)
+    aliases = {n for names, _ in targets.values() for n in names}
+    problems: list[str] = []
+    for name, (names, tensor) in targets.items():
+        source = next((n for n in names if n in found), None)
+        if source is None:
+            if strict:
+                problems.append(f"missing {name} {tuple(tensor.shape)}")
+            continue
+        f, key = found[source]
+        shape = f.entries[key][1]
+        if tuple(shape) != tuple(tensor.shape):
+            problems.append(f"shape of {source}: checkpoint {tuple(shape)}, model {tuple(tensor.shape)}")
+    if strict:
+        problems += [f"unexpected {k}" for k in found if k not in aliases]
+    if problems:
+        raise CheckpointError(f"checkpoint {where} does not match {type(model).__name__}: " + "; ".join(problems))
+
+
+def _assign(model: nn.Module, names: list[str], value: torch.Tensor, is_param: bool) -> None:
+    tensor: torch.Tensor = nn.Parameter(value, requires_grad=False) if is_param else value
+    for name in names:
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if is_param:
+            old = module._parameters[attr]
+            if isinstance(tensor, nn.Parameter) and old is not None:
+                tensor.requires_grad_(old.requires_grad)
+            module._parameters[attr] = tensor  # type: ignore[assignment]
+        else:
+            module._buffers[attr] = tensor

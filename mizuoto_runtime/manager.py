@@ -1,0 +1,293 @@
+"""ModelManager: budgets, yielding and placement for every component on a device (M6–M9, M30–M33).
+
+`load(handles, memory)` (M6):
+1. needed = bytes of the handles not on the device + working memory × calibration + reserve;
+2. free = the device service's free memory (capped by `compute.vram_limit_mb`);
+3. if short, idle components yield (M30 order, unit by unit in reverse placement order, M32),
+   after asking an external accounting (ComfyUI, M35) to free its own models first;
+4. load whole if it fits, else split the budget (M33) and load partially.
+An estimate never refuses (M7): below the minimum working set the load is tried at the minimum.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+
+from .devices import DeviceService
+from .handle import Kind, ModelHandle
+from .policy import VramPolicy
+from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement
+from .streamer import Streamer
+
+if TYPE_CHECKING:
+    from .phases import RequestContext
+
+log = logging.getLogger(__name__)
+
+# M8: how long a request waits for another to release the device.
+GPU_JOB_WAIT_S = 600.0
+# `low` mode keeps this share of the streamable weights resident (M9).
+LOW_MODE_RESIDENT_SHARE = 0.25
+
+
+class ExternalAccounting(Protocol):
+    """Another memory manager on the same device (ComfyUI, M35)."""
+
+    def free_for(self, device: torch.device, nbytes: int, keep: Sequence[ModelHandle]) -> int: ...
+    def on_placed(self, handles: Sequence[ModelHandle]) -> None: ...
+
+
+class ModelManager:
+    """Places components for phases, makes idle ones yield, and records what happened."""
+
+    def __init__(
+        self,
+        devices: DeviceService | None = None,
+        policy: VramPolicy | None = None,
+        *,
+        wait_timeout_s: float = GPU_JOB_WAIT_S,
+    ) -> None:
+        self.devices = devices or DeviceService()
+        self.policy = policy or VramPolicy()
+        self.wait_timeout_s = wait_timeout_s
+        self.handles: list[ModelHandle] = []
+        self.external: ExternalAccounting | None = None
+        self.calibration: dict[str, float] = {}  # M47: phase key -> factor on its working-memory estimate
+        self.events: list[tuple[str, str, int]] = []  # placement log: (action, component, bytes)
+        self._streamers: dict[str, Streamer] = {}
+        self._cond = threading.Condition(threading.RLock())
+
+    # ---- components ----------------------------------------------------------------------
+    def streamer(self, device: torch.device) -> Streamer:
+        key = str(device)
+        if key not in self._streamers:
+            self._streamers[key] = Streamer(self.devices, device)
+        return self._streamers[key]
+
+    def register(
+        self, module: nn.Module, *, engine: str, name: str, kind: Kind = "oneshot",
+        graphable: bool = False, device: torch.device | None = None,
+    ) -> ModelHandle:
+        device = device or self.devices.compute_device()
+        handle = ModelHandle(
+            module, devices=self.devices, policy=self.policy, streamer=self.streamer(device),
+            device=device, kind=kind, engine=engine, name=name, graphable=graphable,
+        )
+        with self._cond:
+            self.handles.append(handle)
+        return handle
+
+    def unregister(self, handle: ModelHandle) -> None:
+        with self._cond:
+            if handle in self.handles:
+                self.handles.remove(handle)
+            handle.unload()
+
+    def key(self, handle: ModelHandle) -> str:
+        return f"{handle.engine}:{handle.name}" if handle.engine else handle.name
+
+    def request(self, *, generator: torch.Generator | None = None,
+                cancel_check: Callable[[], None] | None = None) -> RequestContext:
+        from .phases import RequestContext
+
+        return RequestContext(self, generator=generator, cancel_check=cancel_check)
+
+    def streamed_bytes(self) -> int:
+        return sum(s.streamed_bytes for s in self._streamers.values())
+
+    # ---- placement -----------------------------------------------------------------------
+    def acquire(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
+                cancel_check: Callable[[], None] | None = None) -> list[Placement]:
+        """Place `handles` for a phase and mark them in use (M2, M31) until `release`."""
+        with self._cond:
+            placements = self.load(handles, memory, phase=phase, cancel_check=cancel_check)
+            for h in handles:
+                h.in_use += 1
+                h.last_used = time.monotonic()
+            for s in {id(h.streamer): h.streamer for h in handles}.values():
+                s.cancel_check = cancel_check
+        return placements
+
+    def release(self, handles: Sequence[ModelHandle]) -> None:
+        with self._cond:
+            for h in handles:
+                h.in_use = max(0, h.in_use - 1)
+                h.last_used = time.monotonic()
+            self._cond.notify_all()
+
+    def load(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
+             cancel_check: Callable[[], None] | None = None) -> list[Placement]:
+        """M6: place `handles` with room for `memory` bytes of working memory."""
+        handles = list(dict.fromkeys(handles))
+        if not handles:
+            return []
+        device = handles[0].device
+        if not self.devices.moves(device):
+            return [Placement(self.key(h), phase, 0, h.size_bytes) for h in handles]  # M5
+        with self._cond:
+            working = int(memory * self._factor(handles, phase))
+            reserve = self.policy.reserve_bytes(self.devices.is_simulated(device))
+            # M6.1, counted against what the handles already hold (see `_available`).
+            needed = sum(h.size_bytes for h in handles) + working + reserve
+            self._make_room(device, needed, handles, cancel_check)
+            available = self._available(device, handles)
+            budgets, reasons = self._budgets(handles, available - working - reserve)
+            placements = []
+            for h in handles:
+                placed = h.load(budgets[h])
+                self.events.append(("place", self.key(h), placed))
+                reason = self._reason(h, reasons.get(h))
+                h.partial_reason = reason
+                h.gave_up_for = []
+                placements.append(Placement(
+                    self.key(h), phase, h.loaded_bytes, h.size_bytes, reason, self.policy.vram_mode,
+                    available, working, reserve,
+                ))
+            if self.external is not None:
+                self.external.on_placed(handles)
+            return placements
+
+    def _factor(self, handles: Sequence[ModelHandle], phase: str) -> float:
+        keys = [f"{h.engine}:{phase}" for h in handles] + [self.key(h) for h in handles]
+        return max([self.calibration.get(k, 1.0) for k in keys] or [1.0])
+
+    def _available(self, device: torch.device, handles: Sequence[ModelHandle]) -> int:
+        """Free bytes for `handles`' weights: free memory plus what they already hold."""
+        free = self.devices.free_bytes(device)
+        limit = self.policy.limit_bytes()
+        if limit is not None:
+            free = min(free, limit - self.devices.process_bytes(device))
+        return max(0, free) + sum(h.device_bytes for h in handles)
+
+    def _make_room(self, device: torch.device, needed: int, handles: Sequence[ModelHandle],
+                   cancel_check: Callable[[], None] | None) -> None:
+        """M6.3 and M8: yield idle components; with gpu_jobs > 1, wait for other requests."""
+        self._yield(device, needed - self._available(device, handles), handles)
+        deadline = time.monotonic() + self.wait_timeout_s
+        while self._must_wait(device, handles, needed):
+            if cancel_check is not None:
+                cancel_check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("waited %.0f s for another request to release the device; trying anyway (M8)",
+                            self.wait_timeout_s)
+                break
+            self._cond.wait(timeout=min(remaining, 0.5))
+            self._yield(device, needed - self._available(device, handles), handles)
+
+    def _must_wait(self, device: torch.device, handles: Sequence[ModelHandle], needed: int) -> bool:
+        """M8: the minimum working set (high mode: the whole model) does not fit while another
+        request holds components on this device."""
+        if self.policy.gpu_jobs <= 1:
+            return False
+        others_busy = any(h.in_use and h.device == device and h not in handles for h in self.handles)
+        if not others_busy:
+            return False
+        if self.policy.vram_mode == "high":
+            floor = sum(h.size_bytes for h in handles)
+        else:
+            floor = sum(h.min_working_set for h in handles)
+        extra = needed - sum(h.size_bytes for h in handles)
+        return self._available(device, handles) < floor + extra
+
+    def _yield(self, device: torch.device, deficit: int, keep: Sequence[ModelHandle]) -> int:
+        """M30–M32: idle components give back `deficit` bytes; returns the bytes freed."""
+        if deficit <= 0:
+            return 0
+        for_ = [self.key(h) for h in keep]
+        if self.external is not None:
+            deficit -= self.external.free_for(device, deficit, keep)
+        freed_total = 0
+        for h in self._yield_order(device, keep):
+            if freed_total >= deficit:
+                break
+            whole = self.policy.vram_mode in ("high", "shared")
+            freed = h.offload() if whole else h.partially_unload(deficit - freed_total)
+            if freed:
+                freed_total += freed
+                h.partial_reason = REASON_YIELDED if h.loaded_bytes else None
+                h.gave_up_for = sorted(set(h.gave_up_for) | set(for_))
+                self.events.append(("yield", self.key(h), freed))
+                log.info("%s yielded %.1f MB of VRAM", self.key(h), freed / 2**20)
+        if freed_total:
+            self.devices.empty_cache(device)  # M32: only after yielding
+        return freed_total
+
+    def _yield_order(self, device: torch.device, keep: Sequence[ModelHandle]) -> list[ModelHandle]:
+        """M30: partially loaded first, unpinned before pinned, least recently used first; never
+        a component in use (M31)."""
+        idle = [h for h in self.handles
+                if h.device == device and h not in keep and not h.in_use and h.device_bytes > 0]
+        return sorted(idle, key=lambda h: (not h.is_partial, self.policy.is_pinned(h.engine, h.name), h.last_used))
+
+    def _budgets(self, handles: Sequence[ModelHandle], room: int) -> tuple[dict[ModelHandle, int | None], dict[ModelHandle, str]]:
+        """M9 and M33: each handle's weight budget (None = whole) and why it is partial."""
+        mode = self.policy.vram_mode
+        if mode == "high":
+            return {h: None for h in handles}, {}
+        if mode == "none":
+            return {h: 0 for h in handles}, {h: REASON_MODE.format(mode=mode) for h in handles}
+        budgets, reasons = self._split(handles, room)
+        if mode == "low":
+            for h in handles:
+                low = h.min_working_set + int(LOW_MODE_RESIDENT_SHARE * (h.size_bytes - h.min_working_set))
+                if budgets[h] is None or low < budgets[h]:  # type: ignore[operator]
+                    budgets[h], reasons[h] = low, REASON_MODE.format(mode=mode)
+        return budgets, reasons
+
+    def _split(self, handles: Sequence[ModelHandle], room: int) -> tuple[dict[ModelHandle, int | None], dict[ModelHandle, str]]:
+        """M33: smaller components load whole first, each leaving at least the others' minimum
+        working sets; the largest gets the rest and streams what does not fit."""
+        order = sorted(handles, key=lambda h: h.size_bytes)
+        budgets: dict[ModelHandle, int | None] = {}
+        reasons: dict[ModelHandle, str] = {}
+        for i, h in enumerate(order):
+            others = sum(o.min_working_set for o in order[i + 1:])
+            share = room - others
+            if share >= h.size_bytes:
+                budgets[h] = None
+                room -= h.size_bytes
+            else:
+                budgets[h] = max(share, 0)
+                reasons[h] = REASON_BUDGET
+                room -= max(min(share, h.size_bytes), h.min_working_set)
+        return budgets, reasons
+
+    def _reason(self, handle: ModelHandle, planned: str | None) -> str | None:
+        if handle.is_whole:
+            return None
+        if handle.cap_bytes is not None:
+            return REASON_CAPPED
+        return planned or REASON_BUDGET
+
+    # ---- OOM (M40) -----------------------------------------------------------------------
+    def after_oom(self, handles: Sequence[ModelHandle]) -> None:
+        """M40.2: idle components off the device, streamer copies dropped, the phase's
+        components capped at half of what they had on the device."""
+        with self._cond:
+            for h in handles:
+                h.cap_bytes = max(h.device_bytes // 2, 0)
+            for s in self._streamers.values():
+                s.drop()
+            for h in self.handles:
+                if h not in handles and not h.in_use and h.device_bytes:
+                    freed = h.offload()
+                    self.events.append(("yield", self.key(h), freed))
+            devices = {h.device for h in handles}
+            for d in devices:
+                self.devices.empty_cache(d)
+
+    def release_all(self, device: torch.device | None = None) -> int:
+        """Move every idle component off `device` (all devices when None); bytes freed."""
+        freed = 0
+        with self._cond:
+            for h in self.handles:
+                if (device is None or h.device == device) and not h.in_use and h.device_bytes:
+                    freed += h.offload()
+        return freed

@@ -1,0 +1,125 @@
+"""The request context: phases, exact OOM retry and fallback (M1–M4, M40–M44).
+
+``ctx.use(handles, memory)`` places the handles for a block and keeps them from yielding
+until it ends (M2). ``ctx.run(name, handles, fn, memory, generators=(), fallback=None)`` does
+the same for a pure function and adds the exact retry of M40: the failed attempt's frame is
+left, the manager makes room (`after_oom`), every random state the run can read is restored,
+and the function runs again — same random numbers, same result, slower. Phases under `use`
+are not retried (M41).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from .report import MemoryReport, Placement
+
+if TYPE_CHECKING:
+    from .handle import ModelHandle
+    from .manager import ModelManager
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_OOM_RETRIES = 2  # M40
+
+
+class _RngState:
+    """Every random state a phase may read: torch's global CPU (and CUDA) RNG, the request's
+    generator and the engine's named generators (M40.3)."""
+
+    def __init__(self, generators: Sequence[torch.Generator]) -> None:
+        self.generators = list(generators)
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.states = [g.get_state() for g in self.generators]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        for g, s in zip(self.generators, self.states):
+            g.set_state(s)
+
+
+class RequestContext:
+    """One request: its phases, its generator, and its `meta` (memory report, what was applied)."""
+
+    def __init__(self, manager: ModelManager, *, generator: torch.Generator | None = None,
+                 cancel_check: Callable[[], None] | None = None) -> None:
+        self.manager = manager
+        self.generator = generator
+        self.cancel_check = cancel_check
+        self.report = MemoryReport()
+        self.applied: dict[str, Any] = {"oom_retries": 0, "fallbacks": []}
+        self._streamed_at_start = manager.streamed_bytes()
+        self._handles: dict[str, ModelHandle] = {}
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """`meta.memory` (M50) and `meta.applied` (M40, M42) of this request so far."""
+        self._refresh()
+        return {"memory": self.report.as_meta(), "applied": dict(self.applied)}
+
+    def _refresh(self) -> None:
+        self.report.streamed_bytes = self.manager.streamed_bytes() - self._streamed_at_start
+        for key, h in self._handles.items():
+            p = self.report.components.get(key)
+            if p is not None and h.gave_up_for:
+                p.loaded_bytes, p.reason, p.gave_up_for = h.loaded_bytes, h.partial_reason, list(h.gave_up_for)
+
+    def check_cancelled(self) -> None:
+        if self.cancel_check is not None:
+            self.cancel_check()
+
+    @contextlib.contextmanager
+    def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:
+        """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends."""
+        self.check_cancelled()
+        placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check)
+        for h, p in zip(dict.fromkeys(handles), placements):
+            self._handles[p.component] = h
+            self.report.add(p)
+        try:
+            yield placements
+        finally:
+            self.manager.release(handles)
+
+    def run(self, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int = 0,
+            generators: Sequence[torch.Generator] = (), fallback: tuple[str, Callable[[], T]] | None = None) -> T:
+        """M3: run `fn` in a phase; on OOM retry exactly (M40), then fall back if allowed (M42)."""
+        gens = ([self.generator] if self.generator is not None else []) + list(generators)
+        rng = _RngState(gens)
+        policy = self.manager.policy
+        retries = MAX_OOM_RETRIES if policy.oom_retry else 0
+        use_fallback = fallback is not None and policy.oom_fallback
+        attempt = 0
+        while True:
+            try:
+                with self.use(handles, memory, name):
+                    return fn()
+            except torch.OutOfMemoryError:
+                if attempt >= retries and not use_fallback:
+                    raise  # the original error, with its traceback
+                if attempt >= retries:
+                    break
+            # M40.1: we are out of the except block, so the failed attempt's frames are gone.
+            attempt += 1
+            self.applied["oom_retries"] = attempt
+            log.warning("phase %r ran out of memory; retrying exactly with less on the device (%d/%d)",
+                        name, attempt, retries)
+            self.manager.after_oom(handles)
+            rng.restore()
+        assert fallback is not None
+        what, fallback_fn = fallback
+        self.manager.after_oom(handles)
+        rng.restore()
+        log.warning("phase %r still out of memory after %d retries: using fallback %r (output differs slightly)",
+                    name, retries, what)
+        self.applied["fallbacks"].append(what)
+        with self.use(handles, memory, name):
+            return fallback_fn()

@@ -1,0 +1,80 @@
+"""Runtime: the one object a host (CLI, ComfyUI nodes) holds — policy, devices, manager, engines."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .audio import Audio
+from .devices import DeviceService
+from .engines import Engine, Sampling, Voice, engine_class
+from .errors import MizuotoError
+from .manager import ModelManager
+from .phases import RequestContext
+from .policy import MB, VramPolicy
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise MizuotoError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+class Runtime:
+    """Policy, device service, manager and loaded engines for one process."""
+
+    def __init__(self, settings: Mapping[str, Any] | None = None, devices: DeviceService | None = None) -> None:
+        self.policy = VramPolicy(settings)
+        sim = self.policy.simulate_vram_mb
+        self.devices = devices or DeviceService(simulate={"cpu": int(sim * MB)} if sim else None, strict=bool(sim))
+        self.manager = ModelManager(self.devices, self.policy)
+        self._engines: dict[tuple[str, str, str], Engine] = {}
+
+    def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32") -> Engine:
+        """Load an engine once per (engine, folder, dtype) and keep it."""
+        key = (engine_id, str(model_dir or ""), str(parse_dtype(dtype)))
+        if key not in self._engines:
+            self._engines[key] = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
+        return self._engines[key]
+
+    def unload_engines(self) -> None:
+        for engine in self._engines.values():
+            engine.unload()
+        self._engines.clear()
+
+    def request(self, seed: int = 0, cancel_check: Callable[[], None] | None = None) -> RequestContext:
+        return self.manager.request(generator=torch.Generator().manual_seed(seed), cancel_check=cancel_check)
+
+    def say(self, engine: Engine, text: str, *, reference: Audio | None = None, transcript: str | None = None,
+            speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool = False,
+            cancel_check: Callable[[], None] | None = None) -> tuple[Audio, dict[str, Any]]:
+        """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4)."""
+        sampling = sampling or Sampling()
+        ctx = self.request(sampling.seed, cancel_check)
+        if engine.PHASED:
+            voice = engine.voice_prompt(ctx, reference, transcript, speaker)
+            audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
+        else:
+            with ctx.use(engine.handles(), engine.memory_required(text), name="all"):
+                voice = Voice("", {}, engine.id)
+                audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
+        return audio, ctx.meta
+
+    def describe(self) -> dict[str, Any]:
+        """M51: per model loaded, streamed and host bytes."""
+        return {
+            "device": self.devices.describe(),
+            "policy": self.policy.describe(),
+            "models": [
+                {**h.describe(), "streamed_bytes": h.streamer.streamed_bytes_of(h)} for h in self.manager.handles
+            ],
+        }
