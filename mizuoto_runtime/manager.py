@@ -93,10 +93,11 @@ class ModelManager:
         return f"{handle.engine}:{handle.name}" if handle.engine else handle.name
 
     def request(self, *, generator: torch.Generator | None = None,
-                cancel_check: Callable[[], None] | None = None) -> RequestContext:
+                cancel_check: Callable[[], None] | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> RequestContext:
         from .phases import RequestContext
 
-        return RequestContext(self, generator=generator, cancel_check=cancel_check)
+        return RequestContext(self, generator=generator, cancel_check=cancel_check, on_progress=on_progress)
 
     def streamed_bytes(self) -> int:
         return sum(s.streamed_bytes for s in self._streamers.values())

@@ -50,10 +50,12 @@ class RequestContext:
     """One request: its phases, its generator, and its `meta` (memory report, what was applied)."""
 
     def __init__(self, manager: ModelManager, *, generator: torch.Generator | None = None,
-                 cancel_check: Callable[[], None] | None = None) -> None:
+                 cancel_check: Callable[[], None] | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
         self.manager = manager
         self.generator = generator
         self.cancel_check = cancel_check
+        self.on_progress = on_progress  # (done, total) per token or step; a host's progress bar
         self.report = MemoryReport()
         self.applied: dict[str, Any] = {"oom_retries": 0, "fallbacks": []}
         self._streamed_at_start = manager.streamed_bytes()
@@ -75,6 +77,12 @@ class RequestContext:
     def check_cancelled(self) -> None:
         if self.cancel_check is not None:
             self.cancel_check()
+
+    def progress(self, done: int, total: int) -> None:
+        """Report progress and check for cancellation (engines call it per token or step)."""
+        self.check_cancelled()
+        if self.on_progress is not None:
+            self.on_progress(done, total)
 
     @contextlib.contextmanager
     def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:

@@ -51,15 +51,18 @@ class Runtime:
             engine.unload()
         self._engines.clear()
 
-    def request(self, seed: int = 0, cancel_check: Callable[[], None] | None = None) -> RequestContext:
-        return self.manager.request(generator=torch.Generator().manual_seed(seed), cancel_check=cancel_check)
+    def request(self, seed: int = 0, cancel_check: Callable[[], None] | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> RequestContext:
+        return self.manager.request(generator=torch.Generator().manual_seed(seed), cancel_check=cancel_check,
+                                    on_progress=on_progress)
 
     def say(self, engine: Engine, text: str, *, reference: Audio | None = None, transcript: str | None = None,
             speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool = False,
-            cancel_check: Callable[[], None] | None = None) -> tuple[Audio, dict[str, Any]]:
+            cancel_check: Callable[[], None] | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> tuple[Audio, dict[str, Any]]:
         """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4)."""
         sampling = sampling or Sampling()
-        ctx = self.request(sampling.seed, cancel_check)
+        ctx = self.request(sampling.seed, cancel_check, on_progress)
         if engine.PHASED:
             voice = engine.voice_prompt(ctx, reference, transcript, speaker)
             audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)

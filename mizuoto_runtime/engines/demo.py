@@ -128,7 +128,7 @@ def save_checkpoint(directory: str | Path, seed: int = 1234, dtype: torch.dtype 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for name, module in random_weights(seed).items():
-        state = {k: v.to(dtype).contiguous() for k, v in module.state_dict().items() if k != "head.weight" or True}
+        state = {k: v.to(dtype).contiguous() for k, v in module.state_dict().items()}
         save_file(state, str(directory / f"{name}.safetensors"))
     return directory
 
@@ -202,8 +202,8 @@ class DemoEngine(Engine):
             caches: list[list[torch.Tensor]] = [[] for _ in talker.layers]
             x = talker.prompt(tokens, embedding)
             out = []
-            for _ in range(frames):
-                ctx.check_cancelled()
+            for i in range(frames):
+                ctx.progress(i, frames)
                 logits = talker.step(x, caches).float() / max(sampling.temperature, 1e-5)
                 top = torch.topk(logits, min(sampling.top_k, CODEBOOK)) if sampling.top_k > 0 else None
                 if sampling.do_sample:
