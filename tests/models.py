@@ -73,11 +73,11 @@ class VocoderStage(nn.Module):
 class ConvVocoder(nn.Module):
     """A conv vocoder with ConvTranspose1d upsampling stages (oneshot)."""
 
-    def __init__(self, mels: int = 80, width: int = 384) -> None:
+    def __init__(self, mels: int = 80, width: int = 256) -> None:
         super().__init__()
         self.pre = nn.Conv1d(mels, width, kernel_size=7, padding=3)
         self.stages = nn.Sequential(
-            VocoderStage(width, width), VocoderStage(width, width // 2), VocoderStage(width // 2, width // 2)
+            *(VocoderStage(width, width) for _ in range(5)), VocoderStage(width, width // 2),
         )
         self.post = nn.Conv1d(width // 2, 1, kernel_size=7, padding=3)
 
@@ -161,7 +161,7 @@ class GPT2Block(nn.Module):
 
 
 class TinyGPT2(nn.Module):
-    def __init__(self, dim: int = 256, layers: int = 3) -> None:
+    def __init__(self, dim: int = 256, layers: int = 5) -> None:
         super().__init__()
         self.wte = nn.Embedding(300, dim)
         self.h = nn.ModuleList(GPT2Block(dim) for _ in range(layers))
@@ -187,7 +187,7 @@ class RunningBlock(nn.Module):
 class BufferModel(nn.Module):
     """A model whose buffers are updated in place on every call."""
 
-    def __init__(self, dim: int = 512, depth: int = 3) -> None:
+    def __init__(self, dim: int = 512, depth: int = 5) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(RunningBlock(dim) for _ in range(depth))
         self.register_buffer("seen", torch.zeros(dim))

@@ -1,0 +1,142 @@
+"""M57: every small model and engine, streamed, half placed and whole, equals the plain CPU run.
+
+Placements (on the simulated strict device, M55–M56):
+- ``none``: every unit streamed (`compute.vram_mode = none`, budget = minimum working set);
+- ``half``: budget half-way between the minimum working set and the full size;
+- ``whole``: the whole component resident (no hooks, M17).
+Each output is compared with `torch.equal` to the plain CPU run: not close — identical.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from models import BufferModel, ConvVocoder, TinyDiT, TinyGPT2, TinyLM
+from mizuoto_runtime import DeviceService, ModelHandle, Runtime, VramPolicy
+from mizuoto_runtime.audio import Audio
+from mizuoto_runtime.engines import Sampling
+
+PLACEMENTS = ("none", "half", "whole")
+MB = 1 << 20
+
+
+def _budget(handle: ModelHandle, placement: str) -> int | None:
+    if placement == "none":
+        return 0  # below the minimum working set: placed at the minimum (M7)
+    if placement == "half":
+        return (handle.min_working_set + handle.size_bytes) // 2
+    return None
+
+
+def _lm_run(m: nn.Module) -> torch.Tensor:
+    return m.generate(torch.tensor([[5, 7, 11, 13]]), steps=12, generator=torch.Generator().manual_seed(3))
+
+
+def _vocoder_run(m: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return m(torch.randn(2, 80, 24, generator=torch.Generator().manual_seed(4)))
+
+
+def _dit_run(m: nn.Module) -> torch.Tensor:
+    noise = torch.randn(2, 6, 192, generator=torch.Generator().manual_seed(5))
+    return m.sample(noise, torch.tensor([1, 3]))
+
+
+def _gpt2_run(m: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return m(torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]))
+
+
+def _buffer_run(m: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        x = torch.randn(4, 512, generator=torch.Generator().manual_seed(6))
+        return torch.stack([m(x), m(x + 1)])  # two calls: buffers advance in place
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], torch.Tensor], str]] = {
+    "tied_lm": (TinyLM, _lm_run, "sequence"),
+    "conv_vocoder": (ConvVocoder, _vocoder_run, "oneshot"),
+    "dit_cfg": (TinyDiT, _dit_run, "oneshot"),
+    "gpt2_conv1d": (TinyGPT2, _gpt2_run, "oneshot"),
+    "inplace_buffers": (BufferModel, _buffer_run, "oneshot"),
+}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_streams_exactly(name: str, placement: str) -> None:
+    factory, run, kind = MODELS[name]
+    torch.manual_seed(0)
+    plain = factory().eval()
+    placed = copy.deepcopy(plain)
+    expected = run(plain)
+
+    devices = DeviceService(simulate={"cpu": 256 * MB}, strict=True)
+    handle = ModelHandle(placed, devices=devices, kind=kind, name=name)  # type: ignore[arg-type]
+    assert len(handle.units) >= 2, f"{name}: the test model must have streamable units"
+    handle.load(_budget(handle, placement))
+    streamed = len(handle.streamed_units)
+    if placement == "whole":
+        assert streamed == 0 and not handle.has_hooks()  # M17: no hooks on the resident path
+    elif placement == "none":
+        assert streamed == len(handle.units)
+    else:
+        assert 0 < streamed < len(handle.units)
+
+    got = run(placed)
+    assert torch.equal(got, expected), f"{name} ({placement}) differs from the plain CPU run"
+    if streamed:
+        assert handle.streamer.streamed_bytes > 0
+    if name == "inplace_buffers":
+        handle.offload()  # buffers updated in place come back to the host (M25)
+        hosts = {s.name: s.host for s in handle.plan.fixed if s.is_buffer}
+        for key, value in plain.named_buffers():
+            assert torch.equal(hosts[key], value), f"buffer {key} was not copied back"
+
+
+def _demo_say(placement: str) -> torch.Tensor:
+    settings: dict[str, object] = {}
+    if placement != "plain":
+        settings["compute.simulate_vram_mb"] = 256
+        settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
+    rt = Runtime(settings)
+    engine = rt.engine("demo")
+    if placement == "half":
+        # Cap each component half-way between its minimum working set and its size.
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    reference = Audio(torch.sin(torch.arange(8000) / 7.0).unsqueeze(0) * 0.3, 16000)
+    audio, meta = rt.say(engine, "streaming is exact", reference=reference, sampling=Sampling(seed=11))
+    if placement == "none":
+        assert meta["memory"]["streamed_mb"] > 0
+        assert set(meta["memory"]["partial"]) == {"demo:speaker_encoder", "demo:talker", "demo:decoder"}
+    if placement == "whole":
+        assert meta["memory"]["partial"] == {} and meta["memory"]["streamed_mb"] == 0
+    return audio.waveform
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_demo_engine_streams_exactly(placement: str) -> None:
+    assert torch.equal(_demo_say(placement), _demo_say("plain"))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_dummy_engine_streams_exactly(placement: str) -> None:
+    def say(settings: dict[str, object]) -> torch.Tensor:
+        rt = Runtime(settings)
+        engine = rt.engine("dummy")
+        if placement == "half":
+            h = engine.handles()[0]
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+        return rt.say(engine, "dummy text")[0].waveform
+
+    sim = {"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"}
+    assert torch.equal(say(sim), say({}))
+
+
+def test_policy_is_what_the_runtime_reads() -> None:
+    assert VramPolicy({"compute.vram_mode": "none"}).vram_mode == "none"
