@@ -273,7 +273,9 @@ class ModelManager:
         components capped at half of what they had on the device."""
         with self._cond:
             for h in handles:
-                h.cap_bytes = max(h.device_bytes // 2, 0)
+                # Half of what it had on the device; a placement that failed before holding
+                # anything is capped at half of its size.
+                h.cap_bytes = (h.device_bytes or h.size_bytes) // 2
             for s in self._streamers.values():
                 s.drop()
             for h in self.handles:
