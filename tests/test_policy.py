@@ -1,0 +1,68 @@
+"""VramPolicy: every compute.* setting, defaults, validation naming the key (M9–M10, M21, M29)."""
+from __future__ import annotations
+
+import pytest
+
+from mizuoto_runtime import SettingError, VramPolicy
+from mizuoto_runtime.policy import GB, MB
+
+M10_KEYS = [
+    "vram_mode", "vram_reserve_mb", "vram_limit_mb", "gpu_jobs", "async_offload", "max_pinned_mb",
+    "host_copies", "ram_reserve_mb", "max_resident_models", "unload_after_minutes", "oom_retry",
+    "oom_fallback", "kv_cache", "cuda_allocator", "simulate_vram_mb", "cpu_allocator",
+]
+
+
+def test_every_m10_setting_has_a_default() -> None:
+    values = VramPolicy().as_dict()
+    assert sorted(k.removeprefix("compute.") for k in values) == sorted(M10_KEYS)
+    p = VramPolicy()
+    assert (p.vram_mode, p.gpu_jobs, p.async_offload, p.host_copies) == ("normal", 1, 1, "auto")
+    assert p.oom_retry is True and p.oom_fallback is False and p.kv_cache == "dynamic"
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"compute.vram_mod": "low"}, "compute.vram_mod"),
+    ({"compute.vram_mode": "tiny"}, "compute.vram_mode"),
+    ({"compute.gpu_jobs": 0}, "compute.gpu_jobs"),
+    ({"compute.gpu_jobs": 1.5}, "compute.gpu_jobs"),
+    ({"compute.oom_retry": "maybe"}, "compute.oom_retry"),
+    ({"compute.vram_reserve_mb": -1}, "compute.vram_reserve_mb"),
+    ({"compute.async_offload": True}, "compute.async_offload"),
+    ({"engines.demo.pinned_models": 3}, "engines.demo.pinned_models"),
+    ({"other.thing": 1}, "other.thing"),
+])
+def test_bad_settings_raise_naming_the_key(settings: dict, key: str) -> None:
+    with pytest.raises(SettingError, match=key.replace(".", r"\.")):
+        VramPolicy(settings)
+
+
+def test_text_values_from_cli_and_nested_dicts() -> None:
+    p = VramPolicy({"compute": {"gpu_jobs": "2", "oom_fallback": "on", "simulate_vram_mb": "12.5"}})
+    assert p.gpu_jobs == 2 and p.oom_fallback is True and p.simulate_vram_mb == 12.5
+
+
+def test_update_validates_everything_before_changing_anything() -> None:
+    p = VramPolicy()
+    with pytest.raises(SettingError):
+        p.update({"compute.vram_mode": "low", "compute.gpu_jobs": -3})
+    assert p.vram_mode == "normal"
+    p.update({"compute.vram_mode": "low"})
+    assert p.vram_mode == "low"
+
+
+def test_pinned_models_and_computed_defaults() -> None:
+    p = VramPolicy({"engines.qwen3tts.pinned_models": "talker, decoder"})
+    assert p.is_pinned("qwen3tts", "talker") and not p.is_pinned("qwen3tts", "encoder")
+    assert p.reserve_bytes(simulated=True) == 0 and p.reserve_bytes(simulated=False) == 400 * MB
+    assert p.ram_reserve_bytes() >= 2 * GB  # M29: max(2 GB, RAM / 10)
+    assert p.pinned_budget_bytes() > 0  # M21: ComfyUI's formula
+    assert VramPolicy({"compute.max_pinned_mb": 10}).pinned_budget_bytes() == 10 * MB
+    assert VramPolicy({"compute.async_offload": 2}).copies_in_flight() == 3
+
+
+def test_describe_lists_the_memory_policy() -> None:
+    assert set(VramPolicy().describe()) == {
+        "mode", "reserve_mb", "limit_mb", "ram_reserve_mb", "host_copies", "pinned_budget_mb",
+        "copy_streams", "oom_retry", "oom_fallback",
+    }
