@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -151,8 +152,6 @@ class DeviceService:
             return torch.cuda.mem_get_info(device)[1]
         if device.type == "xpu":
             return torch.xpu.get_device_properties(device).total_memory
-        import psutil
-
         return psutil.virtual_memory().total
 
     def free_bytes(self, device: torch.device) -> int:
@@ -169,8 +168,6 @@ class DeviceService:
             return total - stats.get("allocated_bytes.all.current", 0)
         if device.type == "mps":
             return torch.mps.recommended_max_memory() - torch.mps.current_allocated_memory()
-        import psutil
-
         return psutil.virtual_memory().available
 
     def process_bytes(self, device: torch.device) -> int:

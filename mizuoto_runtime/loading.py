@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -62,8 +63,6 @@ class SafetensorsFile:
             return torch.empty(shape, dtype=dtype)
         assert self._map is not None
         buf = memoryview(self._map)[self.data_start + start:self.data_start + end]
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we only copy out of it
             return torch.frombuffer(buf, dtype=dtype).reshape(shape)
