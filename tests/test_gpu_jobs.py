@@ -2,8 +2,10 @@
 request to release its components (threads on the simulated device)."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -26,65 +28,59 @@ def hold(m: ModelManager, handle: object, entered: threading.Event, release: thr
         release.wait(5)
 
 
-def test_second_request_waits_for_the_first_to_release() -> None:
-    m, first, second = setup(gpu_jobs=2)
+@contextlib.contextmanager
+def held_by_another_request(m: ModelManager, handle: object) -> Iterator[threading.Event]:
+    """Another request holds `handle` in use until the yielded event is set (or the block ends)."""
     entered, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=hold, args=(m, first, entered, release))
+    holder = threading.Thread(target=hold, args=(m, handle, entered, release))
     holder.start()
     entered.wait(5)
+    try:
+        yield release
+    finally:
+        release.set()
+        holder.join(5)
+
+
+def test_second_request_waits_for_the_first_to_release() -> None:
+    m, first, second = setup(gpu_jobs=2)
     order: list[str] = []
-    threading.Timer(0.4, lambda: (order.append("released"), release.set())).start()
-    with m.request().use([second], 2 << 20, "p"):
-        order.append("placed")
-        assert first.in_use == 0  # it got room only after the first request let go
-    holder.join(5)
+    with held_by_another_request(m, first) as release:
+        threading.Timer(0.4, lambda: (order.append("released"), release.set())).start()
+        with m.request().use([second], 2 << 20, "p"):
+            order.append("placed")
+            assert first.in_use == 0  # it got room only after the first request let go
     assert order == ["released", "placed"]
     assert second.is_whole
 
 
 def test_single_job_does_not_wait() -> None:
     m, first, second = setup(gpu_jobs=1)
-    entered, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=hold, args=(m, first, entered, release))
-    holder.start()
-    entered.wait(5)
-    started = time.monotonic()
-    with m.request().use([second], 2 << 20, "p"):  # tried at once, at the minimum working set (M7)
-        assert len(second.streamed_units) == len(second.units)
-    assert time.monotonic() - started < 0.3
-    release.set()
-    holder.join(5)
+    with held_by_another_request(m, first):
+        started = time.monotonic()
+        with m.request().use([second], 2 << 20, "p"):  # tried at once, at the minimum working set (M7)
+            assert len(second.streamed_units) == len(second.units)
+        assert time.monotonic() - started < 0.3
 
 
 def test_waiting_checks_for_cancellation() -> None:
     m, first, second = setup(gpu_jobs=2)
-    entered, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=hold, args=(m, first, entered, release))
-    holder.start()
-    entered.wait(5)
     deadline = time.monotonic() + 0.3
 
     def cancel() -> None:
         if time.monotonic() > deadline:
             raise CancelledError("interrupted")
 
-    with pytest.raises(CancelledError):
+    with held_by_another_request(m, first), pytest.raises(CancelledError):
         with m.request(cancel_check=cancel).use([second], 2 << 20, "p"):
             pass
-    release.set()
-    holder.join(5)
     assert second.in_use == 0
 
 
 def test_waiting_gives_up_after_the_timeout_and_tries() -> None:
     m, first, second = setup(gpu_jobs=2, wait_s=0.3)
-    entered, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=hold, args=(m, first, entered, release))
-    holder.start()
-    entered.wait(5)
-    started = time.monotonic()
-    with m.request().use([second], 2 << 20, "p"):  # after 0.3 s it tries, at the minimum
-        assert first.in_use == 1 and len(second.streamed_units) == len(second.units)
-    assert 0.25 < time.monotonic() - started < 3
-    release.set()
-    holder.join(5)
+    with held_by_another_request(m, first):
+        started = time.monotonic()
+        with m.request().use([second], 2 << 20, "p"):  # after 0.3 s it tries, at the minimum
+            assert first.in_use == 1 and len(second.streamed_units) == len(second.units)
+        assert 0.25 < time.monotonic() - started < 3
