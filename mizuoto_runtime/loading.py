@@ -8,11 +8,12 @@ result equals loading in float32 and converting (the same `Tensor.copy_` roundin
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import struct
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -92,11 +93,47 @@ class SafetensorsFile:
         self.close()
 
 
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Create parameters on `meta` (no memory, no init cost) while buffers stay real.
+
+    Buffers such as rotary `inv_freq` or conv strides are often non-persistent: not in the
+    checkpoint, computed at construction, so they must be built for real. A parameter's
+    initializer then runs on the meta tensor and costs nothing.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
 def build_on_meta(factory: Callable[[], nn.Module], dtype: torch.dtype | None = None) -> nn.Module:
-    """Construct a model with no memory, in its run precision (M27)."""
-    with torch.device("meta"):
+    """Construct a model whose parameters take no memory, in their run precision (M27).
+
+    Floating-point parameters are converted to `dtype` while still on meta (free); buffers keep
+    the dtype the model's own code gave them.
+    """
+    with parameters_on_meta():
         model = factory()
-    return model.to(dtype) if dtype is not None else model
+    if dtype is not None:
+        # By identity, so tied parameters stay tied; the originals are kept alive meanwhile so
+        # their ids cannot be reused.
+        converted: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
+        for module in model.modules(remove_duplicate=False):
+            for name, param in module._parameters.items():
+                if param is not None and param.is_floating_point():
+                    if id(param) not in converted:
+                        converted[id(param)] = (param, nn.Parameter(param.to(dtype), requires_grad=param.requires_grad))
+                    module._parameters[name] = converted[id(param)][1]
+    return model
 
 
 def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path], *, prefix: str = "",

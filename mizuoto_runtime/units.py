@@ -191,7 +191,7 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
     slots = collect_slots(root)
     pinned_ids = _pinned_ids(root)
     fixed_ids = _marked_ids(fixed_marks)
-    first_param = next(iter(root.parameters()), None)
+    anchors = _device_anchors(root)
     pinned = [s for s in slots.values() if any(id(m) in pinned_ids for m, _ in s.owners)]
     taken = {id(s) for s in pinned}
     units: list[Unit] = []
@@ -201,7 +201,7 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
         inside = _subtree_ids(module)
         unit_slots = [
             s for s in slots.values()
-            if id(s) not in taken and _streams(s, inside, fixed_ids, first_param)
+            if id(s) not in taken and _streams(s, inside, fixed_ids, anchors)
         ]
         nbytes = sum(s.nbytes for s in unit_slots)
         if nbytes < UNIT_MIN_STREAM_BYTES:
@@ -213,9 +213,23 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
     return UnitPlan(units, fixed, pinned)
 
 
-def _streams(slot: Slot, inside: set[int], fixed_ids: set[int], first_param: nn.Parameter | None) -> bool:
+def _device_anchors(root: nn.Module) -> set[int]:
+    """M14: the model's first parameter stays fixed, since code finds the model's device and
+    dtype from it. The same holds for every submodule whose class looks them up the same way
+    (a `device` or `dtype` property, as Hugging Face models have), e.g. a code predictor
+    inside a talker."""
+    anchors: set[int] = set()
+    for module in root.modules():
+        if module is root or any(isinstance(getattr(type(module), a, None), property) for a in ("device", "dtype")):
+            first = next(iter(module.parameters()), None)
+            if first is not None:
+                anchors.add(id(first))
+    return anchors
+
+
+def _streams(slot: Slot, inside: set[int], fixed_ids: set[int], anchors: set[int]) -> bool:
     """M13/M14: a slot streams if it is a weight of a streamable layer wholly inside the unit."""
-    if slot.param is None or slot.param is first_param:
+    if slot.param is None or id(slot.param) in anchors:
         return False
     return all(
         id(m) in inside and id(m) not in fixed_ids and is_streamable(m) for m, _ in slot.owners

@@ -81,3 +81,17 @@ def test_demo_engine_loads_its_checkpoint_layout(tmp_path: Path) -> None:
     for a, b in zip(loaded.handles(), fresh.handles()):
         for (n, x), (_, y) in zip(a.module.state_dict().items(), b.module.state_dict().items()):
             assert x.dtype == torch.bfloat16 and torch.equal(x, y), n
+
+
+def test_non_persistent_buffers_are_built_for_real(tmp_path: Path) -> None:
+    class Rotary(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+            self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
+
+    source = Rotary()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(tmp_path / "r.safetensors"))
+    model = load_safetensors(build_on_meta(Rotary, torch.bfloat16), tmp_path / "r.safetensors")
+    assert model.proj.weight.dtype == torch.bfloat16
+    assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, source.inv_freq)

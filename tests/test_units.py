@@ -147,3 +147,25 @@ def test_min_working_set_is_fixed_plus_largest_copies() -> None:
     unit = plan.units[0].nbytes
     assert plan.min_working_set(1) == plan.fixed_bytes + unit
     assert plan.min_working_set(2) == plan.fixed_bytes + 2 * unit
+
+
+def test_first_parameter_of_submodels_that_find_their_device_from_it() -> None:
+    class SubModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(512, 512) for _ in range(2))
+
+        @property
+        def device(self) -> torch.device:  # as Hugging Face models do
+            return next(self.parameters()).device
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(1))
+            self.sub = SubModel()
+
+    net = Net()
+    plan = plan_units(net)
+    assert any(s.param is net.sub.layers[0].weight for s in plan.fixed)
+    assert all(s.param is not net.sub.layers[0].weight for u in plan.units for s in u.slots)
