@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
+from .calibration import Calibration
 from .devices import DeviceService
 from .handle import Kind, ModelHandle
 from .policy import VramPolicy
@@ -52,13 +53,14 @@ class ModelManager:
         policy: VramPolicy | None = None,
         *,
         wait_timeout_s: float = GPU_JOB_WAIT_S,
+        calibration: Calibration | None = None,
     ) -> None:
         self.devices = devices or DeviceService()
         self.policy = policy or VramPolicy()
         self.wait_timeout_s = wait_timeout_s
         self.handles: list[ModelHandle] = []
         self.external: ExternalAccounting | None = None
-        self.calibration: dict[str, float] = {}  # M47: phase key -> factor on its working-memory estimate
+        self.calibration = calibration or Calibration()  # M47: factors on working-memory estimates
         self.events: list[tuple[str, str, int]] = []  # placement log: (action, component, bytes)
         self._streamers: dict[str, Streamer] = {}
         self._cond = threading.Condition(threading.RLock())
@@ -155,8 +157,16 @@ class ModelManager:
             return placements
 
     def _factor(self, handles: Sequence[ModelHandle], phase: str) -> float:
-        keys = [f"{h.engine}:{phase}" for h in handles] + [self.key(h) for h in handles]
-        return max([self.calibration.get(k, 1.0) for k in keys] or [1.0])
+        return self.calibration.factor(self.phase_key(handles, phase))
+
+    @staticmethod
+    def phase_key(handles: Sequence[ModelHandle], phase: str) -> str:
+        """M47's key: engine and phase (`qwen3tts:talker`)."""
+        return f"{handles[0].engine}:{phase}" if handles else phase
+
+    def calibrate(self, handles: Sequence[ModelHandle], phase: str, estimate: int, measured: int) -> None:
+        """M47: remember how far a phase's working memory went above its estimate."""
+        self.calibration.observe(self.phase_key(handles, phase), estimate, measured)
 
     def _available(self, device: torch.device, handles: Sequence[ModelHandle]) -> int:
         """Free bytes for `handles`' weights: free memory plus what they already hold."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from .calibration import PhaseMeter
 from .report import MemoryReport, Placement
 
 if TYPE_CHECKING:
@@ -97,10 +98,23 @@ class RequestContext:
         for h, p in zip(dict.fromkeys(handles), placements):
             self._handles[p.component] = h
             self.report.add(p)
+        meter = self._meter(handles)
         try:
             yield placements
+            if meter is not None:
+                copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
+                self.manager.calibrate(handles, name, memory, meter.working_bytes(copies))
         finally:
             self.manager.release(handles)
+
+    def _meter(self, handles: Sequence[ModelHandle]) -> PhaseMeter | None:
+        if not handles:
+            return None
+        device = handles[0].device
+        meter = PhaseMeter.for_device(device, self.manager.devices.is_simulated(device))
+        if meter is not None:
+            meter.placed_now()
+        return meter
 
     def run(self, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int = 0,
             generators: Sequence[torch.Generator] = (), fallback: tuple[str, Callable[[], T]] | None = None) -> T:
