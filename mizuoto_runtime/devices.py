@@ -10,6 +10,7 @@ raises `StrictDeviceError`, naming the tensor, when anything but its metadata is
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -279,3 +280,18 @@ class OomInjector:
             self.raised += 1
             raise torch.OutOfMemoryError(f"injected OOM at allocation #{self.count} ({nbytes} bytes on {device})")
 
+
+# ---- M54: the CUDA allocator, chosen through the environment -------------------------------
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+_ALLOC_CONFS = {"auto": "", "native": "", "async": "backend:cudaMallocAsync", "expandable": "expandable_segments:True"}
+
+
+def allocator_env(cuda_allocator: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """M54: the environment that selects `compute.cuda_allocator`. The host (never engine code)
+    applies it before the first CUDA use (`os.environ.update(...)`) and passes it to training
+    children; a value already in the environment wins."""
+    env = os.environ if environ is None else environ
+    if ALLOC_CONF in env:
+        return {ALLOC_CONF: env[ALLOC_CONF]}
+    conf = _ALLOC_CONFS[cuda_allocator]
+    return {ALLOC_CONF: conf} if conf else {}

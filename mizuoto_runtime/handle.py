@@ -57,6 +57,7 @@ class ModelHandle:
         self.graphable = graphable  # M24: a sequence handle whose streamed units stay pinned
         self.cap_bytes: int | None = None  # M40: set after an OOM, kept until the handle leaves the device
         self.replayed = 0  # M24: bytes copied by CUDA Graph replays
+        self.graph_capture: Any = None  # M24: a `graphs.LeafCopies` while a CUDA Graph is captured
         self.in_use = 0  # requests using it now (M31)
         self.last_used = 0.0
         self.partial_reason: str | None = None  # M50: why it is partial now
@@ -259,7 +260,8 @@ class ModelHandle:
         host = slot.host
         if host is None:
             raise MizuotoError(f"{self.name}.{slot.name}: no host copy to place from")
-        dev = self.devices.copy_to(host, self.device)
+        # M22: a pinned host copy reloads asynchronously, ordered on the compute stream.
+        dev = self.devices.copy_to(host, self.device, non_blocking=self.streamer.is_pinned(host))
         self._device_slots[id(slot)] = dev
         slot.hold(dev)
         if not keep_host and not slot.is_buffer:
@@ -334,6 +336,13 @@ class ModelHandle:
             elif id(unit) not in streamed and hooked:
                 for h in self._hooks.pop(id(unit)):
                     h.remove()
+        # M21–M23: pin host copies, size copy buffers, run compiled parents eagerly.
+        self.streamer.placed(self, self.module, self.streamed_units, self._kept_host_slots(),
+                             self.policy.pinned_budget_bytes())
+
+    def _kept_host_slots(self) -> list[Slot]:
+        """Placed slots that keep their host tensor (M25; pinned under M22's budget)."""
+        return [s for s in self._all_slots() if id(s) in self._device_slots and s.host is not None]
 
     def _add_hooks(self, unit: Unit) -> None:
         hooks: list[RemovableHandle] = []
@@ -353,13 +362,19 @@ class ModelHandle:
 
     def _pre_hook(self, unit: Unit) -> Any:
         def pre(module: nn.Module, args: Any, kwargs: Any) -> None:
-            self.enter_unit(unit)
+            if self.graph_capture is not None:
+                self.graph_capture.enter(module)  # M24: per-leaf copies into the graph's memory
+            else:
+                self.enter_unit(unit)
 
         return pre
 
     def _post_hook(self, unit: Unit) -> Any:
         def post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            self.exit_unit(unit)
+            if self.graph_capture is not None:
+                self.graph_capture.exit(module)
+            else:
+                self.exit_unit(unit)
 
         return post
 

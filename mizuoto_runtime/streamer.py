@@ -7,7 +7,10 @@ keeps at most `capacity` live copies: the running unit plus those in flight
 before its copy is dropped (CFG halves, beams) reuses it (M18). It learns each unit's
 successor and copies the next units ahead (M19); on CUDA those copies run on a side stream
 (see `transfer.py`), elsewhere synchronously. A unit entered out of the learned order is
-copied on the spot, so correctness never depends on the order.
+copied on the spot, so correctness never depends on the order. After each placement change
+the handle calls `placed`: the copy engine pins host copies (M21, M22), sizes its copy
+buffers and makes compiled parents of streamed units eager (M23). CUDA Graph replays are
+counted with `count_replay` so `streamed_bytes` stays exact (M24).
 """
 from __future__ import annotations
 
@@ -18,35 +21,41 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from .devices import DeviceService
-from .transfer import CopyEngine, make_copy_engine
+from .transfer import CopyEngine, Lease, make_copy_engine
 
 if TYPE_CHECKING:
-    from .units import Unit
+    from .units import Slot, Unit
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
 class UnitCopy:
-    """A unit's weights on the device: one tensor per slot, and the event that marks them ready."""
+    """A unit's weights on the device: the copy engine's lease (tensors, ready event, buffer)."""
 
     unit: Unit
-    tensors: list[torch.Tensor]
+    lease: Lease
     nbytes: int
-    ready: object | None = None  # a device event where copies are asynchronous
     refs: int = 0
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return self.lease.tensors
 
 
 @dataclasses.dataclass(eq=False)
 class _HandleCopies:
+    key: int  # id of the handle: the copy engine's key
     capacity: int
     prefetch: int  # how many successors to copy ahead (0 for sequence handles, M20)
     copies: collections.OrderedDict[int, UnitCopy] = dataclasses.field(default_factory=collections.OrderedDict)
     successor: dict[int, Unit] = dataclasses.field(default_factory=dict)
     last: int | None = None
     streamed: int = 0  # bytes this handle's units were copied from host RAM
+    placements: int = 0  # counts `placed` calls (a CUDA Graph checks its placement then, M24)
 
 
 class Streamer:
@@ -65,15 +74,40 @@ class Streamer:
         """Set how many copies `owner` (a handle) may keep, and how far ahead to copy."""
         state = self._handles.get(id(owner))
         if state is None:
-            self._handles[id(owner)] = _HandleCopies(max(1, capacity), max(0, prefetch))
+            self._handles[id(owner)] = _HandleCopies(id(owner), max(1, capacity), max(0, prefetch))
         else:
             state.capacity, state.prefetch = max(1, capacity), max(0, prefetch)
 
     def forget(self, owner: object) -> int:
         """Drop `owner`'s copies and learned order; returns bytes freed."""
         freed = self.drop(owner)
+        self.engine.forget(id(owner))
         self._handles.pop(id(owner), None)
         return freed
+
+    def placed(self, owner: object, root: nn.Module, streamed: list[Unit], kept: list[Slot],
+               pinned_limit: int) -> None:
+        """`owner`'s placement changed: `streamed` units stream, `kept` slots keep host copies."""
+        state = self._handles.get(id(owner))
+        if state is None:
+            return  # forgotten (unloaded): nothing streams
+        state.placements += 1
+        self.engine.placed(state.key, root, streamed, kept, state.capacity, pinned_limit)
+
+    def placements(self, owner: object) -> int:
+        state = self._handles.get(id(owner))
+        return state.placements if state else 0
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        """Whether a host tensor is page-locked by this streamer's pinner (M21, M22)."""
+        return self.engine.is_pinned(tensor)
+
+    def count_replay(self, owner: object, nbytes: int) -> None:
+        """Bytes a CUDA Graph replay copied from host RAM for `owner` (M24, M50)."""
+        self.streamed_bytes += nbytes
+        state = self._handles.get(id(owner))
+        if state is not None:
+            state.streamed += nbytes
 
     # ---- the hooks' side -----------------------------------------------------------------
     def acquire(self, owner: object, unit: Unit) -> list[torch.Tensor]:
@@ -86,7 +120,7 @@ class Streamer:
         else:
             state.copies.move_to_end(unit.index)
         copy.refs += 1
-        self.engine.wait(copy.ready)
+        self.engine.wait(copy.lease)
         if state.prefetch:
             self._prefetch(state, unit)
         return copy.tensors
@@ -96,7 +130,7 @@ class Streamer:
         copy = state.copies.get(unit.index)
         if copy is not None:
             copy.refs -= 1
-            self.engine.record_use(copy.tensors)
+            self.engine.record_use(copy.lease)
 
     # ---- cache control -------------------------------------------------------------------
     def drop(self, owner: object | None = None) -> int:
@@ -106,13 +140,17 @@ class Streamer:
         for state in states:
             if state is None:
                 continue
+            held = self.engine.held_bytes(state.key)
             for index in [i for i, c in state.copies.items() if c.refs == 0]:
-                freed += self._evict(state, index)
+                self._evict(state, index)
+            self.engine.trim(state.key)  # copy buffers kept for reuse go too
+            freed += held - self.engine.held_bytes(state.key)
         return freed
 
     def cached_bytes(self, owner: object) -> int:
+        """Device bytes the copy engine holds for `owner` (its copies, or its copy buffers)."""
         state = self._handles.get(id(owner))
-        return sum(c.nbytes for c in state.copies.values()) if state else 0
+        return self.engine.held_bytes(state.key) if state else 0
 
     def streamed_bytes_of(self, owner: object) -> int:
         state = self._handles.get(id(owner))
@@ -132,8 +170,7 @@ class Streamer:
         self._make_room(state, keep=unit.index)
         if self.cancel_check is not None:
             self.cancel_check()  # M23: every copy checks for cancellation
-        tensors, ready = self.engine.copy_unit(unit, ahead=ahead)
-        copy = UnitCopy(unit, tensors, unit.nbytes, ready)
+        copy = UnitCopy(unit, self.engine.copy_unit(state.key, unit, ahead=ahead), unit.nbytes)
         state.copies[unit.index] = copy
         self.streamed_bytes += unit.nbytes
         state.streamed += unit.nbytes
@@ -148,7 +185,7 @@ class Streamer:
 
     def _evict(self, state: _HandleCopies, index: int) -> int:
         copy = state.copies.pop(index)
-        self.engine.free(copy.tensors, copy.nbytes)
+        self.engine.free(state.key, copy.lease)
         return copy.nbytes
 
     def _prefetch(self, state: _HandleCopies, unit: Unit) -> None:
@@ -158,6 +195,8 @@ class Streamer:
             if nxt is None or nxt.index == unit.index:
                 return
             if nxt.index not in state.copies:
+                if not self.engine.can_prefetch(state.key, nxt):
+                    return  # pageable: copied on the spot when entered (M21)
                 idle = [i for i, c in state.copies.items() if c.refs == 0]
                 if len(state.copies) >= state.capacity and not idle:
                     return

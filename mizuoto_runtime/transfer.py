@@ -1,112 +1,494 @@
-"""How a unit's weights get to the device: synchronously, or on a side stream (M19, M21, M23).
+"""How a unit's weights get to the device (M18–M23).
 
 `SyncCopyEngine` serves the CPU-simulated device, XPU and MPS (M21: copies there are
-synchronous). `CudaCopyEngine` (CUDA and ROCm) copies units ahead on a side stream: the
-compute stream waits on each copy's event before use, and a copy's memory is protected from
-early reuse without `record_stream`: the copy is allocated on the side stream, and before it
-is freed the side stream waits on an event recorded on the compute stream after the copy's
-last use, so the caching allocator can only hand the block to work ordered after that use.
-Host tensors that are pinned (see `pinning.py`) copy asynchronously; pageable ones are
-copied synchronously on the compute stream, where an asynchronous copy would stall the host.
+synchronous): each copy is a fresh counted allocation, freed when the streamer drops it.
+
+`BufferedCopyEngine` serves CUDA and ROCm. **Copy-buffer protection: static, event-guarded
+copy buffers**, not `record_stream`. Each handle has a small pool of preallocated device
+buffers; a unit's tensors are views into one buffer (each at a 512-byte offset, like the
+caching allocator's blocks, with the strides `.to(device)` would give, so a streamed layer
+runs the same kernel as a resident one). Every buffer is allocated on the compute stream
+and carries one event, recorded at allocation (the block's previous user may still be
+queued), re-recorded after each write on the copy stream and after each use on the compute
+stream; before a buffer is written again — on either stream — or handed back to the
+allocator, the writing stream waits on that event. Why not `record_stream`: it defers the block's reuse to the allocator, which
+polls events at allocation time and, when they have not completed, takes fresh memory or
+stalls freeing the cache; and each step would allocate and free one block per weight.
+Static buffers allocate nothing per step, hold exactly the memory the handle's budget
+counted (M16), and the single wait is explicit and cheap. Buffers are chosen best-fit (for
+equal-sized units: round-robin), the pool never exceeds the `capacity` largest streamed
+units, and it is released when the streamer drops the handle's copies (new placement,
+yielding, OOM: M32, M40).
+
+Prefetched copies (M19) run on a side stream while the current unit computes; the compute
+stream waits on the buffer's event before use. Only pinned host tensors (see `pinning.py`)
+are copied ahead: a pageable copy blocks the host, so pageable units are copied on the spot,
+synchronously, on the compute stream (M21). A unit entered out of the learned order is
+copied on the spot too, so correctness never depends on the order.
+
+Copy rules (M23): copies are made outside inference mode, in the weight's own dtype.
+Compiled modules (`torch.compile(module)`, `module.compile()`) above streamed units run
+eagerly while those units stream — a compiled graph would hold the weights — and compile
+again when the component is whole. A compiled *function* wrapping a component cannot be
+seen from the handle; engines must not compile across streamed units that way.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import contextlib
+import dataclasses
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
 from .devices import DeviceService
+from .pinning import Pinner, shared_pinner
 
 if TYPE_CHECKING:
-    from .units import Unit
+    from .units import Slot, Unit
+
+log = logging.getLogger(__name__)
+
+ALIGN = 512  # the caching allocator's block alignment: kernels see the same pointer alignment
+
+
+@dataclasses.dataclass(eq=False)
+class Lease:
+    """A unit's weights on the device: one tensor per slot, and the engine's guard for them."""
+
+    tensors: list[torch.Tensor]
+    nbytes: int
+    ready: Any = None  # an event the compute stream waits on (copies made ahead)
+    buffer: _Buffer | None = None
 
 
 class CopyEngine(Protocol):
-    def copy_unit(self, unit: Unit, ahead: bool) -> tuple[list[torch.Tensor], object | None]: ...
-    def wait(self, ready: object | None) -> None: ...
-    def record_use(self, tensors: list[torch.Tensor]) -> None: ...
-    def free(self, tensors: list[torch.Tensor], nbytes: int) -> None: ...
+    """What the streamer asks of an engine; `key` is the handle's identity."""
+
+    pinner: Pinner | None
+
+    def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
+               capacity: int, pinned_limit: int) -> None: ...
+    def can_prefetch(self, key: int, unit: Unit) -> bool: ...
+    def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease: ...
+    def wait(self, lease: Lease) -> None: ...
+    def record_use(self, lease: Lease) -> None: ...
+    def free(self, key: int, lease: Lease) -> None: ...
+    def held_bytes(self, key: int) -> int: ...
+    def trim(self, key: int) -> int: ...
+    def forget(self, key: int) -> None: ...
+    def is_pinned(self, tensor: torch.Tensor) -> bool: ...
 
 
 class SyncCopyEngine:
     """Copies on the spot, in the weight's own dtype, counted by the device service."""
 
-    def __init__(self, devices: DeviceService, device: torch.device) -> None:
+    def __init__(self, devices: DeviceService, device: torch.device, pinner: Pinner | None = None) -> None:
         self.devices = devices
         self.device = device
+        self.pinner = pinner
+        self._held: dict[int, int] = {}  # key -> bytes of live copies
+        self._eager: dict[int, list[_Restore]] = {}  # key -> compiled modules made eager (M23)
 
-    def copy_unit(self, unit: Unit, ahead: bool) -> tuple[list[torch.Tensor], object | None]:
+    # ---- placement -----------------------------------------------------------------------
+    def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
+               capacity: int, pinned_limit: int) -> None:
+        """After a placement change: compiled parents eager (M23), host copies pinned (M21, M22)."""
+        self._restore_compiled(key)
+        if streamed:
+            self._eager[key] = run_compiled_eagerly(root, streamed)
+        if self.pinner is not None:
+            self.pinner.budget.limit = pinned_limit
+            _pin_slots([s for u in streamed for s in u.slots], self.pinner.pin_streamed)
+            _pin_slots([s for s in kept if not s.is_buffer], self.pinner.pin_kept)
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return self.pinner is not None and self.pinner.is_pinned(tensor)
+
+    def can_prefetch(self, key: int, unit: Unit) -> bool:
+        return True  # a synchronous copy ahead costs no correctness, only the wait
+
+    # ---- copies --------------------------------------------------------------------------
+    def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:
         tensors: list[torch.Tensor] = []
         try:
             for slot in unit.slots:
                 tensors.append(self.devices.copy_to(_host_of(slot), self.device))
         except BaseException:
-            self.free(tensors, sum(t.numel() * t.element_size() for t in tensors))
+            self.devices.release(self.device, sum(_nbytes(t) for t in tensors))
             raise
-        return tensors, None
+        self._held[key] = self._held.get(key, 0) + unit.nbytes
+        return Lease(tensors, unit.nbytes)
 
-    def wait(self, ready: object | None) -> None:
+    def wait(self, lease: Lease) -> None:
         return None
 
-    def record_use(self, tensors: list[torch.Tensor]) -> None:
+    def record_use(self, lease: Lease) -> None:
         return None
 
-    def free(self, tensors: list[torch.Tensor], nbytes: int) -> None:
-        tensors.clear()
-        self.devices.release(self.device, nbytes)
+    def free(self, key: int, lease: Lease) -> None:
+        lease.tensors.clear()
+        self._held[key] = self._held.get(key, 0) - lease.nbytes
+        self.devices.release(self.device, lease.nbytes)
+
+    def held_bytes(self, key: int) -> int:
+        return self._held.get(key, 0)
+
+    def trim(self, key: int) -> int:
+        return 0  # nothing is kept beyond the live copies
+
+    def forget(self, key: int) -> None:
+        self._held.pop(key, None)
+        self._restore_compiled(key)
+
+    def _restore_compiled(self, key: int) -> None:
+        for restore in reversed(self._eager.pop(key, [])):
+            restore()
 
 
-class CudaCopyEngine(SyncCopyEngine):
-    """Side-stream copies guarded by events (M19); pinned sources copy asynchronously (M21)."""
-
-    def __init__(self, devices: DeviceService, device: torch.device) -> None:
-        super().__init__(devices, device)
-        self.stream = torch.cuda.Stream(device)
-        self._last_use: dict[int, torch.cuda.Event] = {}
-
-    def copy_unit(self, unit: Unit, ahead: bool) -> tuple[list[torch.Tensor], object | None]:
-        hosts = [_host_of(s) for s in unit.slots]
-        if not ahead or not all(h.is_pinned() for h in hosts):
-            return super().copy_unit(unit, ahead)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        tensors: list[torch.Tensor] = []
-        with torch.cuda.stream(self.stream):
-            try:
-                for host in hosts:
-                    tensors.append(self.devices.copy_to(host, self.device, non_blocking=True))
-            except BaseException:
-                self.free(tensors, sum(t.numel() * t.element_size() for t in tensors))
-                raise
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        return tensors, ready
-
-    def wait(self, ready: object | None) -> None:
-        if ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(ready)  # type: ignore[arg-type]
-
-    def record_use(self, tensors: list[torch.Tensor]) -> None:
-        if tensors:
-            used = torch.cuda.Event()
-            used.record(torch.cuda.current_stream(self.device))
-            self._last_use[id(tensors)] = used
-
-    def free(self, tensors: list[torch.Tensor], nbytes: int) -> None:
-        used = self._last_use.pop(id(tensors), None)
-        if used is not None:
-            # Blocks allocated on the side stream are reused only by work ordered after this wait.
-            self.stream.wait_event(used)
-        super().free(tensors, nbytes)
+# ---- streams and events: CUDA, or a stand-in for the simulated device -----------------------
+class StreamBackend(Protocol):
+    def current(self) -> Any: ...
+    def side(self) -> Any: ...
+    def event(self) -> Any: ...
+    def record(self, event: Any, stream: Any) -> None: ...
+    def wait(self, stream: Any, event: Any) -> None: ...
+    def use(self, stream: Any) -> contextlib.AbstractContextManager[Any]: ...
 
 
-def _host_of(slot: object) -> torch.Tensor:
-    host = getattr(slot, "host")
+class CudaStreams:
+    """One side stream per device for copies; events without timing (cheaper to record)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._side: torch.cuda.Stream | None = None
+
+    def current(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def side(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
+
+    def event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def record(self, event: torch.cuda.Event, stream: torch.cuda.Stream) -> None:
+        event.record(stream)
+
+    def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        stream.wait_event(event)
+
+    def use(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+
+class SimulatedStreams:
+    """Streams for the simulated device: work runs in order, so events only get logged.
+
+    With `log` set, every record and wait is appended as (op, event id, stream) so tests can
+    check the guard order that the CUDA engine relies on.
+    """
+
+    def __init__(self, log: list[tuple[str, int, str]] | None = None) -> None:
+        self.log = log
+        self._stream = "compute"
+        self._events = 0
+
+    def current(self) -> str:
+        return self._stream
+
+    def side(self) -> str:
+        return "copy"
+
+    def event(self) -> int:
+        self._events += 1
+        return self._events
+
+    def record(self, event: int, stream: str) -> None:
+        if self.log is not None:
+            self.log.append(("record", event, stream))
+
+    def wait(self, stream: str, event: int) -> None:
+        if self.log is not None:
+            self.log.append(("wait", event, stream))
+
+    @contextlib.contextmanager
+    def use(self, stream: str) -> Iterator[str]:
+        previous, self._stream = self._stream, stream
+        try:
+            yield stream
+        finally:
+            self._stream = previous
+
+
+# ---- static, event-guarded copy buffers ---------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class _Buffer:
+    data: torch.Tensor  # uint8, on the device
+    nbytes: int
+    done: Any  # event: at allocation, then after each write (copy stream) or use (compute stream)
+    stream: Any  # the stream it was allocated on (where the allocator reuses it)
+    busy: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where each of a unit's weights lies in a buffer, and with which strides."""
+
+    offsets: tuple[int, ...]
+    spans: tuple[int, ...]
+    sizes: tuple[torch.Size, ...]
+    strides: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    nbytes: int
+    pinned: bool
+
+
+@dataclasses.dataclass(eq=False)
+class _Pool:
+    buffers: list[_Buffer] = dataclasses.field(default_factory=list)
+    layouts: dict[int, _Layout] = dataclasses.field(default_factory=dict)
+    limit: int = 0  # bytes: the `capacity` largest streamed units (0: not placed, no cap)
+
+
+class BufferedCopyEngine(SyncCopyEngine):
+    """Side-stream prefetch into static, event-guarded buffers (M19, M21; module doc)."""
+
+    def __init__(self, devices: DeviceService, device: torch.device, streams: StreamBackend,
+                 pinner: Pinner | None = None) -> None:
+        super().__init__(devices, device, pinner)
+        self.streams = streams
+        self._pools: dict[int, _Pool] = {}
+
+    def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
+               capacity: int, pinned_limit: int) -> None:
+        super().placed(key, root, streamed, kept, capacity, pinned_limit)  # pins first: layouts read it
+        pool = self._pools.setdefault(key, _Pool())
+        pool.layouts = {u.index: self._layout(u) for u in streamed}
+        sizes = sorted((lay.nbytes for lay in pool.layouts.values()), reverse=True)
+        pool.limit = sum(sizes[:max(1, capacity)])
+
+    def can_prefetch(self, key: int, unit: Unit) -> bool:
+        return self._layout_of(key, unit).pinned
+
+    def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:
+        layout = self._layout_of(key, unit)
+        buffer = self._take(self._pools.setdefault(key, _Pool()), layout.nbytes)
+        try:
+            with torch.inference_mode(False):  # M23: normal tensors, the resident kernels
+                views = _views(buffer.data, layout)
+                ready = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout, ahead)
+        except BaseException:
+            buffer.busy = False
+            raise
+        return Lease(views, unit.nbytes, ready, buffer)
+
+    def _fill(self, buffer: _Buffer, views: list[torch.Tensor], hosts: list[torch.Tensor],
+              layout: _Layout, ahead: bool) -> Any:
+        """Copy `hosts` into `views`: on the side stream when ahead and pinned, else on the spot."""
+        streams = self.streams
+        if ahead and layout.pinned:
+            side = streams.side()
+            streams.wait(side, buffer.done)  # the buffer's previous use is over
+            with streams.use(side):
+                for view, host in zip(views, hosts):
+                    view.copy_(host, non_blocking=True)
+            streams.record(buffer.done, side)
+            return buffer.done
+        compute = streams.current()
+        streams.wait(compute, buffer.done)  # e.g. an unused prefetch into it may be in flight
+        for view, host in zip(views, hosts):
+            # Pinned: asynchronous, ordered on the compute stream. Pageable: synchronous (M21).
+            view.copy_(host, non_blocking=layout.pinned)
+        return None
+
+    def wait(self, lease: Lease) -> None:
+        if lease.ready is not None:
+            self.streams.wait(self.streams.current(), lease.ready)
+
+    def record_use(self, lease: Lease) -> None:
+        if lease.buffer is not None:
+            self.streams.record(lease.buffer.done, self.streams.current())
+
+    def free(self, key: int, lease: Lease) -> None:
+        lease.tensors.clear()
+        if lease.buffer is not None:
+            lease.buffer.busy = False  # stays allocated for the next unit: reuse, not release
+
+    def held_bytes(self, key: int) -> int:
+        pool = self._pools.get(key)
+        return sum(b.nbytes for b in pool.buffers) if pool else 0
+
+    def trim(self, key: int) -> int:
+        pool = self._pools.get(key)
+        if pool is None:
+            return 0
+        idle = [b for b in pool.buffers if not b.busy]
+        for buffer in idle:
+            self._release(pool, buffer)
+        return sum(b.nbytes for b in idle)
+
+    def forget(self, key: int) -> None:
+        self.trim(key)
+        self._pools.pop(key, None)
+        super().forget(key)
+
+    # ---- buffers -------------------------------------------------------------------------
+    def _take(self, pool: _Pool, need: int) -> _Buffer:
+        """The smallest idle buffer that fits; else a new one, within the pool's limit."""
+        idle = [b for b in pool.buffers if not b.busy]
+        fits = [b for b in idle if b.nbytes >= need]
+        if fits:
+            buffer = min(fits, key=lambda b: b.nbytes)
+        else:
+            held = sum(b.nbytes for b in pool.buffers)
+            for small in sorted(idle, key=lambda b: b.nbytes):
+                if not pool.limit or held + need <= pool.limit:
+                    break
+                self._release(pool, small)
+                held -= small.nbytes
+            # Over the limit only when every buffer is running (nested entry), like the streamer.
+            buffer = self._allocate(pool, need)
+        buffer.busy = True
+        return buffer
+
+    def _allocate(self, pool: _Pool, nbytes: int) -> _Buffer:
+        self.devices.allocate(self.device, nbytes)  # counted on a simulated device; fault hook (M40)
+        try:
+            with torch.inference_mode(False):
+                data = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        except BaseException:
+            self.devices.release(self.device, nbytes)
+            raise
+        buffer = _Buffer(data, nbytes, self.streams.event(), self.streams.current())
+        # The allocator may hand out a block whose last user is still queued on this stream:
+        # a copy on the side stream must wait for that too, like for a reused buffer.
+        self.streams.record(buffer.done, buffer.stream)
+        pool.buffers.append(buffer)
+        return buffer
+
+    def _release(self, pool: _Pool, buffer: _Buffer) -> None:
+        # The allocator reuses the block for work on its stream: order that after the last use.
+        self.streams.wait(buffer.stream, buffer.done)
+        pool.buffers.remove(buffer)
+        self.devices.release(self.device, buffer.nbytes)
+
+    # ---- layouts -------------------------------------------------------------------------
+    def _layout_of(self, key: int, unit: Unit) -> _Layout:
+        pool = self._pools.setdefault(key, _Pool())
+        layout = pool.layouts.get(unit.index)
+        if layout is None:  # a streamer used without a handle's placement
+            layout = pool.layouts[unit.index] = self._layout(unit)
+        return layout
+
+    def _layout(self, unit: Unit) -> _Layout:
+        offsets, spans, sizes, strides, dtypes = [], [], [], [], []
+        end = 0
+        pinned = True
+        for slot in unit.slots:
+            host = _host_of(slot)
+            meta = torch.empty_like(host, device="meta")  # the strides `.to(device)` gives
+            offset = -(-end // ALIGN) * ALIGN
+            span = _span_bytes(meta)
+            offsets.append(offset)
+            spans.append(span)
+            sizes.append(meta.size())
+            strides.append(meta.stride())
+            dtypes.append(meta.dtype)
+            end = offset + span
+            pinned = pinned and self.is_pinned(host)
+        return _Layout(tuple(offsets), tuple(spans), tuple(sizes), tuple(strides), tuple(dtypes),
+                       max(end, 1), pinned)
+
+
+def _views(data: torch.Tensor, layout: _Layout) -> list[torch.Tensor]:
+    views = []
+    for offset, span, size, stride, dtype in zip(layout.offsets, layout.spans, layout.sizes,
+                                                 layout.strides, layout.dtypes):
+        typed = data.narrow(0, offset, span).view(dtype)
+        views.append(typed.as_strided(size, stride))
+    return views
+
+
+def _span_bytes(t: torch.Tensor) -> int:
+    """Bytes from the first to the last element of a tensor with non-negative strides."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _pin_slots(slots: list[Slot], pin: Any) -> None:
+    """Replace the slots' host tensors by their pinned versions (same values and address)."""
+    slots = [s for s in slots if s.host is not None]
+    for slot, host in zip(slots, pin([s.host for s in slots])):
+        slot.host = host
+
+
+def _host_of(slot: Slot) -> torch.Tensor:
+    host = slot.host
     if host is None:
-        raise RuntimeError(f"{getattr(slot, 'name', '?')}: a streamed weight has no host copy")
+        raise RuntimeError(f"{slot.name}: a streamed weight has no host copy")
     return host
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# ---- M23: compiled modules above streamed units run eagerly --------------------------------
+_Restore = Any  # a zero-argument callable that undoes one change
+
+
+def _optimized_module_type() -> type | None:
+    # Without torch._dynamo imported no module can have been compiled; don't import it (slow).
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(eval_frame, "OptimizedModule", None) if eval_frame else None
+
+
+def run_compiled_eagerly(root: nn.Module, streamed: Sequence[Unit]) -> list[_Restore]:
+    """Make every compiled module whose subtree holds a streamed unit run eagerly (M23).
+
+    `torch.compile(module)` wraps it in an `OptimizedModule` whose `forward` is the compiled
+    call; `module.compile()` sets `_compiled_call_impl`. Both are switched to the eager call;
+    the returned callables switch them back (when the component is whole again).
+    """
+    hooked = {id(m) for u in streamed for m in [u.module, *u.leaves]}
+    optimized = _optimized_module_type()
+    restores: list[_Restore] = []
+    for module in root.modules():
+        if optimized is not None and isinstance(module, optimized):
+            compiled = module.__dict__.get("forward")
+            if compiled is None or not _holds(module, hooked):
+                continue
+            original = module._orig_mod
+            assert isinstance(original, nn.Module)
+            module.forward = original.__call__
+            restores.append(_setter(module, "forward", compiled))
+        elif module._compiled_call_impl is not None and _holds(module, hooked):
+            compiled_call = module._compiled_call_impl
+            module._compiled_call_impl = None
+            restores.append(_setter(module, "_compiled_call_impl", compiled_call))
+    if restores:
+        log.info("%d compiled module(s) above streamed units run eagerly while they stream (M23)", len(restores))
+    return restores
+
+
+def _holds(module: nn.Module, hooked: set[int]) -> bool:
+    return any(id(m) in hooked for m in module.modules())
+
+
+def _setter(module: nn.Module, attr: str, value: Any) -> _Restore:
+    return lambda: setattr(module, attr, value)
+
+
 def make_copy_engine(devices: DeviceService, device: torch.device) -> SyncCopyEngine:
-    if device.type == "cuda" and not devices.is_simulated(device):
-        return CudaCopyEngine(devices, device)
+    """CUDA and ROCm: side-stream prefetch into static buffers; elsewhere synchronous copies."""
+    simulated = devices.is_simulated(device)
+    if device.type == "cuda" and not simulated:
+        return BufferedCopyEngine(devices, device, CudaStreams(device), shared_pinner(device, simulated))
     return SyncCopyEngine(devices, device)

@@ -1,0 +1,199 @@
+"""CUDA Graphs over placed components: when they may be captured, and how (M24, M54).
+
+Rules:
+* `usable(policy)`: never under the `cudaMallocAsync` allocator (`compute.cuda_allocator =
+  async`, unless `PYTORCH_CUDA_ALLOC_CONF` already says otherwise: the environment wins,
+  M54): that stream-ordered allocator freed capture warm-up temporaries in a way that made
+  replays fail with illegal memory access.
+* `placement_refusal(handle)`: a component fully on the device may be captured; a partly
+  placed one only if it is a `graphable` `sequence` handle whose streamed weights are all
+  pinned — a graph's copy node reads a fixed host address, asynchronously.
+* `eligible(handle)`: both, on a real CUDA device.
+
+`capture(handle, fn)` records `fn()` into a graph. During capture the handle's hooks do not
+use the streamer: each leaf module's streamed weights are copied, when the leaf is entered,
+from their fixed (pinned) host tensors into memory allocated inside the capture — the graph's
+own pool, not the eager run's copy buffers, which are reused — and released when the leaf
+exits, so the pool reuses that memory for the next leaf. Per leaf rather than per unit, so a
+layer split over several graphs copies each weight once per step. Every `replay` adds the
+bytes those copy nodes move to `ModelHandle.replayed` and to the streamer's count, so
+`meta.memory.streamed_mb` stays exact. A replay after the handle's weights moved (another
+placement, a re-pinned host copy) raises `GraphStale`: capture again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .devices import ALLOC_CONF, allocator_env
+from .errors import MizuotoError
+from .pinning import releases_deferred
+from .policy import VramPolicy
+
+if TYPE_CHECKING:
+    from .handle import ModelHandle
+    from .units import Slot
+
+log = logging.getLogger(__name__)
+
+
+class GraphRefused(MizuotoError):
+    """This handle may not be captured now; the message says why (M24)."""
+
+
+class GraphStale(MizuotoError):
+    """The handle's weights moved since capture; the graph would read stale addresses."""
+
+
+# ---- rules -----------------------------------------------------------------------------------
+def usable(policy: VramPolicy, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether CUDA Graphs may be captured under the allocator in force (M54): the one CUDA
+    runs with once initialized, else the one the environment (which wins) or the policy picks."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_allocator_backend() != "cudaMallocAsync"
+    conf = allocator_env(policy.cuda_allocator, environ).get(ALLOC_CONF, "")
+    return "backend:cudamallocasync" not in conf.replace(" ", "").lower()
+
+
+def placement_refusal(handle: ModelHandle) -> str | None:
+    """Why the handle's placement forbids capture, or None when it allows it (M24)."""
+    if not handle.loaded_bytes:
+        return "the component is not placed on the device"
+    if handle.is_whole:
+        return None
+    if not (handle.graphable and handle.kind == "sequence"):
+        return "partly placed, and only graphable sequence handles may be captured so"
+    unpinned = [s.name for s in _streamed_slots(handle) if s.host is None or not handle.streamer.is_pinned(s.host)]
+    if unpinned:
+        return f"{len(unpinned)} streamed weight(s) are not in pinned memory (first: {unpinned[0]})"
+    return None
+
+
+def eligible(handle: ModelHandle) -> tuple[bool, str]:
+    """Whether `handle` may be captured now, and if not, why (M24, M54)."""
+    if not usable(handle.policy):
+        return False, "compute.cuda_allocator is async (cudaMallocAsync): no CUDA Graphs (M54)"
+    if handle.device.type != "cuda" or handle.devices.is_simulated(handle.device):
+        return False, f"{handle.device} is not a CUDA device"
+    reason = placement_refusal(handle)
+    return (reason is None), (reason or "eligible")
+
+
+def _streamed_slots(handle: ModelHandle) -> list[Slot]:
+    return [s for u in handle.streamed_units for s in u.slots]
+
+
+# ---- capture -------------------------------------------------------------------------------
+class LeafCopies:
+    """The hooks' stand-in during capture: per-leaf copies into capture-allocated memory."""
+
+    def __init__(self, handle: ModelHandle) -> None:
+        self.device = handle.device
+        self.copied_bytes = 0  # what one replay copies from host RAM
+        self.hosts: list[torch.Tensor] = []  # the graph reads them: kept alive with it
+        self._owned: dict[int, list[Slot]] = {}
+        for slot in _streamed_slots(handle):
+            for module, _ in slot.owners:
+                owned = self._owned.setdefault(id(module), [])
+                if slot not in owned:
+                    owned.append(slot)
+        self._active: dict[int, list[Any]] = {}  # id(slot) -> [device tensor, depth]
+
+    def enter(self, module: nn.Module) -> None:
+        for slot in self._owned.get(id(module), []):
+            active = self._active.get(id(slot))
+            if active is not None:
+                active[1] += 1  # a weight shared by nested leaves: copied once
+                continue
+            host = slot.host
+            assert host is not None, slot.name  # placement_refusal checked it is pinned
+            meta = torch.empty_like(host, device="meta")  # the resident strides (M23)
+            with torch.inference_mode(False):
+                dev = torch.empty_strided(meta.size(), meta.stride(), dtype=host.dtype, device=self.device)
+                dev.copy_(host, non_blocking=True)  # a memcpy node from the fixed host address
+            slot.hold(dev)
+            self._active[id(slot)] = [dev, 1]
+            self.copied_bytes += slot.nbytes
+            self.hosts.append(host)
+
+    def exit(self, module: nn.Module) -> None:
+        for slot in self._owned.get(id(module), []):
+            active = self._active.get(id(slot))
+            if active is None:
+                continue
+            active[1] -= 1
+            if active[1] == 0:
+                del self._active[id(slot)]
+                assert slot.host is not None
+                slot.hold(slot.host)  # capture never runs on the strict simulated device
+
+
+@dataclasses.dataclass(eq=False)
+class CapturedGraph:
+    """A captured graph, its static output, and what each replay copies (M24)."""
+
+    graph: Any  # torch.cuda.CUDAGraph
+    output: Any
+    handle: ModelHandle
+    nbytes: int  # bytes each replay copies from host RAM
+    hosts: list[torch.Tensor]
+    placements: int
+    addresses: tuple[int, ...]
+
+    def replay(self) -> Any:
+        self._check()
+        self.graph.replay()
+        if self.nbytes:
+            self.handle.replayed += self.nbytes
+            self.handle.streamer.count_replay(self.handle, self.nbytes)
+        return self.output
+
+    def _check(self) -> None:
+        """After a placement, the weights the graph reads must still be where they were."""
+        placements = self.handle.streamer.placements(self.handle)
+        if placements == self.placements:
+            return
+        if _addresses(self.handle.module) != self.addresses:
+            raise GraphStale(f"{self.handle.name}: weights moved since capture; capture the graph again")
+        self.placements = placements
+
+
+def _addresses(module: nn.Module) -> tuple[int, ...]:
+    return tuple(t.data_ptr() for t in [*module.parameters(), *module.buffers()])
+
+
+def capture(handle: ModelHandle, fn: Callable[[], Any], *, warmup: int = 2,
+            pool: Any = None) -> CapturedGraph:
+    """Capture `fn()` (which reads static inputs) over `handle`'s placement (M24).
+
+    Refuses with `GraphRefused`, before touching the device, when `eligible` says no.
+    """
+    ok, reason = eligible(handle)
+    if not ok:
+        raise GraphRefused(f"{handle.name}: no CUDA Graph: {reason}")
+    side = torch.cuda.Stream(handle.device)
+    side.wait_stream(torch.cuda.current_stream(handle.device))
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch recommends
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(handle.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    leaves = LeafCopies(handle)
+    handle.graph_capture = leaves
+    try:
+        with releases_deferred(), torch.cuda.graph(graph, pool=pool):
+            output = fn()
+    finally:
+        handle.graph_capture = None
+        pinner = handle.streamer.engine.pinner
+        if pinner is not None:
+            pinner.flush()  # releases deferred while capturing
+    log.info("%s: captured a CUDA Graph; each replay copies %.1f MB from host RAM",
+             handle.name, leaves.copied_bytes / 2**20)
+    return CapturedGraph(graph, output, handle, leaves.copied_bytes, leaves.hosts,
+                         handle.streamer.placements(handle), _addresses(handle.module))

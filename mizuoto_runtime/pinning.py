@@ -1,0 +1,410 @@
+"""Page-locked host memory for streamed weights and kept host copies (M21, M22).
+
+A copy from page-locked ("pinned") host memory runs asynchronously at full link speed; a
+copy from pageable memory is staged by the driver, about half as fast, and blocks the host.
+`Pinner` decides, within `compute.max_pinned_mb` (`PinnedBudget`, ComfyUI's default formula in
+`VramPolicy.pinned_budget_bytes`), which host tensors become pinned and how:
+
+* ``register`` (NVIDIA): whole storages of at least 1 MB are registered in place with
+  `cudaHostRegister` — no data copied (~14 GB/s against ~1.5 GB/s for `Tensor.pin_memory()`).
+  Smaller storages share pages with their neighbours and registrations cannot overlap, so
+  small *streamed* tensors are copied into pinned memory instead. Host copies kept for
+  whole-loaded components (`keep_host`) are registered the same way, never copied.
+* ``copy`` (ROCm and other CUDA-like devices): streamed tensors are copied into pinned
+  memory; kept host copies stay pageable.
+* ``off`` (CPU, the simulated device, XPU, MPS: copies there are synchronous): a no-op.
+
+Beyond the budget, or when a registration fails (the error is cleared so it does not surface
+at the next kernel launch), a tensor stays pageable and its copies are synchronous.
+
+**Tying a registration to its storage.** Memory must be unregistered before it is freed,
+else a later allocation at the same address would be taken as pinned. Neither the Python
+tensor object nor the `UntypedStorage` object marks the storage's death: `param.data = t`
+shares `t`'s storage without keeping `t` alive, and a storage's C++ `release_resources` frees
+the data before its Python wrapper goes. So a pinned storage S is *re-homed*: a numpy array
+(the *anchor*) is made over S's bytes and `torch.from_numpy` builds a new storage S' over the
+same bytes whose deleter drops the anchor. The handle's host tensors become views of S'
+(same address, same values). When the last view of S' dies, S' drops the anchor and the
+anchor's `weakref.finalize` runs: it waits for the device, unregisters, returns the budget —
+and only then lets go of the reference to S it holds, so S's memory cannot be freed before
+the finalizer has finished, whoever else still holds S. A finalizer that fires while a CUDA
+Graph is being captured — on any thread: global capture mode forbids synchronizing — is
+deferred until `flush`, the memory still held.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+REGISTER_MIN_BYTES = 1 << 20  # M22: smaller storages share pages with their neighbours
+_CUDA_HOST_REGISTER_PORTABLE = 1  # pinned for every CUDA context (multi-GPU), as ComfyUI does
+_MARK = "_mizuoto_pinned"  # set on the views this module hands out: already re-homed
+
+PinMode = Literal["register", "copy", "off"]
+
+_captures = 0  # CUDA Graph captures in progress in this process (`graphs.capture`)
+_captures_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def releases_deferred() -> Iterator[None]:
+    """While a CUDA Graph is captured, pinned memory is not released (no synchronization)."""
+    global _captures
+    with _captures_lock:
+        _captures += 1
+    try:
+        yield
+    finally:
+        with _captures_lock:
+            _captures -= 1
+
+
+class PinnedBudget:
+    """Bytes of page-locked host memory the process may hold (`compute.max_pinned_mb`, M21)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, int(limit))
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve `nbytes` if they fit under the limit; False (nothing reserved) otherwise."""
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - nbytes)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+
+class Registrar(Protocol):
+    """The device side of pinning; `CudaRegistrar` on a GPU, `RecordingRegistrar` in tests."""
+
+    def register(self, ptr: int, nbytes: int) -> bool: ...
+    def unregister(self, ptr: int) -> None: ...
+    def is_pinned(self, tensor: torch.Tensor) -> bool: ...
+    def clear_error(self) -> None: ...
+    def synchronize(self) -> None: ...
+    def capturing(self) -> bool: ...
+    def pinned_empty(self, like: torch.Tensor) -> torch.Tensor: ...
+
+
+class CudaRegistrar:
+    """`cudaHostRegister` through `torch.cuda.cudart()` (torch binds it; 2.x returns the
+    `cudaError` without clearing it), and pinned allocations from torch's host allocator."""
+
+    def __init__(self) -> None:
+        self.devices: set[int] = set()  # devices whose copies may read pinned memory
+        self._get_last_error = _cudart_get_last_error()
+
+    def register(self, ptr: int, nbytes: int) -> bool:
+        err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _CUDA_HOST_REGISTER_PORTABLE)
+        return int(err) == 0
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        """Page-locked by anyone (e.g. loaded with `pin_memory`): usable as is, not registrable."""
+        return tensor.is_pinned()
+
+    def unregister(self, ptr: int) -> None:
+        err = torch.cuda.cudart().cudaHostUnregister(ptr)
+        if int(err) != 0:
+            self.clear_error()
+            log.warning("cudaHostUnregister(0x%x) failed with cudaError %d", ptr, int(err))
+
+    def clear_error(self) -> None:
+        """Consume the error a failed call left, so torch's next launch check does not raise it."""
+        if self._get_last_error is not None:
+            self._get_last_error()
+            return
+        # No handle on the runtime torch uses (static build, Windows): a launch check
+        # consumes the pending error; it raises it, and here that is the point.
+        try:
+            torch.empty(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+        except RuntimeError:
+            log.debug("cleared a pending CUDA error after a failed registration")
+
+    def synchronize(self) -> None:
+        for index in sorted(self.devices) or [torch.cuda.current_device()]:
+            torch.cuda.synchronize(index)
+
+    def capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def pinned_empty(self, like: torch.Tensor) -> torch.Tensor:
+        return _empty_like_preserving(like, pin_memory=True)
+
+
+def _cudart_get_last_error() -> Callable[[], int] | None:
+    """`cudaGetLastError` of the CUDA runtime torch loaded (its error state is per library)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        return None
+    # Prefer the runtime torch ships with (wheels: nvidia/cuda_runtime) over another library's.
+    for path in sorted(paths, key=lambda p: ("cuda_runtime" not in p and "torch" not in p, p)):
+        try:
+            func = ctypes.CDLL(path).cudaGetLastError
+        except (OSError, AttributeError):
+            continue
+        func.restype = ctypes.c_int
+        return func
+    return None
+
+
+class RecordingRegistrar:
+    """A registrar for the simulated device (M55): pins nothing, records every call.
+
+    Lets the CPU run the whole pinning logic — budget, threshold, register vs copy, fallback
+    after a failed registration, finalizer order — in tests and `bench/gpu_suite.py --dry-run`.
+    """
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail  # registrations fail (M22's fallback to pageable)
+        self.capture = False  # pretend a CUDA Graph is being captured
+        self.calls: list[tuple[str, ...]] = []
+
+    def register(self, ptr: int, nbytes: int) -> bool:
+        self.calls.append(("register", hex(ptr), str(nbytes)))
+        return not self.fail
+
+    def unregister(self, ptr: int) -> None:
+        self.calls.append(("unregister", hex(ptr)))
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return False  # the CPU has no page-locked memory of its own
+
+    def clear_error(self) -> None:
+        self.calls.append(("clear_error",))
+
+    def synchronize(self) -> None:
+        self.calls.append(("synchronize",))
+
+    def capturing(self) -> bool:
+        return self.capture
+
+    def pinned_empty(self, like: torch.Tensor) -> torch.Tensor:
+        self.calls.append(("pinned_empty", str(like.numel() * like.element_size())))
+        return _empty_like_preserving(like, pin_memory=False)
+
+
+def _empty_like_preserving(like: torch.Tensor, pin_memory: bool) -> torch.Tensor:
+    """An empty host tensor with the strides `.to(device)` would give `like` (same kernels, M23)."""
+    meta = torch.empty_like(like, device="meta")
+    with torch.inference_mode(False):
+        return torch.empty_strided(meta.size(), meta.stride(), dtype=like.dtype, pin_memory=pin_memory)
+
+
+@dataclasses.dataclass(eq=False)
+class _Pinned:
+    """One pinned region: a registered storage, or a pinned copy of one tensor."""
+
+    kind: Literal["registered", "copied"]
+    ptr: int
+    nbytes: int
+    anchor: weakref.ref[np.ndarray]
+    released: bool = False
+
+
+class Pinner:
+    """Pins host tensors within a budget and unpins them when their storage dies (M21, M22)."""
+
+    def __init__(self, mode: PinMode, registrar: Registrar | None = None, budget: PinnedBudget | None = None) -> None:
+        if mode != "off" and registrar is None:
+            raise ValueError(f"pin mode {mode!r} needs a registrar")
+        self.mode: PinMode = mode
+        self.registrar = registrar
+        self.budget = budget or PinnedBudget(0)
+        self._pinned: dict[int, _Pinned] = {}  # data_ptr of the region -> its record
+        self._deferred: list[tuple[_Pinned, torch.Tensor]] = []
+        self._lock = threading.RLock()  # finalizers may run on any thread, even inside a pin call
+
+    # ---- queries -------------------------------------------------------------------------
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` lies in page-locked memory: pinned here, or by its owner."""
+        if tensor.device.type != "cpu" or self.registrar is None:
+            return False
+        record = self._pinned.get(tensor.untyped_storage().data_ptr())
+        if record is not None:
+            return not record.released
+        return self.registrar.is_pinned(tensor)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.budget.used
+
+    # ---- pinning -------------------------------------------------------------------------
+    def pin_streamed(self, hosts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Host tensors of streamed units: registered in place, or copied into pinned memory.
+
+        Returns one tensor per input, in order: the same tensor where nothing changed, else a
+        view of re-homed (pinned) memory with the same values, dtype, shape and strides.
+        """
+        return self._pin(hosts, copy_small=True)
+
+    def pin_kept(self, hosts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Host copies kept for whole-loaded components: registered in place on NVIDIA only."""
+        if self.mode != "register":
+            return list(hosts)
+        return self._pin(hosts, copy_small=False)
+
+    def _pin(self, hosts: Sequence[torch.Tensor], copy_small: bool) -> list[torch.Tensor]:
+        out = list(hosts)
+        if self.mode == "off":
+            return out
+        self.flush()
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(hosts):
+            if t.device.type == "cpu" and t.numel() and not getattr(t, _MARK, False) and not self._foreign(t):
+                groups.setdefault(t.untyped_storage().data_ptr(), []).append(i)
+        with self._lock:
+            for ptr, indices in groups.items():
+                self._pin_storage(ptr, [hosts[i] for i in indices], copy_small, out, indices)
+        return out
+
+    def _foreign(self, tensor: torch.Tensor) -> bool:
+        """Pinned by its owner: usable as is (registering it again would fail)."""
+        assert self.registrar is not None
+        return tensor.untyped_storage().data_ptr() not in self._pinned and self.registrar.is_pinned(tensor)
+
+    def _pin_storage(self, ptr: int, tensors: list[torch.Tensor], copy_small: bool,
+                     out: list[torch.Tensor], indices: list[int]) -> None:
+        nbytes = tensors[0].untyped_storage().nbytes()
+        record = self._pinned.get(ptr)
+        if record is not None:
+            anchor = record.anchor()
+            if anchor is not None and not record.released:
+                for i, t in zip(indices, tensors):
+                    out[i] = _rehome(t, anchor)
+            return  # a region being released stays pageable until its finalizer has run
+        if self.mode == "register" and nbytes >= REGISTER_MIN_BYTES:
+            anchor = self._register(tensors[0], ptr, nbytes)
+            if anchor is not None:
+                for i, t in zip(indices, tensors):
+                    out[i] = _rehome(t, anchor)
+            return  # beyond the budget or refused: pageable, copied synchronously (M21)
+        if copy_small:
+            for i, t in zip(indices, tensors):
+                out[i] = self._copy(t)
+
+    def _register(self, tensor: torch.Tensor, ptr: int, nbytes: int) -> np.ndarray | None:
+        assert self.registrar is not None
+        if not self.budget.take(nbytes):
+            return None
+        if not self.registrar.register(ptr, nbytes):
+            self.registrar.clear_error()
+            self.budget.give(nbytes)
+            log.info("cudaHostRegister of %.1f MB failed; that storage stays pageable (M22)", nbytes / 2**20)
+            return None
+        return self._anchor(tensor, "registered", ptr, nbytes)
+
+    def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        assert self.registrar is not None
+        nbytes = tensor.numel() * tensor.element_size()
+        if not self.budget.take(nbytes):
+            return tensor
+        try:
+            pinned = self.registrar.pinned_empty(tensor)
+            with torch.inference_mode(False):
+                pinned.copy_(tensor)
+        except BaseException:
+            self.budget.give(nbytes)
+            raise
+        anchor = self._anchor(pinned, "copied", pinned.untyped_storage().data_ptr(), nbytes)
+        return _rehome(pinned, anchor)
+
+    def _anchor(self, tensor: torch.Tensor, kind: Literal["registered", "copied"], ptr: int, nbytes: int) -> np.ndarray:
+        """The numpy array whose death marks the end of the pinned region (see the module doc)."""
+        with torch.inference_mode(False):
+            whole = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+        anchor = whole.numpy()
+        record = _Pinned(kind, ptr, nbytes, weakref.ref(anchor))
+        # The finalizer's arguments hold `whole` (the original storage) until it has run.
+        finalizer = weakref.finalize(anchor, self._release, record, whole)
+        finalizer.atexit = False  # at exit the process's memory goes anyway; CUDA may be gone
+        self._pinned[ptr] = record
+        return anchor
+
+    # ---- unpinning -----------------------------------------------------------------------
+    def _release(self, record: _Pinned, whole: torch.Tensor) -> None:
+        """Finalizer of an anchor: wait for the device, unregister, return the budget."""
+        with self._lock:
+            record.released = True
+            assert self.registrar is not None
+            if _captures or self.registrar.capturing():
+                # No synchronization during capture: keep the memory (held by `whole`) until `flush`.
+                self._deferred.append((record, whole))
+                return
+            self._finish(record)
+
+    def _finish(self, record: _Pinned) -> None:
+        assert self.registrar is not None
+        try:
+            self.registrar.synchronize()  # copies still reading this memory must end first
+            if record.kind == "registered":
+                self.registrar.unregister(record.ptr)
+        finally:
+            self.budget.give(record.nbytes)
+            if self._pinned.get(record.ptr) is record:
+                del self._pinned[record.ptr]
+
+    def flush(self) -> None:
+        """Finish the releases deferred while a CUDA Graph was being captured."""
+        if not self._deferred or _captures or (self.registrar is not None and self.registrar.capturing()):
+            return
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+            for record, _whole in deferred:
+                self._finish(record)
+
+
+def _rehome(tensor: torch.Tensor, anchor: np.ndarray) -> torch.Tensor:
+    """A view of `tensor` on a new storage over the anchor's bytes (same address and values)."""
+    with torch.inference_mode(False):
+        base = torch.from_numpy(anchor)
+        view = torch.empty(0, dtype=tensor.dtype).set_(
+            base.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride()
+        )
+    setattr(view, _MARK, True)
+    return view
+
+
+_SHARED: dict[str, Pinner] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pinner(device: torch.device, simulated: bool) -> Pinner | None:
+    """The process-wide pinner for `device`, or None where copies are synchronous anyway.
+
+    Page-locked memory and registrations are process-wide (two handles over one storage must
+    share one registration), so there is one pinner per kind of device, not per handle.
+    """
+    if device.type != "cuda" or simulated:
+        return None  # CPU, simulated device, XPU, MPS (M21)
+    mode: PinMode = "copy" if torch.version.hip else "register"
+    with _SHARED_LOCK:
+        if mode not in _SHARED:
+            _SHARED[mode] = Pinner(mode, CudaRegistrar())
+        pinner = _SHARED[mode]
+    if isinstance(pinner.registrar, CudaRegistrar):
+        pinner.registrar.devices.add(device.index if device.index is not None else torch.cuda.current_device())
+    return pinner
