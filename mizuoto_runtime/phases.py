@@ -117,13 +117,19 @@ class RequestContext:
         return meter
 
     def run(self, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int = 0,
-            generators: Sequence[torch.Generator] = (), fallback: tuple[str, Callable[[], T]] | None = None) -> T:
-        """M3: run `fn` in a phase; on OOM retry exactly (M40), then fall back if allowed (M42)."""
+            generators: Sequence[torch.Generator] = (), fallback: tuple[str, Callable[[], T]] | None = None,
+            allow_fallback: bool | None = None) -> T:
+        """M3: run `fn` in a phase; on OOM retry exactly (M40), then fall back if allowed (M42).
+
+        `allow_fallback` is the caller's own switch (M44: a node's toggle); None leaves it to
+        `compute.oom_fallback`.
+        """
         gens = ([self.generator] if self.generator is not None else []) + list(generators)
         rng = _RngState(gens)
         policy = self.manager.policy
         retries = MAX_OOM_RETRIES if policy.oom_retry else 0
-        use_fallback = fallback is not None and policy.oom_fallback
+        allowed = policy.oom_fallback if allow_fallback is None else allow_fallback
+        use_fallback = fallback is not None and allowed
         attempt = 0
         while True:
             try:

@@ -127,6 +127,23 @@ def test_fallback_is_used_only_when_enabled(caplog: pytest.LogCaptureFixture) ->
         assert "using fallback 'tiled_1d'" in caplog.text
 
 
+def test_a_caller_switch_overrides_the_setting() -> None:
+    """M44: a node's toggle allows the fallback whatever `compute.oom_fallback` says, and can refuse it."""
+    for setting, switch, used in ((False, True, True), (True, False, False), (True, None, True)):
+        m = make_manager(64, oom_fallback=setting)
+        h = m.register(TinyLM(), engine="a", name="dec", kind="oneshot")
+
+        def fails() -> str:
+            raise torch.OutOfMemoryError("always")
+
+        ctx = m.request()
+        if used:
+            assert ctx.run("decode", [h], fails, fallback=("tiled_1d", lambda: "t"), allow_fallback=switch) == "t"
+        else:
+            with pytest.raises(torch.OutOfMemoryError):
+                ctx.run("decode", [h], fails, fallback=("tiled_1d", lambda: "t"), allow_fallback=switch)
+
+
 def test_demo_decoder_fallback_through_the_runtime() -> None:
     rt = demo_runtime(oom_fallback=True)
     engine = rt.engine("demo")
