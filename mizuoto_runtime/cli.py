@@ -1,4 +1,4 @@
-"""`mizuoto say | runtime | doctor` — the runtime without ComfyUI."""
+"""`mizuoto say | runtime | doctor | tiny-checkpoint` — the runtime without ComfyUI."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,8 @@ import importlib.util
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .audio import read_wav, write_wav
@@ -15,6 +16,12 @@ from .errors import MizuotoError
 from .runtime import DTYPES, Runtime
 
 log = logging.getLogger("mizuoto")
+
+# engine id -> (module, function, pip extra): writers of small random checkpoints for tests.
+TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
+    "demo": ("mizuoto_runtime.engines.demo", "save_checkpoint", None),
+    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts_tiny", "write_tiny_checkpoint", "qwen3tts"),
+}
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -39,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--voice", help="reference WAV for voice cloning")
     say.add_argument("--ref-text", help="transcript of the reference WAV")
     say.add_argument("--speaker", help="a built-in speaker (engines that have them)")
+    say.add_argument("--instruct", help="a voice or style description (engines that take one)")
+    say.add_argument("--language", help="the text's language (default: the engine detects it)")
     say.add_argument("--seed", type=int, default=0)
     say.add_argument("--max-new-tokens", type=int, default=2048)
     say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
@@ -46,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
         target = say if name == "say" else sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                             help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
+    tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
+    tiny.add_argument("directory")
+    tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
+    tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
+                      help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
+    tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
+    tiny.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -53,9 +69,9 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engine = rt.engine(args.engine, args.model, args.dtype)
     reference = read_wav(args.voice) if args.voice else None
-    sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens)
+    sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback)
+                         sampling=sampling, allow_fallback=args.allow_fallback, instruct=args.instruct)
     path = write_wav(args.output, audio)
     return {"output": str(path), "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate, **meta}
 
@@ -75,11 +91,29 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
 
 
+def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    """Write a small random checkpoint in the engine's own folder layout (no download)."""
+    module_name, function, extra = TINY_WRITERS[args.engine]
+    try:
+        writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
+        if args.engine == "qwen3tts":
+            folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        else:
+            folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
+    except ImportError as exc:
+        hint = f" (install it with: pip install 'mizuoto[{extra}]')" if extra else ""
+        raise MizuotoError(f"engine {args.engine!r} cannot write a checkpoint: {exc}{hint}") from exc
+    files = sorted(str(f.relative_to(folder)) for f in Path(folder).rglob("*") if f.is_file())
+    return {"output": str(folder), "engine": args.engine, "files": files}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
-        result = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor}[args.command](args)
+        commands = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor,
+                    "tiny-checkpoint": cmd_tiny_checkpoint}
+        result = commands[args.command](args)
     except MizuotoError as exc:
         log.error("%s", exc)
         return 2

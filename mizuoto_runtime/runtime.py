@@ -41,10 +41,23 @@ class Runtime:
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32") -> Engine:
         """Load an engine once per (engine, folder, dtype) and keep it."""
-        key = (engine_id, str(model_dir or ""), str(parse_dtype(dtype)))
+        key = self._engine_key(engine_id, model_dir, dtype)
         if key not in self._engines:
             self._engines[key] = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
         return self._engines[key]
+
+    @staticmethod
+    def _engine_key(engine_id: str, model_dir: str | Path | None, dtype: str | torch.dtype) -> tuple[str, str, str]:
+        return engine_id, str(model_dir or ""), str(parse_dtype(dtype))
+
+    def unload_engine(self, engine_id: str, model_dir: str | Path | None = None,
+                      dtype: str | torch.dtype = "float32") -> bool:
+        """Unload one engine `engine` loaded (a host no longer holds it); False if it was not loaded."""
+        engine = self._engines.pop(self._engine_key(engine_id, model_dir, dtype), None)
+        if engine is None:
+            return False
+        engine.unload()
+        return True
 
     def unload_engines(self) -> None:
         for engine in self._engines.values():
@@ -59,12 +72,13 @@ class Runtime:
     def say(self, engine: Engine, text: str, *, reference: Audio | None = None, transcript: str | None = None,
             speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool = False,
             cancel_check: Callable[[], None] | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> tuple[Audio, dict[str, Any]]:
+            on_progress: Callable[[int, int], None] | None = None,
+            instruct: str | None = None) -> tuple[Audio, dict[str, Any]]:
         """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4)."""
         sampling = sampling or Sampling()
         ctx = self.request(sampling.seed, cancel_check, on_progress)
         if engine.PHASED:
-            voice = engine.voice_prompt(ctx, reference, transcript, speaker)
+            voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
             audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
         else:
             with ctx.use(engine.handles(), engine.memory_required(text), name="all"):

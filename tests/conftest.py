@@ -1,7 +1,9 @@
 """Shared fixtures: the simulated strict device of M55–M56."""
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,3 +30,34 @@ def make_manager(mb: int = 64, **settings: object) -> ModelManager:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny Qwen3-TTS checkpoints in the official layout, each written once per session on first
+    use (`model_type`: base, custom_voice, voice_design). Skips where `qwen_tts` is not installed."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
+    pytest.importorskip("qwen_tts")
+    from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("qwen3tts")
+    written: dict[str, Path] = {}
+
+    def checkpoint(model_type: str = "base") -> Path:
+        if model_type not in written:
+            written[model_type] = write_tiny_checkpoint(root / model_type, model_type)
+        return written[model_type]
+
+    return checkpoint
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test. On a shared 2-core machine, torch's pool waiting for
+    busy cores made the Qwen3-TTS tests 20x slower; results within a process do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -35,6 +35,13 @@ class Sampling:
     repetition_penalty: float = 1.05
     max_new_tokens: int = 2048
     do_sample: bool = True
+    language: str | None = None  # None: the engine detects it ("Auto")
+    # A second sampler some engines run per frame (Qwen3-TTS's code predictor); None: the
+    # checkpoint's own default.
+    subtalker_do_sample: bool | None = None
+    subtalker_temperature: float | None = None
+    subtalker_top_k: int | None = None
+    subtalker_top_p: float | None = None
 
 
 @dataclasses.dataclass
@@ -55,13 +62,16 @@ class Codes:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None) -> str:
+def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None,
+              instruct: str | None = None) -> str:
     h = hashlib.sha256()
     if reference is not None:
         h.update(str(reference.sample_rate).encode())
         h.update(reference.waveform.detach().float().contiguous().numpy().tobytes())
     h.update(b"\0" + (transcript or "").encode())
     h.update(b"\0" + (speaker or "").encode())
+    if instruct is not None:  # only then, so keys of voices without one stay what they were
+        h.update(b"\0instruct\0" + instruct.encode())
     return h.hexdigest()[:16]
 
 
@@ -89,16 +99,21 @@ class Engine(ABC):
 
     # ---- phases --------------------------------------------------------------------------
     def voice_prompt(self, ctx: RequestContext, reference: Audio | None = None,
-                     transcript: str | None = None, speaker: str | None = None) -> Voice:
-        """A voice, from the cache when the same reference was prompted before (M4)."""
-        key = voice_key(reference, transcript, speaker)
+                     transcript: str | None = None, speaker: str | None = None,
+                     instruct: str | None = None) -> Voice:
+        """A voice, from the cache when the same reference was prompted before (M4).
+
+        `instruct` is a natural-language voice or style description, for engines that take one.
+        """
+        key = voice_key(reference, transcript, speaker, instruct)
         if key not in self.voices:
-            self.voices[key] = Voice(key, self.encode_voice(ctx, reference, transcript, speaker), self.id)
+            data = self.encode_voice(ctx, reference, transcript, speaker, instruct=instruct)
+            self.voices[key] = Voice(key, data, self.id)
         return self.voices[key]
 
     @abstractmethod
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
-                     speaker: str | None) -> dict[str, Any]:
+                     speaker: str | None, instruct: str | None = None) -> dict[str, Any]:
         """The voice-prompt phase proper (placed only when the voice is not cached)."""
 
     @abstractmethod

@@ -161,7 +161,7 @@ class DemoEngine(Engine):
 
     # ---- voice prompt ----------------------------------------------------------------------
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
-                     speaker: str | None) -> dict[str, Any]:
+                     speaker: str | None, instruct: str | None = None) -> dict[str, Any]:
         if reference is None:
             with torch.random.fork_rng():
                 torch.manual_seed(sum((speaker or "default").encode()))

@@ -52,7 +52,7 @@ class DummyEngine(Engine):
         return 4 * frames * 256 * 4 + frames * HOP * 4
 
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
-                     speaker: str | None) -> dict[str, Any]:
+                     speaker: str | None, instruct: str | None = None) -> dict[str, Any]:
         return {}
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:

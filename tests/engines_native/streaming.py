@@ -140,3 +140,68 @@ def test_dummy_engine_streams_exactly(placement: str) -> None:
 
 def test_policy_is_what_the_runtime_reads() -> None:
     assert VramPolicy({"compute.vram_mode": "none"}).vram_mode == "none"
+
+
+# ---- Qwen3-TTS (issue 6): every voice mode, every placement, sample by sample ------------------
+# Tiny random checkpoints in the official layout (conftest `qwen3tts_checkpoint`; skipped where
+# `qwen_tts` is not installed). Each mode runs its phases (voice prompt, talker, codec decoder)
+# on the plain CPU and on the strict simulated device: codes and audio must be identical.
+
+QWEN_REFERENCE = Audio(0.3 * torch.sin(torch.arange(16000) / 6.0).unsqueeze(0), 16000)  # resampled to 24 kHz
+QWEN_TEXT = "Streaming is exact."
+QWEN_MODES: dict[str, tuple[str, dict[str, object]]] = {
+    "xvector_clone": ("base", {"reference": QWEN_REFERENCE}),
+    "icl_clone": ("base", {"reference": QWEN_REFERENCE, "transcript": "a reference sentence"}),
+    "custom_voice": ("custom_voice", {"speaker": "dylan", "instruct": "cheerful"}),
+    "voice_design": ("voice_design", {"instruct": "A calm low voice."}),
+}
+QWEN_COMPONENTS = {
+    "xvector_clone": {"speaker_encoder", "talker", "codec_decoder"},
+    "icl_clone": {"codec_encoder", "speaker_encoder", "talker", "codec_decoder"},
+    "custom_voice": {"talker", "codec_decoder"},
+    "voice_design": {"talker", "codec_decoder"},
+}
+_qwen_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _qwen_say(folder: object, mode: str, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    settings: dict[str, object] = {}
+    if placement != "plain":
+        settings["compute.simulate_vram_mb"] = 256
+        settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
+    rt = Runtime(settings)
+    engine = rt.engine("qwen3tts", folder)  # type: ignore[arg-type]
+    if placement == "half":
+        # Cap each component half-way between its minimum working set and its size.
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    ctx = rt.request(seed=11)
+    voice = engine.voice_prompt(ctx, **QWEN_MODES[mode][1])  # type: ignore[arg-type]
+    sampling = Sampling(seed=11, max_new_tokens=4, language="chinese" if mode == "custom_voice" else "english")
+    codes = engine.generate(ctx, QWEN_TEXT, voice, sampling)
+    audio = engine.decode(ctx, codes)
+    return codes.tokens, audio.waveform, ctx.meta
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("mode", sorted(QWEN_MODES))
+def test_qwen3tts_streams_exactly(qwen3tts_checkpoint: Callable[[str], object], mode: str, placement: str) -> None:
+    """M57 (M1, M15, M20): none / half / whole on the strict device equal the plain CPU run."""
+    folder = qwen3tts_checkpoint(QWEN_MODES[mode][0])
+    if mode not in _qwen_plain:
+        codes, wav, _ = _qwen_say(folder, mode, "plain")
+        _qwen_plain[mode] = (codes, wav)
+    expected_codes, expected_wav = _qwen_plain[mode]
+    codes, wav, meta = _qwen_say(folder, mode, placement)
+    assert codes.shape == (3, 16) and wav.shape[-1] == 3 * 1920  # max_new_tokens N gives N-1 frames
+    assert torch.equal(codes, expected_codes), f"qwen3tts {mode} ({placement}): codes differ from the plain CPU run"
+    assert torch.equal(wav, expected_wav), f"qwen3tts {mode} ({placement}): audio differs from the plain CPU run"
+    memory = meta["memory"]
+    components = {key.split(":", 1)[1] for key in memory["components"]}
+    assert components == QWEN_COMPONENTS[mode]  # M1: only each phase's components were placed
+    if placement == "whole":
+        assert memory["partial"] == {} and memory["streamed_mb"] == 0
+    else:
+        assert {key.split(":", 1)[1] for key in memory["partial"]} == components
+        assert memory["streamed_mb"] > 0

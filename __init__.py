@@ -1,0 +1,96 @@
+"""Mizuoto's ComfyUI entry: the nodes (V3 `comfy_entrypoint`), the web extension and read-only
+routes under `/mizuoto/`. ComfyUI imports this folder as a package named after its path; the
+runtime inside it is imported by its own top-level name (see `_import_runtime`).
+
+Outside ComfyUI importing it does nothing: pytest imports it as the package that holds
+`tests/` (the repository root has this `__init__.py`), so it must not need ComfyUI.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mizuoto")
+
+RUNTIME_PACKAGE = "mizuoto_runtime"
+
+
+def _import_runtime() -> None:
+    """Import this pack's `mizuoto_runtime` under its top-level name.
+
+    The engine table imports engine modules by absolute name (`mizuoto_runtime.engines.demo`),
+    so the package must be `mizuoto_runtime`, not `<pack path>.mizuoto_runtime`: two copies
+    would mean two sets of classes. It is loaded from this folder without putting the folder on
+    `sys.path`, where the pack's `nodes/` package would shadow ComfyUI's `nodes` module.
+    """
+    folder = Path(__file__).resolve().parent / RUNTIME_PACKAGE
+    loaded = sys.modules.get(RUNTIME_PACKAGE)
+    if loaded is not None:
+        where = Path(loaded.__file__ or "").resolve().parent
+        if where != folder:
+            log.warning("Mizuoto: %s was already imported from %s; the pack at %s uses that copy",
+                        RUNTIME_PACKAGE, where, folder.parent)
+        return
+    spec = importlib.util.spec_from_file_location(RUNTIME_PACKAGE, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"Mizuoto: cannot import {RUNTIME_PACKAGE} from {folder}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[RUNTIME_PACKAGE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[RUNTIME_PACKAGE]
+        raise
+
+
+def _inside_comfyui() -> bool:
+    """ComfyUI imports `folder_paths` before it loads custom nodes; pytest (which imports this
+    file as the package of `tests/`) and other tools do not, and then nothing here runs."""
+    return "folder_paths" in sys.modules
+
+
+WEB_DIRECTORY = "./web"
+
+
+async def comfy_entrypoint() -> Any:
+    """ComfyUI's V3 entry point: the pack's nodes."""
+    from comfy_api.latest import ComfyExtension, io
+
+    from .nodes import NODES
+
+    class MizuotoExtension(ComfyExtension):
+        async def get_node_list(self) -> list[type[io.ComfyNode]]:
+            return list(NODES)
+
+    return MizuotoExtension()
+
+
+def _add_routes() -> None:
+    """Read-only routes (ComfyUI also serves them under /api/)."""
+    from aiohttp import web
+    from server import PromptServer
+
+    from mizuoto_runtime.comfy_bridge import PROCESS
+
+    instance = getattr(PromptServer, "instance", None)
+    if instance is None:
+        log.debug("Mizuoto: no ComfyUI server in this process; routes not added")
+        return
+
+    @instance.routes.get("/mizuoto/runtime")
+    async def runtime_route(request: web.Request) -> web.Response:
+        """M51: per model loaded, streamed and host bytes."""
+        return web.json_response(PROCESS.runtime().describe())
+
+
+if _inside_comfyui():
+    _import_runtime()
+    from .nodes import NODES  # noqa: F401  (registers models/mizuoto before ComfyUI lists folders)
+
+    _add_routes()
+
+__all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]

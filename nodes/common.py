@@ -1,0 +1,98 @@
+"""What the pack's nodes share: socket types, AUDIO conversion, sampling inputs, the memory report."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from comfy_api.latest import io
+
+from mizuoto_runtime import Audio, MizuotoError
+from mizuoto_runtime.comfy_bridge import EngineRef
+from mizuoto_runtime.engines import Codes, Engine, Sampling, Voice
+
+CATEGORY = "audio/mizuoto"
+
+EngineSocket = io.Custom("MIZUOTO_ENGINE")
+VoiceSocket = io.Custom("MIZUOTO_VOICE")
+CodesSocket = io.Custom("MIZUOTO_CODES")
+MemorySocket = io.Custom("MIZUOTO_MEMORY")
+
+SEED_MAX = 0xFFFF_FFFF_FFFF_FFFF  # torch.Generator.manual_seed takes 64 bits
+
+
+def phased_engine(ref: EngineRef, node: str) -> Engine:
+    """The engine behind a socket, for a node that runs one phase (M1)."""
+    engine = ref.engine
+    if not engine.PHASED:
+        raise MizuotoError(f"{node}: engine {engine.id!r} runs as one call, not in phases; "
+                           "use the Mizuoto TTS node with it")
+    return engine
+
+
+def check_made_by(value: Voice | Codes, engine: Engine, what: str) -> None:
+    if value.engine != engine.id:
+        raise MizuotoError(f"{what} was made by engine {value.engine!r}; this node's engine is {engine.id!r}")
+
+
+def audio_in(audio: dict[str, Any] | None, name: str) -> Audio | None:
+    """ComfyUI AUDIO (`waveform` [B, C, T]) → the runtime's `Audio` ([C, T]) of batch item 0."""
+    if audio is None:
+        return None
+    waveform, rate = audio.get("waveform"), audio.get("sample_rate")
+    if not isinstance(waveform, torch.Tensor) or waveform.dim() != 3 or not isinstance(rate, int):
+        raise MizuotoError(f"input {name!r}: expected AUDIO {{'waveform': [batch, channels, samples], "
+                           f"'sample_rate': int}}, got {type(waveform).__name__} {getattr(waveform, 'shape', '')}")
+    return Audio(waveform[0].float().cpu(), rate)
+
+
+def audio_out(audio: Audio) -> dict[str, Any]:
+    """The runtime's `Audio` → ComfyUI AUDIO: float32 [1, C, T] on the CPU."""
+    return {"waveform": audio.waveform.float().cpu().unsqueeze(0).contiguous(), "sample_rate": audio.sample_rate}
+
+
+def sampling_inputs() -> list[io.Input]:
+    defaults = Sampling()
+    return [
+        io.Int.Input("seed", default=0, min=0, max=SEED_MAX, control_after_generate=True,
+                     tooltip="Same seed, same text, same voice: same audio."),
+        io.Float.Input("temperature", default=defaults.temperature, min=0.0, max=2.0, step=0.05),
+        io.Int.Input("top_k", default=defaults.top_k, min=0, max=1000, tooltip="0 = off"),
+        io.Float.Input("top_p", default=defaults.top_p, min=0.0, max=1.0, step=0.01),
+        io.Float.Input("repetition_penalty", default=defaults.repetition_penalty, min=1.0, max=2.0, step=0.01),
+        io.Int.Input("max_new_tokens", default=defaults.max_new_tokens, min=1, max=16384,
+                     tooltip="Upper bound on generated codes; memory is estimated from the text (M45)."),
+        io.Boolean.Input("do_sample", default=defaults.do_sample),
+    ]
+
+
+def sampling_from(seed: int, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
+                  max_new_tokens: int, do_sample: bool) -> Sampling:
+    return Sampling(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
+                    repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens, do_sample=do_sample)
+
+
+FALLBACK_TOOLTIP = ("M44: after the exact out-of-memory retries fail, decode with the engine's cheaper fallback "
+                    "(tiled, output differs slightly). Also needs oom_fallback on in Mizuoto Memory Settings.")
+
+
+def memory_text(meta: dict[str, Any]) -> str:
+    """`meta.memory` and `meta.applied` (M50) as the lines a node shows."""
+    memory, applied = meta["memory"], meta["applied"]
+    if not memory["components"]:
+        return "no component placed (a cached or built-in voice)"
+    lines = [f"loaded {memory['loaded_mb']:.1f} of {memory['size_mb']:.1f} MB, "
+             f"streamed {memory['streamed_mb']:.1f} MB"]
+    for component, p in memory["partial"].items():
+        gave = f"; gave up VRAM for {', '.join(p['gave_up_for'])}" if p["gave_up_for"] else ""
+        lines.append(f"{component}: {p['loaded_mb']:.1f} of {p['size_mb']:.1f} MB on the device — {p['reason']} "
+                     f"(mode {p['mode']}, free {p['free_mb']:.1f} MB, working {p['working_mb']:.1f} MB{gave})")
+    if applied["oom_retries"]:
+        lines.append(f"out of memory: retried exactly {applied['oom_retries']}×")
+    if applied["fallbacks"]:
+        lines.append(f"fallback used (output differs slightly): {', '.join(applied['fallbacks'])}")
+    return "\n".join(lines)
+
+
+def memory_json(meta: dict[str, Any]) -> str:
+    return json.dumps(meta, indent=1)

@@ -1,0 +1,199 @@
+"""Harness of the real-ComfyUI tests: where ComfyUI is, which Python runs it, and a server
+running the pack (M35, M44, M50, M51).
+
+These tests need `COMFYUI_PATH` (a ComfyUI work tree) and skip with that reason without it.
+ComfyUI's own Python runs ComfyUI: `COMFYUI_PYTHON`, or the Python running pytest when unset —
+so both `.venv/bin/python -m pytest tests/comfyui` (with COMFYUI_PYTHON set) and
+`$COMFYUI_PYTHON -m pytest tests/comfyui` work. In-process checks run in one subprocess
+(`comfy_inprocess.py`); server tests start `main.py --cpu` on a free loopback port.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
+COMFYUI_PYTHON = os.environ.get("COMFYUI_PYTHON") or sys.executable
+
+requires_comfyui = pytest.mark.skipif(
+    not COMFYUI_PATH,
+    reason="COMFYUI_PATH is not set: the real-ComfyUI tests need a ComfyUI work tree "
+           "(and COMFYUI_PYTHON, its Python); see ../shared/notes/comfyui.md",
+)
+
+SERVER_START_TIMEOUT_S = 120.0
+REFERENCE_WAV = "reference.wav"  # in the server's input folder
+REQUEST_TIMEOUT_S = 10.0
+
+
+def comfyui_env() -> dict[str, str]:
+    return {**os.environ, "COMFYUI_PATH": COMFYUI_PATH, "PYTHONUNBUFFERED": "1"}
+
+
+def write_reference_wav(path: Path, seconds: float = 0.5, rate: int = 16000) -> None:
+    """A short 16-bit mono tone for LoadAudio → Mizuoto Voice Prompt."""
+    samples = [int(8000 * math.sin(2 * math.pi * 220 * i / rate)) for i in range(int(seconds * rate))]
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(struct.pack(f"<{len(samples)}h", *samples))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ComfyServer:
+    """A ComfyUI server on 127.0.0.1 with the pack linked in as `custom_nodes/mizuoto`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.output = root / "output"
+        self.log_path = root / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        custom_nodes = self.root / "custom_nodes"
+        models = self.root / "models" / "mizuoto"
+        for folder in (custom_nodes, models, self.output, self.root / "input", self.root / "temp",
+                       self.root / "user"):
+            folder.mkdir(parents=True, exist_ok=True)
+        (custom_nodes / "mizuoto").symlink_to(REPO, target_is_directory=True)
+        self._write_demo_checkpoint(models / "demo-small")
+        write_reference_wav(self.root / "input" / REFERENCE_WAV)
+        config = self.root / "extra_model_paths.yaml"
+        config.write_text(f"mizuoto_tests:\n  custom_nodes: {custom_nodes}\n  mizuoto: {models}\n")
+        command = [
+            COMFYUI_PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+            "--extra-model-paths-config", str(config), "--output-directory", str(self.output),
+            "--input-directory", str(self.root / "input"), "--temp-directory", str(self.root / "temp"),
+            "--user-directory", str(self.root / "user"), "--disable-auto-launch",
+        ]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=COMFYUI_PATH, env=comfyui_env(), stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                self.get("/object_info/SaveAudio")
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        raise TimeoutError(f"ComfyUI did not answer within {SERVER_START_TIMEOUT_S:.0f} s:\n{self.log()}")
+
+    @staticmethod
+    def _write_demo_checkpoint(folder: Path) -> None:
+        """The demo engine's weights as safetensors files, for the loader's checkpoint path (M27)."""
+        code = "import sys; from mizuoto_runtime.engines.demo import save_checkpoint; save_checkpoint(sys.argv[1])"
+        subprocess.run([COMFYUI_PYTHON, "-c", code, str(folder)], cwd=REPO, check=True, timeout=120)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)  # its own session: the server and its children
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=15)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+
+    # ---- HTTP --------------------------------------------------------------------------------
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=REQUEST_TIMEOUT_S) as response:
+            return json.loads(response.read())
+
+    def post(self, path: str, data: dict[str, Any]) -> Any:
+        request = urllib.request.Request(self.url + path, json.dumps(data).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            body = response.read()
+            return json.loads(body) if body else None
+
+    def queue(self, prompt: dict[str, Any]) -> str:
+        answer = self.post("/prompt", {"prompt": prompt, "client_id": "mizuoto-tests"})
+        assert not answer.get("node_errors"), answer
+        return str(answer["prompt_id"])
+
+    def wait_history(self, prompt_id: str, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            history = self.get(f"/history/{prompt_id}")
+            if prompt_id in history:
+                return dict(history[prompt_id])
+            time.sleep(0.2)
+        raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout_s:.0f} s:\n{self.log()}")
+
+    def wait_runtime(self, condition: Any, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Poll GET /mizuoto/runtime until `condition(describe)` holds."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.get("/mizuoto/runtime")
+            if condition(state):
+                return dict(state)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"/mizuoto/runtime never satisfied the condition: {state}\n{self.log()}")
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def comfy_server() -> Iterator[ComfyServer]:
+    root = Path(tempfile.mkdtemp(prefix="mizuoto-comfyui-"))
+    server = ComfyServer(root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def ui_to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str, Any]:
+    """A UI-format workflow (what ComfyUI shows as a template) as an API prompt: links become
+    `[node, slot]`, `widgets_values` fill the widget inputs in `input_order` (a seed's
+    control_after_generate adds one value)."""
+    sources = {link[0]: (str(link[1]), link[2]) for link in workflow["links"]}
+    prompt: dict[str, Any] = {}
+    for node in workflow["nodes"]:
+        info = object_info[node["type"]]
+        linked = {i["name"]: sources[i["link"]] for i in node["inputs"] if i.get("link") is not None}
+        sockets = {i["name"] for i in node["inputs"]}
+        values = iter(node.get("widgets_values", []))
+        inputs: dict[str, Any] = dict(linked)
+        for section in ("required", "optional"):
+            for name in info["input_order"].get(section, []):
+                if name in sockets:
+                    continue
+                spec = info["input"][section][name]
+                inputs[name] = next(values)
+                if len(spec) > 1 and spec[1].get("control_after_generate"):
+                    next(values)
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs}
+    return prompt

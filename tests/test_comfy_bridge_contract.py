@@ -1,0 +1,503 @@
+"""The ComfyUI bridge's contract (M35, M50), checked without ComfyUI.
+
+**STAND-IN, NOT ComfyUI.** ComfyUI is not installed in CI, so these tests run the bridge against
+`StandIn`, a small restatement — written for these tests, not copied — of what ComfyUI's
+`comfy/model_management.py` (v0.3.64, commit a125cd84) does with a patcher: `LoadedModel`
+entries holding weak references, `free_memory`'s absolute target and eviction order (most
+offloaded first, then smallest; the real one also ranks by reference count in between),
+`model_unload`'s partial-then-detach rule, `load_models_gpu`'s clone sweep, and
+`unload_all_models`. The stand-in's ComfyUI model allocates on the same simulated device
+(M55) as our handles, so both managers see one device. The same behaviour is checked against
+a real ComfyUI in `tests/comfyui/` when `COMFYUI_PATH` is set.
+"""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import types
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, SettingError, VramPolicy
+from mizuoto_runtime.comfy_bridge import (
+    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, comfy_device, install, node_request,
+)
+from mizuoto_runtime.engines import Sampling
+
+MB = 1 << 20
+CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- STAND-IN of ComfyUI's model-management protocol ------------------------------------------
+class StandInLoadedModel:
+    """Stand-in for ComfyUI's `LoadedModel`: a weak reference to a patcher, and its device."""
+
+    def __init__(self, patcher: Any) -> None:
+        self._patcher = weakref.ref(patcher)
+        self.device = patcher.load_device
+        self.real_model: Any = None
+        self.model_finalizer: Any = None
+        self.currently_used = True
+
+    @property
+    def model(self) -> Any:
+        return self._patcher()
+
+    def model_memory(self) -> int:
+        return self.model.model_size()
+
+    def model_offloaded_memory(self) -> int:
+        return self.model.model_size() - self.model.loaded_size()
+
+    def model_unload(self, memory_to_free: float | None = None, unpatch_weights: bool = True) -> bool:
+        """Partial unload when the shortfall is below what is loaded and it frees enough; else detach."""
+        if memory_to_free is not None and memory_to_free < self.model.loaded_size():
+            if self.model.partially_unload(self.model.offload_device, memory_to_free) >= memory_to_free:
+                return False
+        self.model.detach(unpatch_weights)
+        self.model_finalizer.detach()
+        self.model_finalizer = None
+        self.real_model = None
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return self.model is getattr(other, "model", None)
+
+    __hash__ = None  # type: ignore[assignment]  # like the original: compared, never hashed
+
+    def is_dead(self) -> bool:
+        return self.real_model is not None and self.real_model() is not None and self.model is None
+
+
+class StandInPatcher:
+    """Stand-in for a ComfyUI model (a `ModelPatcher`) placed on the shared simulated device."""
+
+    def __init__(self, devices: DeviceService, size: int) -> None:
+        self.model = nn.Linear(4, 4)  # the weak-referenceable "real model"
+        self.devices, self.size, self.loaded = devices, size, 0
+        self.load_device = self.offload_device = CPU
+        self.parent = None
+
+    def model_size(self) -> int:
+        return self.size
+
+    def loaded_size(self) -> int:
+        return self.loaded
+
+    def current_loaded_device(self) -> torch.device:
+        return CPU
+
+    def model_patches_models(self) -> list[Any]:
+        return []
+
+    def model_patches_to(self, device_or_dtype: Any) -> None:
+        pass
+
+    def model_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def is_clone(self, other: Any) -> bool:
+        return getattr(other, "model", None) is self.model
+
+    def partially_load(self, device: torch.device, extra_memory: float = 0, force_patch_weights: bool = False) -> int:
+        more = int(min(extra_memory, self.size - self.loaded))
+        self.devices.allocate(CPU, more)
+        self.loaded += more
+        return more
+
+    def partially_unload(self, device_to: torch.device, memory_to_free: float = 0) -> int:
+        return 0  # like a ComfyUI model without lowvram-capable layers: it detaches whole
+
+    def detach(self, unpatch_all: bool = True) -> Any:
+        if unpatch_all:
+            self.devices.release(CPU, self.loaded)
+            self.loaded = 0
+        return self.model
+
+
+class StandInInterrupt(Exception):
+    """Stand-in for ComfyUI's `InterruptProcessingException`."""
+
+
+class StandIn:
+    """Stand-in `comfy.model_management` and `comfy.utils` over one simulated device."""
+
+    def __init__(self, devices: DeviceService) -> None:
+        self.devices = devices
+        self.current_loaded_models: list[StandInLoadedModel] = []
+        self.LoadedModel = StandInLoadedModel
+        self.InterruptProcessingException = StandInInterrupt
+        self.interrupted = False
+        self.bars: list[StandInProgressBar] = []
+
+    def get_torch_device(self) -> torch.device:
+        return CPU
+
+    def get_free_memory(self, dev: torch.device | None = None, torch_free_too: bool = False) -> Any:
+        free = self.devices.free_bytes(CPU)
+        return (free, 0) if torch_free_too else free
+
+    def cleanup_models(self) -> None:
+        self.current_loaded_models[:] = [e for e in self.current_loaded_models
+                                         if e.real_model is None or e.real_model() is not None]
+
+    def free_memory(self, memory_required: float, device: torch.device, keep_loaded: list[Any] = []) -> list[Any]:  # noqa: B006
+        """`memory_required` is the absolute free-memory target, re-measured before each candidate."""
+        candidates = []
+        for i, e in enumerate(self.current_loaded_models):
+            if e.device == device and e not in keep_loaded and not e.is_dead():
+                candidates.append((-e.model_offloaded_memory(), e.model_memory(), i))
+                e.currently_used = False
+        unloaded = []
+        for *_, i in sorted(candidates):
+            free = self.get_free_memory(device)
+            if free > memory_required:
+                break
+            if self.current_loaded_models[i].model_unload(memory_required - free):
+                unloaded.append(i)
+        return [self.current_loaded_models.pop(i) for i in sorted(unloaded, reverse=True)]
+
+    def load_models_gpu(self, models: list[Any]) -> None:
+        """The clone sweep (`detach(False)` of every entry of the same model) and a load within
+        the free memory; no `free_memory` call (as on a CPU device)."""
+        for patcher in models:
+            entry = next((e for e in self.current_loaded_models if e.model is patcher), None) or StandInLoadedModel(patcher)
+            for old in [e for e in self.current_loaded_models if patcher.is_clone(e.model)]:
+                self.current_loaded_models.remove(old)
+                old.model.detach(False)
+                old.model_finalizer.detach()
+            patcher.partially_load(patcher.load_device, self.get_free_memory(patcher.load_device))
+            entry.real_model = weakref.ref(patcher.model)
+            entry.model_finalizer = weakref.finalize(patcher.model, self.cleanup_models)
+            self.current_loaded_models.insert(0, entry)
+
+    def unload_all_models(self) -> None:
+        self.free_memory(1e30, self.get_torch_device())
+
+    def throw_exception_if_processing_interrupted(self) -> None:
+        if self.interrupted:
+            self.interrupted = False
+            raise StandInInterrupt()
+
+    def progress_bar(self, total: int) -> StandInProgressBar:
+        bar = StandInProgressBar(total)
+        self.bars.append(bar)
+        return bar
+
+
+class StandInProgressBar:
+    """Stand-in for `comfy.utils.ProgressBar` (without the server's interruption hook)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.values: list[int] = []
+
+    def update_absolute(self, value: int, total: int | None = None) -> None:
+        self.values.append(min(value, self.total))
+
+
+@pytest.fixture
+def devices() -> DeviceService:
+    return DeviceService(simulate={"cpu": 16 * MB}, strict=True)
+
+
+@pytest.fixture
+def comfy(devices: DeviceService, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn]:
+    """Installs the stand-in as `comfy`, `comfy.model_management` and `comfy.utils`."""
+    stand_in = StandIn(devices)
+    mm = types.ModuleType("comfy.model_management")
+    for name in ("current_loaded_models", "LoadedModel", "InterruptProcessingException", "get_torch_device",
+                 "get_free_memory", "cleanup_models", "free_memory", "load_models_gpu", "unload_all_models",
+                 "throw_exception_if_processing_interrupted"):
+        setattr(mm, name, getattr(stand_in, name))
+    utils = types.ModuleType("comfy.utils")
+    utils.ProgressBar = stand_in.progress_bar  # type: ignore[attr-defined]
+    package = types.ModuleType("comfy")
+    package.model_management, package.utils = mm, utils  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "comfy", package)
+    monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
+    monkeypatch.setitem(sys.modules, "comfy.utils", utils)
+    yield stand_in
+
+
+# ---- our side ---------------------------------------------------------------------------------
+class Stack(nn.Module):
+    """A small fixed part (the norm) and `n` units of exactly 1 MiB (M11–M14)."""
+
+    def __init__(self, n: int = 6, dim: int = 512) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(n))
+
+
+@pytest.fixture
+def manager(devices: DeviceService) -> ModelManager:
+    return ModelManager(devices, VramPolicy({"compute.vram_mode": "normal"}))
+
+
+@pytest.fixture
+def accounting(manager: ModelManager, comfy: StandIn) -> ComfyAccounting:
+    accounting = ComfyAccounting(manager)
+    manager.external = accounting
+    return accounting
+
+
+def place(manager: ModelManager, name: str, units: int = 6) -> ModelHandle:
+    handle = manager.register(Stack(units), engine="t", name=name)
+    manager.load([handle])
+    return handle
+
+
+def ours(comfy: StandIn) -> list[ModelHandle]:
+    """The handles behind our entries in the stand-in's list, newest first."""
+    return [e.model.model for e in comfy.current_loaded_models if isinstance(e.model, HandleAdapter)]
+
+
+def comfy_model(comfy: StandIn, devices: DeviceService, size: int) -> StandInPatcher:
+    patcher = StandInPatcher(devices, size)
+    comfy.load_models_gpu([patcher])
+    assert patcher.loaded == size
+    return patcher
+
+
+# ---- the adapter's protocol -------------------------------------------------------------------
+def test_adapter_speaks_the_patcher_protocol_of_old_and_new_comfyui(manager: ModelManager,
+                                                                     accounting: ComfyAccounting) -> None:
+    handle = place(manager, "a")
+    adapter = accounting.adapter(handle)
+    assert adapter.model is handle and weakref.ref(adapter.model)() is handle
+    assert adapter.load_device == CPU and adapter.offload_device == CPU and adapter.parent is None
+    assert adapter.model_size() == handle.size_bytes
+    assert adapter.loaded_size() == handle.device_bytes == handle.size_bytes
+    assert adapter.current_loaded_device() == CPU
+    assert adapter.model_dtype() == torch.float32
+    assert adapter.model_patches_models() == [] and adapter.model_patches_to(CPU) is None
+    assert adapter.lowvram_patch_counter() == 0
+    assert adapter.is_clone(adapter) and not adapter.is_clone(accounting.adapter(place(manager, "b")))
+    # Newest ComfyUI (dynamic VRAM): never dynamic, no host-RAM pins to give back.
+    assert adapter.is_dynamic() is False
+    assert adapter.partially_unload_ram(1 << 30, subsets=["weights"]) == 0 and adapter.loaded_ram_size() == 0
+
+
+def test_each_placement_registers_the_handle_once_at_the_front(manager: ModelManager, comfy: StandIn,
+                                                               accounting: ComfyAccounting) -> None:
+    a = place(manager, "a")
+    b = place(manager, "b")
+    assert ours(comfy) == [b, a]
+    accounting.on_placed([a])
+    accounting.on_placed([a])  # re-registering twice leaves one entry
+    assert ours(comfy) == [a, b]
+    entry = accounting.entry(a)
+    assert entry is not None and entry.currently_used and entry.real_model() is a and entry.model_finalizer.alive
+
+
+def test_comfyui_takes_exactly_enough_units_and_keeps_the_entry(manager: ModelManager, comfy: StandIn,
+                                                                accounting: ComfyAccounting) -> None:
+    handle = place(manager, "a")
+    free = comfy.get_free_memory(CPU)
+    comfy.free_memory(free + int(2.5 * MB), CPU)  # part of our size
+    # Units leave in reverse placement order until 2.5 MiB are covered: three whole units (M32).
+    assert len(handle.streamed_units) == 3 and handle.loaded_bytes == handle.size_bytes - 3 * MB
+    assert comfy.get_free_memory(CPU) == free + 3 * MB
+    assert ours(comfy) == [handle]  # the entry is kept, with honest sizes
+    assert accounting.adapter(handle).loaded_size() == handle.device_bytes
+    assert handle.partial_reason == "yielded for another component" and COMFYUI in handle.gave_up_for  # M50
+    assert ("yield", "t:a", 3 * MB) in manager.events
+
+
+def test_a_larger_request_detaches_the_whole_handle(manager: ModelManager, comfy: StandIn,
+                                                    accounting: ComfyAccounting) -> None:
+    handle = place(manager, "a")
+    comfy.free_memory(comfy.get_free_memory(CPU) + handle.size_bytes + MB, CPU)
+    assert handle.device_bytes == 0 and ours(comfy) == []
+    assert handle.describe()["host_bytes"] == handle.size_bytes  # host copies kept: placing again is free (M25)
+    manager.load([handle])
+    assert handle.is_whole and ours(comfy) == [handle]
+
+
+def test_our_manager_evicts_comfyui_models_not_our_handle_in_use(manager: ModelManager, comfy: StandIn,
+                                                                  devices: DeviceService,
+                                                                  accounting: ComfyAccounting) -> None:
+    busy = manager.register(Stack(), engine="t", name="busy")
+    manager.acquire([busy])  # in use by a request (M31)
+    diffusion = comfy_model(comfy, devices, 8 * MB)
+    assert devices.free_bytes(CPU) < 6 * MB
+    needy = manager.register(Stack(), engine="t", name="needy")
+    manager.load([needy])
+    assert diffusion.loaded == 0 and not any(e.model is diffusion for e in comfy.current_loaded_models)
+    assert busy.is_whole and needy.is_whole
+    assert ours(comfy) == [needy, busy]
+    assert not [e for e in manager.events if e[0] == "yield"]  # ComfyUI's model made the room
+    manager.release([busy])
+
+
+def test_comfyui_never_evicts_a_handle_in_use(manager: ModelManager, comfy: StandIn,
+                                              accounting: ComfyAccounting) -> None:
+    busy = place(manager, "busy")
+    idle = place(manager, "idle")
+    manager.acquire([busy])
+    comfy.unload_all_models()  # no keep_loaded: the adapter itself refuses (M35)
+    assert busy.is_whole and idle.device_bytes == 0
+    assert accounting.adapter(busy).partially_unload(CPU, MB) == 0
+    manager.release([busy])
+    manager.load([busy])  # the next phase registers it again
+    assert ours(comfy) == [busy]
+
+
+def test_unload_models_frees_every_idle_handle(manager: ModelManager, comfy: StandIn, devices: DeviceService,
+                                               accounting: ComfyAccounting) -> None:
+    handles = [place(manager, name, units=4) for name in ("a", "b", "c")]
+    comfy.unload_all_models()
+    assert devices.counted_bytes(CPU) == 0 and ours(comfy) == []
+    assert all(h.device_bytes == 0 and not h.unloaded for h in handles)
+
+
+def test_comfyui_reloading_our_entry_keeps_units_and_one_entry(manager: ModelManager, comfy: StandIn,
+                                                               accounting: ComfyAccounting) -> None:
+    """ControlNet-style code reloads `loaded_models()` with `load_models_gpu`: the clone sweep
+    detaches with `unpatch_all=False` (units stay) and `partially_load` stays within free memory."""
+    handle = place(manager, "a")
+    comfy.free_memory(comfy.get_free_memory(CPU) + int(2.5 * MB), CPU)
+    comfy.load_models_gpu([accounting.adapter(handle)])
+    assert handle.is_whole and ours(comfy) == [handle]
+
+
+def test_partially_load_never_goes_beyond_free_memory(manager: ModelManager, comfy: StandIn,
+                                                      devices: DeviceService, accounting: ComfyAccounting) -> None:
+    handle = place(manager, "a")
+    adapter = accounting.adapter(handle)
+    handle.offload()
+    devices.allocate(CPU, 13 * MB)  # 3 MiB left
+    placed = adapter.partially_load(CPU, 1e32)
+    assert 0 < placed <= 3 * MB and handle.is_partial
+    assert adapter.partially_load(CPU, 0.1) == 0  # ComfyUI's "no VRAM" budget
+    devices.release(CPU, 13 * MB)
+
+
+def test_an_entry_goes_when_its_handle_is_unloaded_or_collected(manager: ModelManager, comfy: StandIn,
+                                                                accounting: ComfyAccounting) -> None:
+    spent = place(manager, "spent")
+    gone = place(manager, "gone")
+    manager.unregister(spent)  # spent: unloaded, still referenced here
+    accounting.prune()
+    assert ours(comfy) == [gone]
+    manager.unregister(gone)
+    del gone
+    gc.collect()
+    assert comfy.current_loaded_models == []  # ComfyUI's own finalizer on the handle
+
+
+def test_free_for_reports_what_our_device_gained(manager: ModelManager, comfy: StandIn, devices: DeviceService,
+                                                 accounting: ComfyAccounting) -> None:
+    diffusion = comfy_model(comfy, devices, 5 * MB)
+    keep = place(manager, "keep")
+    assert accounting.free_for(CPU, MB, [keep]) == 5 * MB
+    assert keep.is_whole and diffusion.loaded == 0
+
+
+# ---- the process runtime and node requests ----------------------------------------------------
+def test_configure_validates_and_rebuilds_for_a_new_simulated_device(comfy: StandIn) -> None:
+    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    ref = process.engine("demo")
+    first, old_handles = process.runtime(), ref.engine.handles()
+    assert isinstance(first.manager.external, ComfyAccounting)
+    with pytest.raises(SettingError, match="compute.vram_mod"):
+        process.configure({"compute.vram_mod": "low"})
+    assert process.configure({"compute.vram_mode": "low"}) is first and first.policy.vram_mode == "low"
+    second = process.configure({"compute.simulate_vram_mb": 48})
+    assert second is not first and second.devices.total_bytes(CPU) == 48 * MB
+    assert second.policy.vram_mode == "low" and isinstance(second.manager.external, ComfyAccounting)
+    assert all(h.unloaded for h in old_handles) and ours(comfy) == []
+    assert ref.engine.manager is second.manager  # loaded again in the new runtime
+
+
+def test_an_engine_lives_as_long_as_comfyui_holds_a_reference(comfy: StandIn) -> None:
+    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    first, second = process.engine("demo"), process.engine("demo")
+    handles = first.engine.handles()
+    assert second.engine is first.engine
+    del first
+    assert process.runtime().describe()["models"]  # still referenced
+    del second
+    gc.collect()
+    assert process.runtime().describe()["models"] == [] and all(h.unloaded for h in handles)
+
+
+def test_node_requests_drive_the_progress_bar_and_honour_interrupt(comfy: StandIn) -> None:
+    runtime = ProcessRuntime({"compute.simulate_vram_mb": 32}).runtime()
+    engine = runtime.engine("demo")
+    voice = engine.voice_prompt(node_request(runtime), None, None, None)
+    sampling = Sampling(seed=3, max_new_tokens=40)
+    engine.generate(node_request(runtime, 3), "hi", voice, sampling)
+    bar = comfy.bars[-1]
+    assert bar.total == engine.frames_for("hi", sampling) and bar.values == sorted(bar.values) and len(bar.values) > 8
+
+    calls = 0
+
+    def interrupt_later(done: int, total: int) -> None:
+        nonlocal calls
+        calls += 1
+        comfy.interrupted = calls == 5
+
+    ctx = node_request(runtime, 3)
+    ctx.on_progress = interrupt_later
+    with pytest.raises(StandInInterrupt):
+        engine.generate(ctx, "a longer text to be interrupted", voice, sampling)
+    assert calls == 5 and all(h.in_use == 0 for h in engine.handles())
+
+
+def test_install_joins_a_runtime_to_comfyui(comfy: StandIn) -> None:
+    from mizuoto_runtime import Runtime
+
+    runtime = Runtime({"compute.simulate_vram_mb": 32})
+    accounting = install(runtime)
+    audio, _ = runtime.say(runtime.engine("demo"), "hello", sampling=Sampling(max_new_tokens=16))
+    assert runtime.manager.external is accounting and audio.waveform.numel() > 0
+    registered = ours(comfy)
+    assert registered and all(h.device_bytes for h in registered)
+
+
+def test_engines_built_inside_comfyuis_inference_mode_still_run(comfy: StandIn) -> None:
+    """ComfyUI runs every node under `torch.inference_mode()`; placement swaps `Parameter.data`."""
+    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    with torch.inference_mode():
+        ref = process.engine("demo")
+        audio, _ = ref.runtime.say(ref.engine, "inference mode", sampling=Sampling(max_new_tokens=16))
+    assert audio.waveform.abs().sum() > 0
+
+
+def test_entries_use_comfyuis_device_object(comfy: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries match devices with `==` and `cuda` is not `cuda:0`: ComfyUI's object is used."""
+    comfy_cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(sys.modules["comfy.model_management"], "get_torch_device", lambda: comfy_cuda)
+    assert comfy_device(torch.device("cuda")) is comfy_cuda and comfy_device(torch.device("cuda", 0)) is comfy_cuda
+    assert comfy_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert comfy_device(CPU) == CPU
+
+
+def test_the_pack_entry_does_nothing_outside_comfyui() -> None:
+    """pytest imports the repository root's `__init__.py` (the package holding `tests/`)."""
+    code = ("import importlib.util, sys; "
+            "spec = importlib.util.spec_from_file_location('pack', 'REPO/__init__.py', "
+            "submodule_search_locations=['REPO']); "
+            "pack = importlib.util.module_from_spec(spec); spec.loader.exec_module(pack); "
+            "assert pack.WEB_DIRECTORY == './web' and callable(pack.comfy_entrypoint); "
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('comfy', 'comfy_api', 'server', 'aiohttp')]"
+            ).replace("REPO", str(REPO))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_importing_the_runtime_never_imports_comfy() -> None:
+    code = ("import sys, mizuoto_runtime, mizuoto_runtime.comfy_bridge; "
+            "assert not [m for m in sys.modules if m == 'comfy' or m.startswith('comfy.')], 'comfy imported'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
