@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .audio import read_wav, write_wav
-from .engines import ENGINES, Sampling
+from .engines import ENGINES, Sampling, install_hint
 from .errors import MizuotoError
 from .runtime import DTYPES, Runtime
 
@@ -71,7 +71,7 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     reference = read_wav(args.voice) if args.voice else None
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback, instruct=args.instruct)
+                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct)
     path = write_wav(args.output, audio)
     return {"output": str(path), "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate, **meta}
 
@@ -87,7 +87,7 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     for engine_id, (module, _, extra) in ENGINES.items():
         package = {"qwen3tts": "qwen_tts"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
-        engines[engine_id] = "ok" if ok else f"missing (pip install 'mizuoto[{extra}]')"
+        engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
 
 
@@ -101,7 +101,7 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:
-        hint = f" (install it with: pip install 'mizuoto[{extra}]')" if extra else ""
+        hint = f" (install it with: {install_hint(extra)})" if extra else ""
         raise MizuotoError(f"engine {args.engine!r} cannot write a checkpoint: {exc}{hint}") from exc
     files = sorted(str(f.relative_to(folder)) for f in Path(folder).rglob("*") if f.is_file())
     return {"output": str(folder), "engine": args.engine, "files": files}

@@ -295,3 +295,16 @@ def allocator_env(cuda_allocator: str, environ: Mapping[str, str] | None = None)
         return {ALLOC_CONF: env[ALLOC_CONF]}
     conf = _ALLOC_CONFS[cuda_allocator]
     return {ALLOC_CONF: conf} if conf else {}
+
+
+def apply_allocator_env(cuda_allocator: str) -> None:
+    """M54: the host (never engine code) writes the allocator choice before the first CUDA use;
+    once CUDA has started, a different choice applies at the next start."""
+    wanted = allocator_env(cuda_allocator)
+    if not wanted or os.environ.get(ALLOC_CONF) == wanted[ALLOC_CONF]:
+        return
+    if torch.cuda.is_initialized():
+        log.warning("compute.cuda_allocator=%s applies at the next start (CUDA is already initialized)",
+                    cuda_allocator)
+        return
+    os.environ.update(wanted)

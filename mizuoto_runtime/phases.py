@@ -69,16 +69,12 @@ class RequestContext:
         return {"memory": self.report.as_meta(), "applied": dict(self.applied)}
 
     def _refresh(self) -> None:
-        """Fold in what happened after a phase: components that yielded VRAM for later phases
-        keep their phase's reason if they were partial, else become "yielded" (M50)."""
+        """Fold in what happened after each phase: who gave VRAM up for later phases (M50)."""
         self.report.streamed_bytes = self.manager.streamed_bytes() - self._streamed_at_start
         for key, h in self._handles.items():
             p = self.report.components.get(key)
-            if p is None or not h.gave_up_for:
-                continue
-            p.gave_up_for = list(h.gave_up_for)
-            if p.reason is None:
-                p.reason, p.loaded_bytes = h.partial_reason, h.loaded_bytes
+            if p is not None and h.gave_up_for:
+                p.gave_up_for, p.held_after = list(h.gave_up_for), h.loaded_bytes
 
     def check_cancelled(self) -> None:
         if self.cancel_check is not None:

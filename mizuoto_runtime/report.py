@@ -37,19 +37,23 @@ class Placement:
     working_bytes: int = 0
     reserve_bytes: int = 0
     gave_up_for: list[str] = dataclasses.field(default_factory=list)
+    held_after: int | None = None  # what it still held after yielding VRAM to later phases
 
     @property
     def partial(self) -> bool:
-        return self.reason is not None
+        return self.reason is not None or self.held_after is not None
 
     def as_partial(self) -> dict[str, Any]:
+        """A component partial in its phase keeps that phase's figures; one that ran whole and
+        then yielded shows what it holds now."""
+        loaded = self.loaded_bytes if self.reason is not None or self.held_after is None else self.held_after
         return {
-            "reason": self.reason,
+            "reason": self.reason or REASON_YIELDED,
             "mode": self.mode,
             "free_mb": mb(self.free_bytes),
             "working_mb": mb(self.working_bytes),
             "reserve_mb": mb(self.reserve_bytes),
-            "loaded_mb": mb(self.loaded_bytes),
+            "loaded_mb": mb(loaded),
             "size_mb": mb(self.size_bytes),
             "gave_up_for": list(self.gave_up_for),
         }

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from .audio import Audio
-from .devices import DeviceService
+from .calibration import Calibration, default_path
+from .devices import DeviceService, apply_allocator_env
 from .engines import Engine, Sampling, Voice, engine_class
 from .errors import MizuotoError
 from .manager import ModelManager
@@ -36,14 +37,19 @@ class Runtime:
         self.policy = VramPolicy(settings)
         sim = self.policy.simulate_vram_mb
         self.devices = devices or DeviceService(simulate={"cpu": int(sim * MB)} if sim else None, strict=bool(sim))
-        self.manager = ModelManager(self.devices, self.policy)
+        # M47: calibration persists across runs; M54: the allocator is chosen by the host, before CUDA starts.
+        self.manager = ModelManager(self.devices, self.policy, calibration=Calibration(default_path()))
+        apply_allocator_env(self.policy.cuda_allocator)
         self._engines: dict[tuple[str, str, str], Engine] = {}
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32") -> Engine:
         """Load an engine once per (engine, folder, dtype) and keep it."""
         key = self._engine_key(engine_id, model_dir, dtype)
         if key not in self._engines:
-            self._engines[key] = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
+            # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
+            # have no version counter, and placing them swaps their data.
+            with torch.inference_mode(False):
+                self._engines[key] = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
         return self._engines[key]
 
     @staticmethod
@@ -70,7 +76,7 @@ class Runtime:
                                     on_progress=on_progress)
 
     def say(self, engine: Engine, text: str, *, reference: Audio | None = None, transcript: str | None = None,
-            speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool = False,
+            speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool | None = None,
             cancel_check: Callable[[], None] | None = None,
             on_progress: Callable[[int, int], None] | None = None,
             instruct: str | None = None) -> tuple[Audio, dict[str, Any]]:

@@ -27,9 +27,10 @@ from torch import nn
 
 from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, SettingError, VramPolicy
 from mizuoto_runtime.comfy_bridge import (
-    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, comfy_device, install, node_request,
+    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, checkpoint_folders, comfy_device, fallback_switch,
+    install, is_checkpoint_root, node_request,
 )
-from mizuoto_runtime.engines import Sampling
+from mizuoto_runtime.engines import Codes, Sampling
 
 MB = 1 << 20
 CPU = torch.device("cpu")
@@ -452,6 +453,59 @@ def test_node_requests_drive_the_progress_bar_and_honour_interrupt(comfy: StandI
     with pytest.raises(StandInInterrupt):
         engine.generate(ctx, "a longer text to be interrupted", voice, sampling)
     assert calls == 5 and all(h.in_use == 0 for h in engine.handles())
+
+
+@pytest.mark.parametrize(("oom_fallback", "toggle", "falls_back"), [
+    (False, True, True),    # the node's toggle allows it although the setting is off
+    (True, False, True),    # toggle off: the setting decides
+    (False, False, False),  # neither: the out-of-memory error reaches the node
+])
+def test_a_decoder_nodes_toggle_allows_the_fallback_and_off_defers_to_the_setting(
+        comfy: StandIn, oom_fallback: bool, toggle: bool, falls_back: bool) -> None:
+    """M44: the decoder and TTS nodes pass `fallback_switch(allow_fallback)` to the engine."""
+    runtime = ProcessRuntime({"compute.simulate_vram_mb": 32, "compute.oom_fallback": oom_fallback}).runtime()
+    engine = runtime.engine("demo")
+    codes = Codes(torch.randint(0, 256, (1, 400)), engine.id)  # more frames than one 256-frame tile
+    decoder = engine.decoder.module
+    whole = decoder.forward
+
+    def out_of_memory_when_whole(tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[-1] > 300:
+            raise torch.OutOfMemoryError("test: a whole decode does not fit")
+        return whole(tokens)
+
+    decoder.forward = out_of_memory_when_whole  # type: ignore[method-assign]
+    ctx = node_request(runtime)
+    if not falls_back:
+        with pytest.raises(torch.OutOfMemoryError):
+            engine.decode(ctx, codes, fallback_switch(toggle))
+        return
+    audio = engine.decode(ctx, codes, fallback_switch(toggle))
+    assert ctx.meta["applied"]["fallbacks"] == ["tiled_1d"] and audio.waveform.shape[-1] == 400 * 256
+
+
+def touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"{}")
+
+
+def test_checkpoint_choices_are_checkpoint_roots_not_their_subfolders(tmp_path: Path) -> None:
+    """The loader lists folders with a config.json or safetensors at their top level, two levels
+    deep, and never a listed checkpoint's own subfolders (Qwen's speech_tokenizer/)."""
+    for name in ("config.json", "model.safetensors", "speech_tokenizer/config.json",
+                 "speech_tokenizer/model.safetensors"):
+        touch(tmp_path / "qwen3tts" / "tiny-base" / name)
+    touch(tmp_path / "demo-small" / "talker.safetensors")  # the demo engine: bare safetensors
+    touch(tmp_path / "Qwen3-TTS-flat" / "config.json")
+    touch(tmp_path / "notes" / "readme.txt")  # files, but not a checkpoint
+    touch(tmp_path / ".cache" / "hub" / "config.json")  # hidden
+    touch(tmp_path / "deep" / "a" / "b" / "config.json")  # three levels down
+    touch(tmp_path / "loose.safetensors")
+    assert checkpoint_folders(tmp_path) == ["Qwen3-TTS-flat", "demo-small", "qwen3tts/tiny-base"]
+    # speech_tokenizer/ would pass as a checkpoint on its own: it is left out because it is nested.
+    assert is_checkpoint_root(tmp_path / "qwen3tts" / "tiny-base" / "speech_tokenizer")
+    assert "deep/a/b" in checkpoint_folders(tmp_path, max_depth=3)
+    assert checkpoint_folders(tmp_path / "missing") == []
 
 
 def test_install_joins_a_runtime_to_comfyui(comfy: StandIn) -> None:

@@ -6,12 +6,17 @@ import importlib
 from ..errors import MizuotoError
 from .base import Codes, Engine, Sampling, Voice
 
-# id -> (module, class, pip extra that provides its upstream package)
+# id -> (module, class, requirements file under requirements/ that provides its upstream package)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
     "demo": ("mizuoto_runtime.engines.demo", "DemoEngine", None),
     "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
 }
+
+
+def install_hint(extra: str) -> str:
+    """Engine packages install without their declared dependencies (see requirements/)."""
+    return f"pip install --no-deps -r requirements/{extra}.txt (after torch; tools/install.sh does it)"
 
 
 def engine_class(engine_id: str) -> type[Engine]:
@@ -21,9 +26,9 @@ def engine_class(engine_id: str) -> type[Engine]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f" (install it with: pip install 'mizuoto[{extra}]')" if extra else ""
+        hint = f" (install it with: {install_hint(extra)})" if extra else ""
         raise MizuotoError(f"engine {engine_id!r} cannot be imported: {exc}{hint}") from exc
     return getattr(module, cls_name)
 
 
-__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "engine_class"]
+__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "engine_class", "install_hint"]

@@ -121,11 +121,12 @@ class Engine(ABC):
         """The talker phase."""
 
     @abstractmethod
-    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool = False) -> Audio:
-        """The codec-decoder phase."""
+    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
+        """The codec-decoder phase. `allow_fallback`: the caller's switch for a cheaper decode after
+        OOM (M42, M44); None follows `compute.oom_fallback`."""
 
     def synthesize(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
-                   allow_fallback: bool = False) -> Audio:
+                   allow_fallback: bool | None = None) -> Audio:
         codes = self.generate(ctx, text, voice, sampling)
         return self.decode(ctx, codes, allow_fallback)
 

@@ -225,7 +225,7 @@ class DemoEngine(Engine):
         element = torch.tensor([], dtype=self.dtype).element_size()
         return 3 * frames * HOP * 64 * element // 8  # the widest late stage, a few copies
 
-    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool = False) -> Audio:
+    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         decoder = self.decoder.module
 
         @torch.inference_mode()
@@ -237,5 +237,5 @@ class DemoEngine(Engine):
             return tiled_1d(decoder, codes.tokens)
 
         wav = ctx.run("codec decoder", [self.decoder], whole, self.decoder_memory(codes.tokens.shape[-1]),
-                      fallback=("tiled_1d", tiled) if allow_fallback else None)
+                      fallback=("tiled_1d", tiled), allow_fallback=allow_fallback)
         return Audio(wav[0].float(), self.sample_rate)

@@ -60,5 +60,5 @@ class DummyEngine(Engine):
         return Codes(tokens, self.id)
 
     @torch.inference_mode()
-    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool = False) -> Audio:
+    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         return Audio(self.synth.module(codes.tokens)[0].float(), self.sample_rate)

@@ -461,7 +461,7 @@ class Qwen3TTSEngine(Engine):
         cfg = self.tts.model.speech_tokenizer.model.config.encoder_config
         return samples * (ENCODER_BYTES_PER_SAMPLE + 4 * ENCODER_FULL_RATE_COPIES * cfg.num_filters)
 
-    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool = False) -> Audio:
+    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         ref = codes.extra.get("ref_code")
         full = codes.tokens if ref is None else torch.cat([ref, codes.tokens], dim=0)
         if full.shape[0] == 0:

@@ -217,21 +217,30 @@ def check_pack_loads_as_a_custom_node() -> None:
     assert sys.modules["mizuoto_runtime"].__file__ == str(REPO / "mizuoto_runtime" / "__init__.py")
 
 
-def check_decoder_fallback_is_a_node_toggle() -> None:
-    """M44: with oom_fallback on, the decoder node's toggle decides whether a decode that keeps
-    running out of memory falls back to tiles (recorded in meta.applied) or fails."""
+def memory_settings(table: dict[str, type], oom_fallback: bool) -> dict[str, object]:
+    return table["MizuotoMemorySettings"].execute(
+        vram_mode="normal", vram_reserve_mb=-1, vram_limit_mb=0, async_offload=1, host_copies="auto",
+        oom_retry=True, oom_fallback=oom_fallback, simulate_vram_mb=32).args[0]
+
+
+def fallbacks(report: str) -> list[str]:
+    return list(json.loads(report)["applied"]["fallbacks"])
+
+
+def check_fallback_toggle_allows_and_off_defers_to_the_setting() -> None:
+    """M44: a decode that keeps running out of memory falls back to tiles (recorded in
+    meta.applied) when the node's toggle is on, whatever oom_fallback says; with the toggle off
+    Memory Settings' oom_fallback decides — for the Codec Decoder and the all-in-one TTS."""
     mm.current_loaded_models.clear()
     mm.get_free_memory = COMFY_GET_FREE_MEMORY  # undo the shared-device set-up of other checks
     table = pack_nodes()
     sampling = {"seed": 1, "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05,
                 "max_new_tokens": 2048, "do_sample": True}
+    text = "x" * 100
     with torch.inference_mode():  # as ComfyUI executes nodes
-        memory = table["MizuotoMemorySettings"].execute(
-            vram_mode="normal", vram_reserve_mb=-1, vram_limit_mb=0, async_offload=1, host_copies="auto",
-            oom_retry=True, oom_fallback=True, simulate_vram_mb=32).args[0]
         engine = table["MizuotoEngineLoader"].execute(engine="demo", checkpoint="none", dtype="float32",
-                                                      memory=memory).args[0]
-        codes = table["MizuotoTalker"].execute(engine=engine, text="x" * 100, **sampling).args[0]
+                                                      memory=memory_settings(table, False)).args[0]
+        codes = table["MizuotoTalker"].execute(engine=engine, text=text, **sampling).args[0]
         assert codes.tokens.shape[-1] > TILE_LIMIT
         decoder = engine.engine.decoder.module
         whole = decoder.forward
@@ -242,14 +251,23 @@ def check_decoder_fallback_is_a_node_toggle() -> None:
             return whole(tokens)
 
         decoder.forward = out_of_memory_when_whole
-        audio, report = table["MizuotoDecoder"].execute(engine=engine, codes=codes, allow_fallback=True).args
-        assert json.loads(report)["applied"]["fallbacks"] == ["tiled_1d"], report
+        decode, tts = table["MizuotoDecoder"].execute, table["MizuotoTTS"].execute
+        # oom_fallback off: only the toggle allows it.
+        audio, report = decode(engine=engine, codes=codes, allow_fallback=True).args
+        assert fallbacks(report) == ["tiled_1d"], report
         assert audio["waveform"].shape == (1, 1, codes.tokens.shape[-1] * 256)
-        try:
-            table["MizuotoDecoder"].execute(engine=engine, codes=codes, allow_fallback=False)
-        except torch.OutOfMemoryError:
-            return
-    raise AssertionError("without the toggle the decode should have failed")
+        assert fallbacks(tts(engine=engine, text=text, allow_fallback=True, **sampling).args[1]) == ["tiled_1d"]
+        for refused in (lambda: decode(engine=engine, codes=codes, allow_fallback=False),
+                        lambda: tts(engine=engine, text=text, allow_fallback=False, **sampling)):
+            try:
+                refused()
+            except torch.OutOfMemoryError:
+                continue
+            raise AssertionError("with oom_fallback and the toggle off the decode should have failed")
+        # oom_fallback on: the toggle left off no longer refuses it.
+        memory_settings(table, True)
+        assert fallbacks(decode(engine=engine, codes=codes, allow_fallback=False).args[1]) == ["tiled_1d"]
+        assert fallbacks(tts(engine=engine, text=text, allow_fallback=False, **sampling).args[1]) == ["tiled_1d"]
 
 
 CHECKS: dict[str, Callable[[], None]] = {

@@ -74,5 +74,5 @@ def test_pack_loads_as_a_custom_node(results: dict[str, dict[str, object]]) -> N
     assert_check(results, "pack_loads_as_a_custom_node")
 
 
-def test_decoder_fallback_is_a_node_toggle(results: dict[str, dict[str, object]]) -> None:
-    assert_check(results, "decoder_fallback_is_a_node_toggle")
+def test_fallback_toggle_allows_and_off_defers_to_the_setting(results: dict[str, dict[str, object]]) -> None:
+    assert_check(results, "fallback_toggle_allows_and_off_defers_to_the_setting")

@@ -1,0 +1,36 @@
+"""Runtime: the host's object — engines built outside inference mode, allocator choice (M54)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mizuoto_runtime import Runtime
+from mizuoto_runtime.engines import Sampling
+
+
+def test_engine_built_inside_inference_mode_still_places() -> None:
+    """ComfyUI runs nodes under inference mode; placing swaps parameter data, which inference
+    tensors refuse. The runtime builds engines outside it."""
+    rt = Runtime({"compute.simulate_vram_mb": 10})
+    with torch.inference_mode():
+        engine = rt.engine("demo")
+        audio, meta = rt.say(engine, "inside inference mode", sampling=Sampling(seed=2))
+    assert audio.waveform.numel() > 0 and meta["memory"]["streamed_mb"] > 0
+
+
+def test_allocator_setting_goes_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    Runtime({"compute.cuda_allocator": "expandable"})
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
+    Runtime({"compute.cuda_allocator": "async"})
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native"  # a value already set wins
+
+
+def test_engines_are_kept_per_folder_and_dtype() -> None:
+    rt = Runtime()
+    assert rt.engine("demo") is rt.engine("demo", None, "float32")
+    assert rt.engine("demo", None, "bfloat16") is not rt.engine("demo")
+    assert rt.unload_engine("demo") and not rt.unload_engine("demo")
