@@ -406,13 +406,9 @@ class EngineRef:
 
     @property
     def engine(self) -> Engine:
-        """The engine, loaded in the current runtime (again, after the runtime was replaced).
-
-        ComfyUI runs nodes under `torch.inference_mode()`. A parameter created there has no
-        version counter, and once its handle swaps its `.data` (placement) it fails inside
-        inference mode, so engines are built outside it."""
-        with torch.inference_mode(False):
-            return self.owner.runtime().engine(*self.key)
+        """The engine, loaded in the current runtime (again, after the runtime was replaced);
+        `Runtime.engine` builds it outside ComfyUI's inference mode."""
+        return self.owner.runtime().engine(*self.key)
 
     @property
     def runtime(self) -> Runtime:

@@ -66,14 +66,22 @@ def sampling_inputs() -> list[io.Input]:
     ]
 
 
+def language_input() -> io.Input:
+    return io.String.Input("language", optional=True, default="",
+                           tooltip="The text's language, as the engine names it (Qwen3-TTS: english, chinese, …); "
+                                   "empty = the engine detects it")
+
+
 def sampling_from(seed: int, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
-                  max_new_tokens: int, do_sample: bool) -> Sampling:
+                  max_new_tokens: int, do_sample: bool, language: str = "") -> Sampling:
     return Sampling(seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                    repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens, do_sample=do_sample)
+                    repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                    language=language.strip() or None)
 
 
-FALLBACK_TOOLTIP = ("M44: after the exact out-of-memory retries fail, decode with the engine's cheaper fallback "
-                    "(tiled, output differs slightly). Also needs oom_fallback on in Mizuoto Memory Settings.")
+FALLBACK_TOOLTIP = ("M44: once the exact out-of-memory retries fail, decode with the engine's cheaper fallback "
+                    "(tiled; output differs slightly). On: allowed for this node whatever Memory Settings say. "
+                    "Off: Mizuoto Memory Settings' oom_fallback decides (off by default).")
 
 
 def memory_text(meta: dict[str, Any]) -> str:

@@ -44,7 +44,9 @@ class MizuotoMemorySettings(io.ComfyNode):
                 io.Boolean.Input("oom_retry", default=True,
                                  tooltip="M40: on out-of-memory, retry exactly with more streamed"),
                 io.Boolean.Input("oom_fallback", default=False,
-                                 tooltip="M42: allow cheaper fallbacks (where a node allows them too)"),
+                                 tooltip="M42: after out-of-memory, let engines use cheaper fallbacks (output "
+                                         "differs slightly); a node's allow_fallback toggle allows them for "
+                                         "that node even when this is off"),
                 io.Int.Input("simulate_vram_mb", default=0, min=0, max=1 << 20,
                              tooltip="Tests: make the CPU act as a GPU of this size (M55); 0 = off. "
                                      "Changing it reloads Mizuoto's engines."),

@@ -1,8 +1,9 @@
 """Checkpoint folders under ComfyUI's models directory: `models/mizuoto/<name>/`.
 
 A Mizuoto checkpoint is a folder (safetensors files, configs), not a file, so the loader lists
-folders that hold files, two levels deep (`qwen3tts/Qwen3-TTS-0.6B`). Extra roots come from
-`extra_model_paths.yaml` under the key `mizuoto`.
+checkpoint roots, two levels deep (`qwen3tts/Qwen3-TTS-0.6B`), never a checkpoint's own
+subfolders (`comfy_bridge.checkpoint_folders`). Extra roots come from `extra_model_paths.yaml`
+under the key `mizuoto`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path, PurePosixPath
 import folder_paths
 
 from mizuoto_runtime import MizuotoError
+from mizuoto_runtime.comfy_bridge import checkpoint_folders
 
 FOLDER = "mizuoto"
 NONE = "none"  # the engine's built-in weights (the demo engine) or its own default
@@ -31,20 +33,8 @@ def checkpoint_choices() -> list[str]:
     found: set[str] = set()
     for root in roots():
         if root.is_dir():
-            found.update(_folders_with_files(root, root, MAX_DEPTH))
+            found.update(checkpoint_folders(root, MAX_DEPTH))
     return [NONE, *sorted(found)]
-
-
-def _folders_with_files(root: Path, folder: Path, depth: int) -> list[str]:
-    out: list[str] = []
-    for child in sorted(folder.iterdir()):
-        if not child.is_dir() or child.name.startswith("."):
-            continue
-        if any(f.is_file() for f in child.iterdir()):
-            out.append(child.relative_to(root).as_posix())
-        if depth > 1:
-            out.extend(_folders_with_files(root, child, depth - 1))
-    return out
 
 
 def resolve(name: str) -> Path | None:

@@ -10,21 +10,25 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from mizuoto_runtime.comfy_bridge import EngineRef, ProgressReporter, interrupt_check, node_request
+from mizuoto_runtime.comfy_bridge import EngineRef, ProgressReporter, fallback_switch, interrupt_check, node_request
 from mizuoto_runtime.engines import Codes, Voice
 
 from .common import (
     CATEGORY, FALLBACK_TOOLTIP, CodesSocket, EngineSocket, VoiceSocket, audio_in, audio_out, check_made_by,
-    memory_json, memory_text, phased_engine, sampling_from, sampling_inputs,
+    language_input, memory_json, memory_text, phased_engine, sampling_from, sampling_inputs,
 )
 
 
 def voice_inputs() -> list[io.Input]:
+    """Optional inputs of a voice; new ones go last, so saved workflows keep their widget values."""
     return [
         io.Audio.Input("reference", optional=True, tooltip="Reference speech to clone (first item of a batch)"),
         io.String.Input("transcript", optional=True, multiline=True, default="",
                         tooltip="What the reference says (engines that use it)"),
         io.String.Input("speaker", optional=True, default="", tooltip="A built-in speaker (engines that have them)"),
+        io.String.Input("instruct", optional=True, multiline=True, default="",
+                        tooltip="A description of the voice or speaking style (Qwen3-TTS CustomVoice and "
+                                "VoiceDesign checkpoints); empty = none"),
     ]
 
 
@@ -43,10 +47,11 @@ class MizuotoVoicePrompt(io.ComfyNode):
 
     @classmethod
     def execute(cls, engine: EngineRef, reference: dict[str, Any] | None = None, transcript: str = "",
-                speaker: str = "") -> io.NodeOutput:
+                speaker: str = "", instruct: str = "") -> io.NodeOutput:
         tts = phased_engine(engine, "Mizuoto Voice Prompt")
         ctx = node_request(engine.runtime)
-        voice = tts.voice_prompt(ctx, audio_in(reference, "reference"), transcript or None, speaker or None)
+        voice = tts.voice_prompt(ctx, audio_in(reference, "reference"), transcript or None, speaker or None,
+                                 instruct=instruct or None)
         return io.NodeOutput(voice, ui=ui.PreviewText(memory_text(ctx.meta)))
 
 
@@ -63,6 +68,7 @@ class MizuotoTalker(io.ComfyNode):
                 io.String.Input("text", multiline=True, default="Hello from Mizuoto."),
                 VoiceSocket.Input("voice", optional=True, tooltip="From Mizuoto Voice Prompt; default: the engine's"),
                 *sampling_inputs(),
+                language_input(),
             ],
             outputs=[CodesSocket.Output(display_name="codes")],
         )
@@ -70,9 +76,10 @@ class MizuotoTalker(io.ComfyNode):
     @classmethod
     def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool,
-                voice: Voice | None = None) -> io.NodeOutput:
+                voice: Voice | None = None, language: str = "") -> io.NodeOutput:
         tts = phased_engine(engine, "Mizuoto Talker")
-        sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample)
+        sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
+                                 language)
         ctx = node_request(engine.runtime, seed)
         if voice is None:
             voice = tts.voice_prompt(ctx)
@@ -102,7 +109,7 @@ class MizuotoDecoder(io.ComfyNode):
         tts = phased_engine(engine, "Mizuoto Codec Decoder")
         check_made_by(codes, tts, "codes")
         ctx = node_request(engine.runtime)
-        audio = tts.decode(ctx, codes, allow_fallback)
+        audio = tts.decode(ctx, codes, fallback_switch(allow_fallback))
         meta = ctx.meta
         return io.NodeOutput(audio_out(audio), memory_json(meta), ui=ui.PreviewText(memory_text(meta)))
 
@@ -121,6 +128,7 @@ class MizuotoTTS(io.ComfyNode):
                 *sampling_inputs(),
                 io.Boolean.Input("allow_fallback", default=False, tooltip=FALLBACK_TOOLTIP),
                 *voice_inputs(),
+                language_input(),
             ],
             outputs=[io.Audio.Output(display_name="audio"), io.String.Output(display_name="memory")],
         )
@@ -128,12 +136,15 @@ class MizuotoTTS(io.ComfyNode):
     @classmethod
     def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool, allow_fallback: bool,
-                reference: dict[str, Any] | None = None, transcript: str = "", speaker: str = "") -> io.NodeOutput:
-        sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample)
+                reference: dict[str, Any] | None = None, transcript: str = "", speaker: str = "",
+                instruct: str = "", language: str = "") -> io.NodeOutput:
+        sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
+                                 language)
         audio, meta = engine.runtime.say(
             engine.engine, text, reference=audio_in(reference, "reference"), transcript=transcript or None,
-            speaker=speaker or None, sampling=sampling, allow_fallback=allow_fallback,
-            cancel_check=interrupt_check, on_progress=ProgressReporter(),
+            speaker=speaker or None, instruct=instruct or None, sampling=sampling,
+            allow_fallback=fallback_switch(allow_fallback), cancel_check=interrupt_check,
+            on_progress=ProgressReporter(),
         )
         return io.NodeOutput(audio_out(audio), memory_json(meta), ui=ui.PreviewText(memory_text(meta)))
 

@@ -492,18 +492,18 @@ def touch(path: Path) -> None:
 def test_checkpoint_choices_are_checkpoint_roots_not_their_subfolders(tmp_path: Path) -> None:
     """The loader lists folders with a config.json or safetensors at their top level, two levels
     deep, and never a listed checkpoint's own subfolders (Qwen's speech_tokenizer/)."""
-    for name in ("config.json", "model.safetensors", "speech_tokenizer/config.json",
-                 "speech_tokenizer/model.safetensors"):
-        touch(tmp_path / "qwen3tts" / "tiny-base" / name)
+    for qwen in (tmp_path / "Qwen3-TTS-12Hz-0.6B-Base", tmp_path / "qwen3tts" / "tiny-base"):
+        for name in ("config.json", "model.safetensors", "speech_tokenizer/config.json",
+                     "speech_tokenizer/model.safetensors"):
+            touch(qwen / name)
     touch(tmp_path / "demo-small" / "talker.safetensors")  # the demo engine: bare safetensors
-    touch(tmp_path / "Qwen3-TTS-flat" / "config.json")
     touch(tmp_path / "notes" / "readme.txt")  # files, but not a checkpoint
     touch(tmp_path / ".cache" / "hub" / "config.json")  # hidden
     touch(tmp_path / "deep" / "a" / "b" / "config.json")  # three levels down
     touch(tmp_path / "loose.safetensors")
-    assert checkpoint_folders(tmp_path) == ["Qwen3-TTS-flat", "demo-small", "qwen3tts/tiny-base"]
+    assert checkpoint_folders(tmp_path) == ["Qwen3-TTS-12Hz-0.6B-Base", "demo-small", "qwen3tts/tiny-base"]
     # speech_tokenizer/ would pass as a checkpoint on its own: it is left out because it is nested.
-    assert is_checkpoint_root(tmp_path / "qwen3tts" / "tiny-base" / "speech_tokenizer")
+    assert is_checkpoint_root(tmp_path / "Qwen3-TTS-12Hz-0.6B-Base" / "speech_tokenizer")
     assert "deep/a/b" in checkpoint_folders(tmp_path, max_depth=3)
     assert checkpoint_folders(tmp_path / "missing") == []
 

@@ -40,12 +40,14 @@ requires_comfyui = pytest.mark.skipif(
 )
 
 SERVER_START_TIMEOUT_S = 120.0
+NOT_SAVED = object()  # a widget the workflow has no value for
 REFERENCE_WAV = "reference.wav"  # in the server's input folder
 REQUEST_TIMEOUT_S = 10.0
 
 
 def comfyui_env() -> dict[str, str]:
-    return {**os.environ, "COMFYUI_PATH": COMFYUI_PATH, "PYTHONUNBUFFERED": "1"}
+    # Offline: checkpoints are local folders, and a Hugging Face lookup would only wait for a timeout.
+    return {"HF_HUB_OFFLINE": "1", **os.environ, "COMFYUI_PATH": COMFYUI_PATH, "PYTHONUNBUFFERED": "1"}
 
 
 def write_reference_wav(path: Path, seconds: float = 0.5, rate: int = 16000) -> None:
@@ -93,7 +95,9 @@ class ComfyServer:
             "--user-directory", str(self.root / "user"), "--disable-auto-launch",
         ]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=COMFYUI_PATH, env=comfyui_env(), stdout=log,
+            # Its own Mizuoto cache: no calibration (M47) read from or written to the user's.
+            env = {**comfyui_env(), "MIZUOTO_CACHE": str(self.root / "cache")}
+            self.process = subprocess.Popen(command, cwd=COMFYUI_PATH, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -178,7 +182,8 @@ def comfy_server() -> Iterator[ComfyServer]:
 def ui_to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str, Any]:
     """A UI-format workflow (what ComfyUI shows as a template) as an API prompt: links become
     `[node, slot]`, `widgets_values` fill the widget inputs in `input_order` (a seed's
-    control_after_generate adds one value)."""
+    control_after_generate adds one value). Widgets past the saved values — inputs added after
+    the workflow was saved — are left out, so they take their defaults, as in the frontend."""
     sources = {link[0]: (str(link[1]), link[2]) for link in workflow["links"]}
     prompt: dict[str, Any] = {}
     for node in workflow["nodes"]:
@@ -192,7 +197,10 @@ def ui_to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str
                 if name in sockets:
                     continue
                 spec = info["input"][section][name]
-                inputs[name] = next(values)
+                value = next(values, NOT_SAVED)
+                if value is NOT_SAVED:
+                    break
+                inputs[name] = value
                 if len(spec) > 1 and spec[1].get("control_after_generate"):
                     next(values)
         prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs}

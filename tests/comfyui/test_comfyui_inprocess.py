@@ -23,7 +23,8 @@ def results() -> dict[str, dict[str, object]]:
         link = Path(folder) / "mizuoto"  # the pack under the name a user would give it
         link.symlink_to(REPO, target_is_directory=True)
         done = subprocess.run([COMFYUI_PYTHON, str(SCRIPT)], cwd=COMFYUI_PATH, capture_output=True, text=True,
-                              timeout=TIMEOUT_S, env={**comfyui_env(), "MIZUOTO_PACK_LINK": str(link)})
+                              timeout=TIMEOUT_S, env={**comfyui_env(), "MIZUOTO_PACK_LINK": str(link),
+                                                      "MIZUOTO_CACHE": str(Path(folder) / "cache")})
     found = {}
     for line in done.stdout.splitlines():
         if line.startswith("MIZUOTO-CHECK "):

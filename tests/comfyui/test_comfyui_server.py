@@ -60,13 +60,21 @@ def test_nodes_appear_in_object_info_with_their_inputs(comfy_server: ComfyServer
     assert "demo" in loader["required"]["engine"][1]["options"]
     assert "demo-small" in loader["required"]["checkpoint"][1]["options"]  # models/mizuoto/<folder>
     assert loader["optional"]["memory"][0] == "MIZUOTO_MEMORY"
-    assert info["MizuotoDecoder"]["input"]["required"]["allow_fallback"][0] == "BOOLEAN"  # M44
+    fallback = info["MizuotoDecoder"]["input"]["required"]["allow_fallback"]
+    assert fallback[0] == "BOOLEAN" and "oom_fallback decides" in fallback[1]["tooltip"]  # M44
     assert info["MizuotoDecoder"]["output"] == ["AUDIO", "STRING"]
     talker = info["MizuotoTalker"]["input"]
     assert {"engine", "text", "seed", "max_new_tokens"} <= set(talker["required"])
     assert talker["optional"]["voice"][0] == "MIZUOTO_VOICE"
     assert info["MizuotoVoicePrompt"]["input"]["optional"]["reference"][0] == "AUDIO"
     assert "simulate_vram_mb" in info["MizuotoMemorySettings"]["input"]["required"]
+    # The Engine API's instruct and language: optional, empty by default, and after every widget
+    # the example workflows saved, so those keep their values (and run, below).
+    optional = {name: info[name]["input_order"].get("optional", []) for name in NODES}
+    assert optional["MizuotoVoicePrompt"][-1] == "instruct" and optional["MizuotoTalker"][-1] == "language"
+    assert optional["MizuotoTTS"][-2:] == ["instruct", "language"]
+    assert info["MizuotoVoicePrompt"]["input"]["optional"]["instruct"][1]["multiline"] is True
+    assert info["MizuotoTalker"]["input"]["optional"]["language"][1]["default"] == ""
 
 
 def test_templates_and_web_extension_are_served(comfy_server: ComfyServer) -> None:
