@@ -8,6 +8,7 @@ import torch
 
 from conftest import make_manager
 from models import TinyLM
+from oom import allocations_during
 from mizuoto_runtime import OomInjector, Runtime
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Sampling
@@ -26,25 +27,12 @@ def say(rt: Runtime, seed: int = 5) -> tuple[torch.Tensor, dict]:
     return audio.waveform, meta
 
 
-def talker_allocations() -> range:
+def talker_allocations() -> list[int]:
     """Which counted allocations of a fresh run happen inside the talker phase."""
     rt = demo_runtime()
-    counter = OomInjector(at=[])
-    rt.devices.fault_hook = counter
-    engine = rt.engine("demo")
-    generate = engine.generate
-    span: list[int] = []
-
-    def spy(*args: object, **kwargs: object) -> object:
-        span.append(counter.count)
-        try:
-            return generate(*args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            span.append(counter.count)
-
-    engine.generate = spy  # type: ignore[method-assign]
-    say(rt)
-    return range(span[0] + 1, span[1] + 1)
+    with allocations_during(rt, rt.engine("demo"), "generate") as inside:
+        say(rt)
+    return inside
 
 
 def test_oom_in_a_phase_is_retried_exactly_and_the_cap_persists(caplog: pytest.LogCaptureFixture) -> None:

@@ -23,6 +23,7 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.report import mb
+from oom import allocations_during
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("qwen_tts")
@@ -181,23 +182,9 @@ def test_same_seed_same_audio_after_an_oom_in_the_talker(qwen3tts_checkpoint: Ch
     assert not torch.equal(expected, different)
 
     probe = simulated(10)
-    counter = OomInjector(at=[])
-    probe.devices.fault_hook = counter
-    engine = probe.engine("qwen3tts", folder)
-    generate = engine.generate
-    span: list[int] = []
-
-    def spy(*args: object, **kwargs: object) -> object:
-        span.append(counter.count)
-        try:
-            return generate(*args, **kwargs)  # type: ignore[arg-type]
-        finally:
-            span.append(counter.count)
-
-    engine.generate = spy  # type: ignore[method-assign]
-    streamed, _ = say(probe, folder, **voice)
+    with allocations_during(probe, probe.engine("qwen3tts", folder), "generate") as inside:
+        streamed, _ = say(probe, folder, **voice)
     assert torch.equal(streamed, expected)
-    inside = range(span[0] + 1, span[1] + 1)
     assert len(inside) > 20  # the talker streams: copies happen while it generates
 
     rt = simulated(10)

@@ -9,6 +9,7 @@ so both `.venv/bin/python -m pytest tests/comfyui` (with COMFYUI_PYTHON set) and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 import wave
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,16 +168,28 @@ class ComfyServer:
             time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def running_server(prefix: str, prepare: Callable[[Path], None] | None = None) -> Iterator[ComfyServer]:
+    """A ComfyUI server over a fresh temp base folder; `prepare(root)` runs before it starts
+    (e.g. to write checkpoints under `root/models`). Always stopped and removed."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        if prepare is not None:
+            prepare(root)
+        server = ComfyServer(root)
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def comfy_server() -> Iterator[ComfyServer]:
-    root = Path(tempfile.mkdtemp(prefix="mizuoto-comfyui-"))
-    server = ComfyServer(root)
-    try:
-        server.start()
+    with running_server("mizuoto-comfyui-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def ui_to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str, Any]:

@@ -8,16 +8,14 @@ The checkpoint is written into the server's temporary base folder before the ser
 """
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui
+from comfyui_harness import COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui, running_server
 
 pytestmark = requires_comfyui
 
@@ -51,17 +49,9 @@ def write_tiny_base(folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def qwen_server() -> Iterator[ComfyServer]:
-    root = Path(tempfile.mkdtemp(prefix="mizuoto-comfyui-qwen-"))
-    try:
-        write_tiny_base(root / "models" / "mizuoto" / CHECKPOINT)
-        server = ComfyServer(root)
-        try:
-            server.start()
-            yield server
-        finally:
-            server.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with running_server("mizuoto-comfyui-qwen-",
+                        lambda root: write_tiny_base(root / "models" / "mizuoto" / CHECKPOINT)) as server:
+        yield server
 
 
 def clone_prompt(*, seed: int, prefix: str, instruct: str = "", language: str = "english") -> dict[str, Any]:
