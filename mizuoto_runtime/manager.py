@@ -295,12 +295,3 @@ class ModelManager:
             devices = {h.device for h in handles}
             for d in devices:
                 self.devices.empty_cache(d)
-
-    def release_all(self, device: torch.device | None = None) -> int:
-        """Move every idle component off `device` (all devices when None); bytes freed."""
-        freed = 0
-        with self._cond:
-            for h in self.handles:
-                if (device is None or h.device == device) and not h.in_use and h.device_bytes:
-                    freed += h.offload()
-        return freed

@@ -156,10 +156,6 @@ class Streamer:
         state = self._handles.get(id(owner))
         return state.streamed if state else 0
 
-    def cached_units(self, owner: object) -> list[int]:
-        state = self._handles.get(id(owner))
-        return list(state.copies) if state else []
-
     # ---- internals -----------------------------------------------------------------------
     def _learn(self, state: _HandleCopies, unit: Unit) -> None:
         if state.last is not None and state.last != unit.index:
