@@ -220,6 +220,20 @@ class ModelHandle:
         """Move the whole component off the device (host copies make this free, M25)."""
         return self.partially_unload(self.device_bytes + 1)
 
+    def drop_host_copies(self) -> int:
+        """M29: a whole-loaded component gives up the host copies of its placed parameters (VRAM
+        then holds the only copy; moving it off copies back). Partial components keep theirs:
+        their streamed units live there (M25). Returns the host bytes released."""
+        if not self.is_whole or self.in_use:
+            return 0
+        released = 0
+        for slot in self._all_slots():
+            if id(slot) in self._device_slots and slot.host is not None and not slot.is_buffer:
+                slot.host = None
+                released += slot.nbytes
+        self._sync_hooks()  # the copy engine unpins what it pinned for them (M22)
+        return released
+
     def unload(self) -> int:
         """M26: free everything, device and host, without copying back. The handle is spent."""
         freed = self.streamer.forget(self)

@@ -16,6 +16,7 @@ from .errors import MizuotoError
 from .manager import ModelManager
 from .phases import RequestContext
 from .policy import MB, VramPolicy
+from .service import RuntimeService
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,19 @@ class Runtime:
         # M47: calibration persists across runs; M54: the allocator is chosen by the host, before CUDA starts.
         self.manager = ModelManager(self.devices, self.policy, calibration=Calibration(default_path()))
         apply_allocator_env(self.policy.cuda_allocator)
-        self._engines: dict[tuple[str, str, str], Engine] = {}
+        self.service = RuntimeService(self.manager, self.policy)  # M29, M34: which engines stay loaded
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32") -> Engine:
         """Load an engine once per (engine, folder, dtype) and keep it."""
         key = self._engine_key(engine_id, model_dir, dtype)
-        if key not in self._engines:
+        engine = self.service.get(key)
+        if engine is None:
             # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
             # have no version counter, and placing them swaps their data.
             with torch.inference_mode(False):
-                self._engines[key] = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
-        return self._engines[key]
+                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
+            self.service.add(key, engine)
+        return engine
 
     @staticmethod
     def _engine_key(engine_id: str, model_dir: str | Path | None, dtype: str | torch.dtype) -> tuple[str, str, str]:
@@ -59,16 +62,10 @@ class Runtime:
     def unload_engine(self, engine_id: str, model_dir: str | Path | None = None,
                       dtype: str | torch.dtype = "float32") -> bool:
         """Unload one engine `engine` loaded (a host no longer holds it); False if it was not loaded."""
-        engine = self._engines.pop(self._engine_key(engine_id, model_dir, dtype), None)
-        if engine is None:
-            return False
-        engine.unload()
-        return True
+        return self.service.unload(self._engine_key(engine_id, model_dir, dtype))
 
     def unload_engines(self) -> None:
-        for engine in self._engines.values():
-            engine.unload()
-        self._engines.clear()
+        self.service.unload_all()
 
     def request(self, seed: int = 0, cancel_check: Callable[[], None] | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> RequestContext:
@@ -83,13 +80,19 @@ class Runtime:
         """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4)."""
         sampling = sampling or Sampling()
         ctx = self.request(sampling.seed, cancel_check, on_progress)
-        if engine.PHASED:
-            voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
-            audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
-        else:
-            with ctx.use(engine.handles(), engine.memory_required(text), name="all"):
-                voice = Voice("", {}, engine.id)
+        try:
+            if engine.PHASED:
+                voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
                 audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
+            else:
+                with ctx.use(engine.handles(), engine.memory_required(text), name="all"):
+                    voice = Voice("", {}, engine.id)
+                    audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
+        except torch.OutOfMemoryError:
+            self.service.release_after_oom()  # M34: the next job starts from an empty device
+            raise
+        finally:
+            self.service.relieve_ram()  # M29
         return audio, ctx.meta
 
     def describe(self) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""RuntimeService: the loaded models above the manager (M29, M34).
+
+It keeps at most `compute.max_resident_models` engines loaded (least recently used go
+first), unloads engines idle longer than `compute.unload_after_minutes` (a server calls
+`unload_idle` on a timer), relieves host RAM when free RAM falls below
+`compute.ram_reserve_mb` — first dropping host copies of whole-loaded components, then
+unloading idle engines least recently used first — moves idle components off a device before
+fine-tuning on it (`release_device`), and after a job fails with OOM moves every unused
+component off every device (`release_after_oom`, ComfyUI's `unload_all_models`). It never
+unloads an engine in use or one with a component in `engines.<id>.pinned_models`.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Hashable
+
+import psutil
+import torch
+
+from .engines import Engine
+from .manager import ModelManager
+from .policy import VramPolicy
+
+log = logging.getLogger(__name__)
+
+
+def available_ram() -> int:
+    return psutil.virtual_memory().available
+
+
+class RuntimeService:
+    """Loaded engines, least recently used first, and the rules that unload them (M29, M34)."""
+
+    def __init__(self, manager: ModelManager, policy: VramPolicy,
+                 free_ram: Callable[[], int] = available_ram) -> None:
+        self.manager = manager
+        self.policy = policy
+        self.free_ram = free_ram
+        self._engines: collections.OrderedDict[Hashable, Engine] = collections.OrderedDict()
+        self._used: dict[Hashable, float] = {}
+
+    # ---- the registry ----------------------------------------------------------------------
+    def get(self, key: Hashable) -> Engine | None:
+        engine = self._engines.get(key)
+        if engine is not None:
+            self.touch(key)
+        return engine
+
+    def add(self, key: Hashable, engine: Engine) -> None:
+        self._engines[key] = engine
+        self.touch(key)
+        self.enforce_resident_limit(keep=key)
+
+    def touch(self, key: Hashable) -> None:
+        self._engines.move_to_end(key)
+        self._used[key] = time.monotonic()
+
+    def unload(self, key: Hashable) -> bool:
+        engine = self._engines.pop(key, None)
+        self._used.pop(key, None)
+        if engine is None:
+            return False
+        engine.unload()
+        return True
+
+    def unload_all(self) -> None:
+        for key in list(self._engines):
+            self.unload(key)
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    # ---- the rules -------------------------------------------------------------------------
+    def _unloadable(self, keep: Hashable | None = None) -> list[Hashable]:
+        """Idle, unpinned engines, least recently used first."""
+        return [k for k, e in self._engines.items() if k != keep and not self._busy(e) and not self._pinned(e)]
+
+    @staticmethod
+    def _busy(engine: Engine) -> bool:
+        return any(h.in_use for h in engine.handles())
+
+    def _pinned(self, engine: Engine) -> bool:
+        return any(self.policy.is_pinned(engine.id, h.name) for h in engine.handles())
+
+    def enforce_resident_limit(self, keep: Hashable | None = None) -> list[Hashable]:
+        """M34: at most `compute.max_resident_models` engines stay loaded (0: no limit)."""
+        limit = self.policy.max_resident_models
+        gone: list[Hashable] = []
+        if limit <= 0:
+            return gone
+        for key in self._unloadable(keep):
+            if len(self._engines) <= limit:
+                break
+            log.info("unloading %s: more than compute.max_resident_models=%d models loaded", key, limit)
+            self.unload(key)
+            gone.append(key)
+        return gone
+
+    def unload_idle(self, now: float | None = None) -> list[Hashable]:
+        """M34: unload engines idle longer than `compute.unload_after_minutes` (0: never)."""
+        minutes = self.policy.unload_after_minutes
+        if minutes <= 0:
+            return []
+        now = time.monotonic() if now is None else now
+        idle = [k for k in self._unloadable() if now - self._used[k] > minutes * 60]
+        for key in idle:
+            log.info("unloading %s: idle for more than %g minutes", key, minutes)
+            self.unload(key)
+        return idle
+
+    def relieve_ram(self) -> int:
+        """M29: below `compute.ram_reserve_mb` of free RAM, drop host copies of whole-loaded
+        idle components, then unload idle engines least recently used first. Bytes released."""
+        reserve = self.policy.ram_reserve_bytes()
+        if self.free_ram() >= reserve:
+            return 0
+        released = 0
+        for key in self._unloadable():
+            for handle in self._engines[key].handles():
+                released += handle.drop_host_copies()
+        for key in self._unloadable():
+            if self.free_ram() >= reserve:
+                break
+            released += sum(h.size_bytes for h in self._engines[key].handles())
+            log.warning("free RAM below compute.ram_reserve_mb: unloading %s", key)
+            self.unload(key)
+        return released
+
+    def release_device(self, device: torch.device | None = None) -> int:
+        """M34: move every idle component off `device` (every device when None)."""
+        freed = 0
+        for handle in self.manager.handles:
+            if (device is None or handle.device == device) and not handle.in_use and handle.device_bytes:
+                freed += handle.offload()
+        return freed
+
+    def release_after_oom(self) -> int:
+        """M34: after a job failed with OOM, every unused component leaves every device."""
+        freed = self.release_device()
+        log.warning("a request ran out of device memory: moved %.1f MB of idle components off the devices",
+                    freed / 2**20)
+        return freed
