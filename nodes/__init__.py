@@ -1,15 +1,16 @@
 """The pack's ComfyUI nodes (V3 `io.ComfyNode`): Memory Settings, Engine Loader, Voice Prompt,
-Talker, Codec Decoder and the all-in-one TTS. Imported by the pack's root `__init__.py` only."""
+Talker, Codec Decoder, the all-in-one TTS and Save Audio (WAV). Imported by the pack's root `__init__.py` only."""
 from __future__ import annotations
 
 from comfy_api.latest import io
 
 from . import paths
+from .audio_nodes import NODES as _AUDIO_NODES
 from .engine_nodes import NODES as _ENGINE_NODES
 from .phase_nodes import NODES as _PHASE_NODES
 
 paths.register_folder()
 
-NODES: list[type[io.ComfyNode]] = [*_ENGINE_NODES, *_PHASE_NODES]
+NODES: list[type[io.ComfyNode]] = [*_ENGINE_NODES, *_PHASE_NODES, *_AUDIO_NODES]
 
 __all__ = ["NODES"]

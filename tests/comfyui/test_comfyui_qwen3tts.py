@@ -9,6 +9,7 @@ The checkpoint is written into the server's temporary base folder before the ser
 from __future__ import annotations
 
 import struct
+import wave
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +57,7 @@ def qwen_server() -> Iterator[ComfyServer]:
 
 def clone_prompt(*, seed: int, prefix: str, instruct: str = "", language: str = "english") -> dict[str, Any]:
     """Engine Loader → Voice Prompt (reference from LoadAudio, no transcript: x-vector clone) →
-    Talker → Codec Decoder → SaveAudio."""
+    Talker → Codec Decoder → SaveAudio (FLAC) and Mizuoto Save Audio (WAV)."""
     engine = ["1", 0]
     return {
         "1": {"class_type": "MizuotoEngineLoader",
@@ -70,6 +71,7 @@ def clone_prompt(*, seed: int, prefix: str, instruct: str = "", language: str = 
                          "max_new_tokens": MAX_NEW_TOKENS, "do_sample": True, "language": language}},
         "5": {"class_type": "MizuotoDecoder", "inputs": {"engine": engine, "codes": ["4", 0], "allow_fallback": False}},
         "6": {"class_type": "SaveAudio", "inputs": {"audio": ["5", 0], "filename_prefix": prefix}},
+        "7": {"class_type": "MizuotoSaveWav", "inputs": {"audio": ["5", 0], "filename_prefix": prefix + "_wav"}},
     }
 
 
@@ -96,11 +98,13 @@ def test_x_vector_clone_graph_saves_audio(qwen_server: ComfyServer) -> None:
     history = qwen_server.wait_history(qwen_server.queue(clone_prompt(seed=1, prefix="audio/qwen_clone")),
                                        RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", messages(history)
-    saved = [qwen_server.output / item["subfolder"] / item["filename"]
-             for output in history["outputs"].values() for item in output.get("audio", [])]
-    assert len(saved) == 1 and saved[0].stat().st_size > 0, history["outputs"]
-    rate, samples = flac_stream_info(saved[0])
+    saved = {node: [qwen_server.output / item["subfolder"] / item["filename"] for item in output.get("audio", [])]
+             for node, output in history["outputs"].items() if output.get("audio")}
+    assert set(saved) == {"6", "7"} and all(len(files) == 1 for files in saved.values()), history["outputs"]
+    rate, samples = flac_stream_info(saved["6"][0])
     assert rate == SAMPLE_RATE and 0 < samples <= (MAX_NEW_TOKENS - 1) * SAMPLES_PER_FRAME, (rate, samples)
+    with wave.open(str(saved["7"][0])) as wav:  # the same audio as a 16-bit PCM WAV
+        assert (wav.getframerate(), wav.getnframes(), wav.getsampwidth()) == (SAMPLE_RATE, samples, 2)
     for node in ("3", "4", "5"):  # each phase placed its components and reported them (M50)
         assert history["outputs"][node]["text"][0].startswith("loaded "), history["outputs"][node]
     names = {m["name"] for m in qwen_server.get("/mizuoto/runtime")["models"]}

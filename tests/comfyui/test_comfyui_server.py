@@ -17,7 +17,7 @@ pytestmark = requires_comfyui
 __all__ = ["comfy_server"]  # the fixture, imported for pytest
 
 NODES = ("MizuotoMemorySettings", "MizuotoEngineLoader", "MizuotoVoicePrompt", "MizuotoTalker",
-         "MizuotoDecoder", "MizuotoTTS")
+         "MizuotoDecoder", "MizuotoTTS", "MizuotoSaveWav")
 WORKFLOWS = REPO / "example_workflows"
 SIMULATED_MB = 16
 RUN_TIMEOUT_S = 120.0
