@@ -55,8 +55,12 @@ function mountPanel(el) {
   const body = document.createElement("div");
   body.style.cssText = "padding:8px";
   el.append(body);
+  // The frontend calls render before it attaches the element: stop polling only once the
+  // panel has been shown and then closed.
+  let shown = false;
   const refresh = async () => {
-    if (!el.isConnected) return;
+    if (el.isConnected) shown = true;
+    else if (shown) return;
     try {
       const response = await api.fetchApi("/mizuoto/runtime");
       renderRuntime(body, await response.json());
