@@ -132,7 +132,9 @@ class ModelManager:
             return []
         device = handles[0].device
         if not self.devices.moves(device):
-            return [Placement(self.key(h), phase, 0, h.size_bytes) for h in handles]  # M5
+            # M5: nothing moves and nothing is counted; the report says the weights are all where
+            # the model runs (host RAM is the device).
+            return [Placement(self.key(h), phase, h.size_bytes, h.size_bytes) for h in handles]
         with self._cond:
             working = int(memory * self._factor(handles, phase))
             reserve = self.policy.reserve_bytes(self.devices.is_simulated(device))
