@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--engine", default="demo", choices=sorted(ENGINES))
     say.add_argument("--model", help="checkpoint folder (engines that need weights)")
     say.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    say.add_argument("--device", default="auto", help="where the engine runs: auto, cpu, cuda:0, ...")
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--voice", help="reference WAV for voice cloning")
     say.add_argument("--ref-text", help="transcript of the reference WAV")
@@ -67,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
-    engine = rt.engine(args.engine, args.model, args.dtype)
+    engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     reference = read_wav(args.voice) if args.voice else None
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,

@@ -387,7 +387,7 @@ def checkpoint_folders(root: Path, max_depth: int = 2) -> list[str]:
 
 
 # ---- the process runtime ---------------------------------------------------------------------
-EngineKey = tuple[str, str | None, str]
+EngineKey = tuple[str, str | None, str, str]  # engine, folder, dtype, device
 
 
 class EngineRef:
@@ -398,9 +398,10 @@ class EngineRef:
     unloads it from RAM too, like ComfyUI's own models.
     """
 
-    def __init__(self, owner: ProcessRuntime, engine_id: str, model_dir: str | Path | None, dtype: str) -> None:
+    def __init__(self, owner: ProcessRuntime, engine_id: str, model_dir: str | Path | None, dtype: str,
+                 device: str = "auto") -> None:
         self.owner = owner
-        self.key: EngineKey = (engine_id, str(model_dir) if model_dir else None, dtype)
+        self.key: EngineKey = (engine_id, str(model_dir) if model_dir else None, dtype, device)
         owner._acquire(self.key)
         weakref.finalize(self, owner._release, self.key).atexit = False
 
@@ -415,8 +416,8 @@ class EngineRef:
         return self.owner.runtime()
 
     def __repr__(self) -> str:
-        engine_id, model_dir, dtype = self.key
-        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype})"
+        engine_id, model_dir, dtype, device = self.key
+        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype}, {device})"
 
 
 class ProcessRuntime:
@@ -458,9 +459,10 @@ class ProcessRuntime:
         self._runtime = None
         self.runtime()
 
-    def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str = "float32") -> EngineRef:
+    def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str = "float32",
+               device: str = "auto") -> EngineRef:
         """Load an engine now (errors surface at the loader node) and return a reference to it."""
-        ref = EngineRef(self, engine_id, model_dir, dtype)
+        ref = EngineRef(self, engine_id, model_dir, dtype, device)
         _ = ref.engine
         return ref
 

@@ -43,26 +43,44 @@ class Runtime:
         apply_allocator_env(self.policy.cuda_allocator)
         self.service = RuntimeService(self.manager, self.policy)  # M29, M34: which engines stay loaded
 
-    def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32") -> Engine:
-        """Load an engine once per (engine, folder, dtype) and keep it."""
-        key = self._engine_key(engine_id, model_dir, dtype)
+    def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32",
+               device: str | torch.device | None = None) -> Engine:
+        """Load an engine once per (engine, folder, dtype, device) and keep it. `device`: where
+        its components run — "auto"/None for the compute device, or one of `devices.devices()`."""
+        key = self._engine_key(engine_id, model_dir, dtype, device)
         engine = self.service.get(key)
         if engine is None:
             # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
             # have no version counter, and placing them swaps their data.
             with torch.inference_mode(False):
-                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype))
+                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), self.device(device))
             self.service.add(key, engine)
         return engine
 
-    @staticmethod
-    def _engine_key(engine_id: str, model_dir: str | Path | None, dtype: str | torch.dtype) -> tuple[str, str, str]:
-        return engine_id, str(model_dir or ""), str(parse_dtype(dtype))
+    def device(self, name: str | torch.device | None) -> torch.device:
+        """The device a host names ("auto"/None: the compute device); an unknown one is an error."""
+        if name is None or name == "auto":
+            return self.devices.compute_device()
+        available = self.devices.devices()
+        try:
+            device = torch.device(name)
+        except RuntimeError as exc:
+            raise MizuotoError(f"device {name!r} is not a device name ({exc})") from exc
+        if device.type in ("cuda", "xpu") and device.index is None:
+            device = torch.device(device.type, 0)
+        if device not in available:
+            raise MizuotoError(f"device {name!r} is not available here; choose auto or one of "
+                               f"{', '.join(map(str, available))}")
+        return device
+
+    def _engine_key(self, engine_id: str, model_dir: str | Path | None, dtype: str | torch.dtype,
+                    device: str | torch.device | None) -> tuple[str, str, str, str]:
+        return engine_id, str(model_dir or ""), str(parse_dtype(dtype)), str(self.device(device))
 
     def unload_engine(self, engine_id: str, model_dir: str | Path | None = None,
-                      dtype: str | torch.dtype = "float32") -> bool:
+                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None) -> bool:
         """Unload one engine `engine` loaded (a host no longer holds it); False if it was not loaded."""
-        return self.service.unload(self._engine_key(engine_id, model_dir, dtype))
+        return self.service.unload(self._engine_key(engine_id, model_dir, dtype, device))
 
     def unload_engines(self) -> None:
         self.service.unload_all()

@@ -6,6 +6,7 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
+from mizuoto_runtime import DeviceService
 from mizuoto_runtime.comfy_bridge import PROCESS
 from mizuoto_runtime.engines import ENGINES
 from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
@@ -90,17 +91,26 @@ class MizuotoEngineLoader(io.ComfyNode):
                 io.Combo.Input("dtype", options=list(DTYPES), default="float32"),
                 MemorySocket.Input("memory", optional=True,
                                    tooltip="From Mizuoto Memory Settings: applied before the engine loads"),
+                # Optional, after the others: saved workflows and API prompts without it still load.
+                io.Combo.Input("device", options=device_choices(), default="auto", optional=True,
+                               tooltip="Where the engine runs; auto = ComfyUI's device (or the simulated one)"),
             ],
             outputs=[EngineSocket.Output(display_name="engine")],
         )
 
     @classmethod
-    def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None) -> io.NodeOutput:
+    def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None,
+                device: str = "auto") -> io.NodeOutput:
         if memory is not None:
             PROCESS.configure(memory)
-        ref = PROCESS.engine(engine, paths.resolve(checkpoint), dtype)
+        ref = PROCESS.engine(engine, paths.resolve(checkpoint), dtype, device)
         components = ", ".join(f"{h.name} {h.size_bytes / MB:.1f} MB" for h in ref.engine.handles())
-        return io.NodeOutput(ref, ui=ui.PreviewText(f"{engine} ({dtype}): {components}"))
+        return io.NodeOutput(ref, ui=ui.PreviewText(f"{engine} ({dtype}, {ref.engine.device}): {components}"))
+
+
+def device_choices() -> list[str]:
+    """auto, then every device this machine has (the compute device first, then the CPU)."""
+    return ["auto", *dict.fromkeys(str(d) for d in DeviceService().devices())]
 
 
 NODES: list[type[io.ComfyNode]] = [MizuotoMemorySettings, MizuotoEngineLoader]

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from mizuoto_runtime import Runtime
+from mizuoto_runtime import MizuotoError, Runtime
 from mizuoto_runtime.engines import Sampling
 
 
@@ -29,8 +29,18 @@ def test_allocator_setting_goes_to_the_environment(monkeypatch: pytest.MonkeyPat
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native"  # a value already set wins
 
 
-def test_engines_are_kept_per_folder_and_dtype() -> None:
+def test_engines_are_kept_per_folder_dtype_and_device() -> None:
     rt = Runtime()
-    assert rt.engine("demo") is rt.engine("demo", None, "float32")
+    assert rt.engine("demo") is rt.engine("demo", None, "float32") is rt.engine("demo", None, "float32", "cpu")
     assert rt.engine("demo", None, "bfloat16") is not rt.engine("demo")
     assert rt.unload_engine("demo") and not rt.unload_engine("demo")
+
+
+def test_the_engine_runs_on_the_device_it_was_given() -> None:
+    rt = Runtime()
+    engine = rt.engine("demo", device="cpu")
+    assert engine.device == torch.device("cpu") and all(h.device == engine.device for h in engine.handles())
+    with pytest.raises(MizuotoError, match=r"device 'cuda:7' is not available here; choose auto or one of cpu"):
+        rt.engine("demo", device="cuda:7")
+    with pytest.raises(MizuotoError, match="not a device name"):
+        rt.engine("demo", device="gpu-please")

@@ -19,7 +19,7 @@ import torch
 from ..audio import Audio
 
 if TYPE_CHECKING:
-    from ..handle import ModelHandle
+    from ..handle import Kind, ModelHandle
     from ..manager import ModelManager
     from ..phases import RequestContext
 
@@ -83,11 +83,18 @@ class Engine(ABC):
     sample_rate: int = 24000
 
     def __init__(self, manager: ModelManager, model_dir: str | Path | None = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
         self.manager = manager
         self.model_dir = Path(model_dir) if model_dir else None
         self.dtype = dtype
+        self.device = device or manager.devices.compute_device()  # where its components run
         self.voices: dict[str, Voice] = {}
+
+    def register(self, module: torch.nn.Module, name: str, kind: Kind = "oneshot",
+                 graphable: bool = False) -> ModelHandle:
+        """Register one component on this engine's device."""
+        return self.manager.register(module, engine=self.id, name=name, kind=kind, graphable=graphable,
+                                     device=self.device)
 
     @abstractmethod
     def handles(self) -> list[ModelHandle]:

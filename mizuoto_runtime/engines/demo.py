@@ -141,12 +141,12 @@ class DemoEngine(Engine):
     sample_rate = 16000
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                 seed: int = 1234) -> None:
-        super().__init__(manager, model_dir, dtype)
+                 device: torch.device | None = None, seed: int = 1234) -> None:
+        super().__init__(manager, model_dir, dtype, device)
         modules = self._load(seed)
-        self.speaker_encoder = manager.register(modules["speaker_encoder"], engine=self.id, name="speaker_encoder")
-        self.talker = manager.register(modules["talker"], engine=self.id, name="talker", kind="sequence")
-        self.decoder = manager.register(modules["decoder"], engine=self.id, name="decoder")
+        self.speaker_encoder = self.register(modules["speaker_encoder"], "speaker_encoder")
+        self.talker = self.register(modules["talker"], "talker", kind="sequence")
+        self.decoder = self.register(modules["decoder"], "decoder")
 
     def _load(self, seed: int) -> dict[str, nn.Module]:
         if self.model_dir is None:

@@ -36,12 +36,13 @@ class DummyEngine(Engine):
     PHASED = False
     sample_rate = 16000
 
-    def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(manager, model_dir, dtype)
+    def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> None:
+        super().__init__(manager, model_dir, dtype, device)
         with torch.random.fork_rng():
             torch.manual_seed(7)
             module = DummySynth().to(dtype).eval()
-        self.synth = manager.register(module, engine=self.id, name="synth")
+        self.synth = self.register(module, "synth")
 
     def handles(self) -> list[Any]:
         return [self.synth]

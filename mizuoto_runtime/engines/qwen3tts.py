@@ -199,23 +199,23 @@ class Qwen3TTSEngine(Engine):
     PHASED = True
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(manager, model_dir, dtype)
+    def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> None:
+        super().__init__(manager, model_dir, dtype, device)
         if self.model_dir is None:
             raise CheckpointError("qwen3tts needs a checkpoint folder (the official Qwen3-TTS-12Hz-* layout)")
-        self.device = manager.devices.compute_device()
         self.tts = load_model(self.model_dir, dtype, self.device)
         model = self.tts.model
         self.model_type: str = model.tts_model_type
         codec = model.speech_tokenizer.model
-        self.talker = manager.register(model.talker, engine=self.id, name="talker", kind="sequence", graphable=True)
+        self.talker = self.register(model.talker, "talker", kind="sequence", graphable=True)
         self.talker.mark(model.talker.code_predictor, "hot")
         self.speaker_encoder = None
         self.codec_encoder = None
         if self.model_type == "base":
-            self.speaker_encoder = manager.register(model.speaker_encoder, engine=self.id, name="speaker_encoder")
-            self.codec_encoder = manager.register(codec.encoder, engine=self.id, name="codec_encoder")
-        self.codec_decoder = manager.register(codec.decoder, engine=self.id, name="codec_decoder")
+            self.speaker_encoder = self.register(model.speaker_encoder, "speaker_encoder")
+            self.codec_encoder = self.register(codec.encoder, "codec_encoder")
+        self.codec_decoder = self.register(codec.decoder, "codec_decoder")
 
     def handles(self) -> list[Any]:
         found = [self.speaker_encoder, self.codec_encoder, self.talker, self.codec_decoder]

@@ -60,6 +60,8 @@ def test_nodes_appear_in_object_info_with_their_inputs(comfy_server: ComfyServer
     assert "demo" in loader["required"]["engine"][1]["options"]
     assert "demo-small" in loader["required"]["checkpoint"][1]["options"]  # models/mizuoto/<folder>
     assert loader["optional"]["memory"][0] == "MIZUOTO_MEMORY"
+    device = loader["optional"]["device"][1]
+    assert device["default"] == "auto" and device["options"][0] == "auto" and "cpu" in device["options"]
     fallback = info["MizuotoDecoder"]["input"]["required"]["allow_fallback"]
     assert fallback[0] == "BOOLEAN" and "oom_fallback decides" in fallback[1]["tooltip"]  # M44
     assert info["MizuotoDecoder"]["output"] == ["AUDIO", "STRING"]
