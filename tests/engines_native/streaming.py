@@ -124,6 +124,21 @@ def test_demo_engine_streams_exactly(placement: str) -> None:
     assert torch.equal(_demo_say(placement), _demo_say("plain"))
 
 
+@pytest.mark.parametrize("host_copies", ["on", "off"])
+@pytest.mark.parametrize("mode", ["high", "shared", "normal", "low", "none"])
+def test_every_vram_mode_and_host_copy_setting_is_exact(mode: str, host_copies: str) -> None:
+    """M9, M25: each mode on a small device — components yield, stream, copy back when they kept
+    no host copy — and two requests in a row still give the plain run's audio."""
+    rt = Runtime({"compute.simulate_vram_mb": 14, "compute.vram_mode": mode, "compute.host_copies": host_copies})
+    engine = rt.engine("demo")
+    reference = Audio(torch.sin(torch.arange(8000) / 7.0).unsqueeze(0) * 0.3, 16000)
+    expected = _demo_say("plain")
+    for _ in range(2):
+        audio, _ = rt.say(engine, "streaming is exact", reference=reference, sampling=Sampling(seed=11))
+        assert torch.equal(audio.waveform, expected)
+        engine.voices.clear()  # the voice prompt runs (and its encoder is placed) again
+
+
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_dummy_engine_streams_exactly(placement: str) -> None:
     def say(settings: dict[str, object]) -> torch.Tensor:
