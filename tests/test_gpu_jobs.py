@@ -60,7 +60,7 @@ def test_single_job_does_not_wait() -> None:
         started = time.monotonic()
         with m.request().use([second], 2 << 20, "p"):  # tried at once, at the minimum working set (M7)
             assert len(second.streamed_units) == len(second.units)
-        assert time.monotonic() - started < 0.3
+        assert time.monotonic() - started < 2.0  # a wait would last until the holder lets go (5 s)
 
 
 def test_waiting_checks_for_cancellation() -> None:
