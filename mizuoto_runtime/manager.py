@@ -290,10 +290,18 @@ class ModelManager:
                 h.cap_bytes = (h.device_bytes or h.size_bytes) // 2
             for s in self._streamers.values():
                 s.drop()
-            for h in self.handles:
-                if h not in handles and not h.in_use and h.device_bytes:
-                    freed = h.offload()
-                    self.events.append(("yield", self.key(h), freed))
-            devices = {h.device for h in handles}
-            for d in devices:
+            self.offload_idle(keep=handles)
+            for d in {h.device for h in handles}:
                 self.devices.empty_cache(d)
+
+    def offload_idle(self, keep: Sequence[ModelHandle] = (), device: torch.device | None = None) -> int:
+        """Move every idle component (not in use, not in `keep`) off `device`, or off every
+        device when None (M34, M40). Returns the bytes freed."""
+        freed = 0
+        with self._cond:
+            for h in self.handles:
+                if (device is None or h.device == device) and h not in keep and not h.in_use and h.device_bytes:
+                    gave = h.offload()
+                    self.events.append(("yield", self.key(h), gave))
+                    freed += gave
+        return freed

@@ -47,13 +47,14 @@ class Runtime:
                device: str | torch.device | None = None) -> Engine:
         """Load an engine once per (engine, folder, dtype, device) and keep it. `device`: where
         its components run — "auto"/None for the compute device, or one of `devices.devices()`."""
-        key = self._engine_key(engine_id, model_dir, dtype, device)
+        where = self.device(device)
+        key = self._engine_key(engine_id, model_dir, dtype, where)
         engine = self.service.get(key)
         if engine is None:
             # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
             # have no version counter, and placing them swaps their data.
             with torch.inference_mode(False):
-                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), self.device(device))
+                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), where)
             self.service.add(key, engine)
         return engine
 

@@ -130,11 +130,7 @@ class RuntimeService:
 
     def release_device(self, device: torch.device | None = None) -> int:
         """M34: move every idle component off `device` (every device when None)."""
-        freed = 0
-        for handle in self.manager.handles:
-            if (device is None or handle.device == device) and not handle.in_use and handle.device_bytes:
-                freed += handle.offload()
-        return freed
+        return self.manager.offload_idle(device=device)
 
     def release_after_oom(self) -> int:
         """M34: after a job failed with OOM, every unused component leaves every device."""
