@@ -178,7 +178,7 @@ def _load_vae(vae: nn.Module, folder: Path) -> None:
     try:
         vae.load_state_dict(state, strict=True)  # copies out of the mapping, tensor by tensor
     except RuntimeError as exc:
-        raise CheckpointError(f"{path}: does not match the audio VAE: {exc}") from exc
+        raise CheckpointError(f"{path}: does not match the audio VAE: {' '.join(str(exc).split())}") from exc
 
 
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
@@ -335,8 +335,8 @@ class VoxCPM2Engine(Engine):
     def target_text(self, text: str, voice: Voice) -> str:
         """The text as the package's `VoxCPM.generate` passes it on (one line, single spaces),
         after the voice's description in parentheses, the package's voice-design syntax."""
-        text = re.sub(r"\s+", " ", text.replace("\n", " ")).strip()
-        if not text:
+        text = re.sub(r"\s+", " ", text.replace("\n", " "))
+        if not text.strip():
             raise MizuotoError("voxcpm2: the text is empty")
         instruct = voice.data.get("instruct")
         return f"({instruct}){text}" if instruct else text
