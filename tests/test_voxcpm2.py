@@ -23,6 +23,7 @@ from mizuoto_runtime import CancelledError, CheckpointError, MizuotoError, Runti
 from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
+from interrupt import interrupt_at
 
 pytest.importorskip("voxcpm")
 
@@ -206,15 +207,7 @@ def test_progress_per_patch_and_interrupt(voxcpm2_checkpoint: Checkpoint) -> Non
     rt.say(engine, TEXT, sampling=SAMPLING, on_progress=lambda d, t: steps.append((d, t)))
     assert steps == [(i, PATCHES) for i in range(PATCHES + 1)] + [(PATCHES, PATCHES)]
 
-    stop = {"now": False}
-
-    def cancel_check() -> None:
-        if stop["now"]:
-            raise CancelledError("interrupted")
-
-    def progress(done: int, _total: int) -> None:
-        stop["now"] = done >= 1
-
+    cancel_check, progress = interrupt_at(1)
     with pytest.raises(CancelledError):
         rt.say(engine, TEXT, sampling=SAMPLING, cancel_check=cancel_check, on_progress=progress)
     model = engine.model

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import re
@@ -79,7 +78,7 @@ from ..lm.cache import peak_bytes
 from ..loading import load_safetensors, parameters_on_meta
 from ..phases import RequestContext
 from ..tiling import tiled_1d
-from .base import Codes, Engine, Sampling, Voice
+from .base import Codes, Engine, Sampling, Voice, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -120,16 +119,6 @@ def import_upstream() -> None:
         import voxcpm  # noqa: F401
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
-
-
 def check_layout(folder: Path) -> dict[str, Any]:
     """The folder's config.json, after checking it is an official VoxCPM 2 folder."""
     if not folder.is_dir():
@@ -140,7 +129,7 @@ def check_layout(folder: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{folder}: not a VoxCPM 2 checkpoint folder, missing {', '.join(missing)} "
                               "(expected the layout of openbmb/VoxCPM2)")
-    config = _read_json(folder / "config.json")
+    config = read_json_object(folder / "config.json")
     arch = str(config.get("architecture", "voxcpm")).lower()
     if arch != ARCHITECTURE:
         raise CheckpointError(f"{folder / 'config.json'}: architecture is {arch!r}, expected {ARCHITECTURE!r} "
@@ -282,12 +271,20 @@ class VoxCPM2Engine(Engine):
         self.sample_rate = int(self.model.sample_rate)
         self._lock = threading.Lock()  # the package keeps one KV cache per LM: one generate at a time
         self.vae_encoder = self.register(self.model.audio_vae.encoder, "vae_encoder")
-        self.generator = self.register(GeneratorModules(self.model), "generator", kind="sequence")
-        self.generator.mark(self.model.feat_decoder, "hot")  # 9 runs per patch (see the docstring)
+        self.register_generate()
         self.vae_decoder = self.register(self.model.audio_vae.decoder, "vae_decoder")
 
+    def register_generate(self) -> None:
+        """The generate phase's component: one `sequence` handle, the local DiT hot (9 runs per
+        patch; see the module docstring). `bench/voxcpm2.py` measures other layouts."""
+        self.generator = self.register(GeneratorModules(self.model), "generator", kind="sequence")
+        self.generator.mark(self.model.feat_decoder, "hot")
+
+    def generate_handles(self) -> list[Any]:
+        return [self.generator]
+
     def handles(self) -> list[Any]:
-        return [self.vae_encoder, self.generator, self.vae_decoder]
+        return [self.vae_encoder, *self.generate_handles(), self.vae_decoder]
 
     # ---- voice prompt ----------------------------------------------------------------------
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
@@ -403,7 +400,7 @@ class VoxCPM2Engine(Engine):
         model = self.model
 
         def run() -> tuple[torch.Tensor, int]:
-            with self._lock, self._seeded(sampling.seed), self._kv_caches(plan), \
+            with self._lock, self.seeded(sampling.seed), self._kv_caches(plan), \
                     self._progress(ctx, plan.patches), self._deferred_decode() as latents:
                 try:
                     _wav, _tokens, generated = model.generate_with_prompt_cache(
@@ -416,7 +413,7 @@ class VoxCPM2Engine(Engine):
             latent = latents[-1]
             return latent.cpu(), latent.shape[-1] // model.patch_size - int(generated.shape[0])
 
-        latent, context = ctx.run("generate", [self.generator], run, sum(parts.values()))
+        latent, context = ctx.run("generate", self.generate_handles(), run, sum(parts.values()))
         ctx.progress(plan.patches, plan.patches)
         return Codes(latent, self.id, {"context_patches": context})
 
@@ -432,16 +429,6 @@ class VoxCPM2Engine(Engine):
         finally:
             for lm in lms:
                 lm.kv_cache = None
-
-    @contextlib.contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        """The package samples from the global RNG (CPU, or the CUDA device's): seed it for this
-        phase only, so retries and placements replay the same draws (M40, M57)."""
-        on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
-            torch.manual_seed(seed)
-            yield
 
     @contextlib.contextmanager
     def _deferred_decode(self) -> Iterator[list[torch.Tensor]]:

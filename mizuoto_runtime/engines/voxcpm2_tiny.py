@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .tiny import fan_in_std, scale_output, word_merges, write_json
+
 log = logging.getLogger(__name__)
 
 LM_HIDDEN = 256  # real: 2048
@@ -64,14 +66,7 @@ def _vocabulary() -> tuple[dict[str, int], list[str]]:
         vocab[f"<0x{b:02X}>"] = len(vocab)
     for ch in ["▁"] + [chr(c) for c in range(33, 127)] + list(HAN):
         vocab.setdefault(ch, len(vocab))
-    merges: list[str] = []
-    for word in WORDS:
-        current = word[0]
-        for ch in word[1:]:
-            merges.append(f"{current} {ch}")
-            current += ch
-            vocab.setdefault(current, len(vocab))
-    return vocab, merges
+    return vocab, word_merges(WORDS, vocab)
 
 
 def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict[str, Any]:
@@ -134,11 +129,6 @@ def model_config(vocab_size: int, dtype: str) -> dict[str, Any]:
 
 
 # ---- weights -------------------------------------------------------------------------------
-def _fan_in_std(p: torch.Tensor) -> float:
-    fan_in = p[0].numel() if p.dim() >= 2 else p.shape[0]
-    return 1.0 / max(fan_in, 1) ** 0.5
-
-
 @torch.no_grad()
 def randomize(model: nn.Module, gen: torch.Generator) -> None:
     """Seeded weights of a plausible scale; weight-norm magnitudes equal the directions' norms."""
@@ -154,7 +144,7 @@ def randomize(model: nn.Module, gen: torch.Generator) -> None:
         elif "embed" in name or name.endswith("special_token"):
             p.copy_(torch.randn(p.shape, generator=gen))
         else:
-            p.copy_(_fan_in_std(p) * torch.randn(p.shape, generator=gen))
+            p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=gen))
     for module in model.modules():
         v = getattr(module, "weight_v", None)
         if isinstance(v, nn.Parameter):
@@ -167,24 +157,14 @@ def randomize(model: nn.Module, gen: torch.Generator) -> None:
     model.stop_head.weight[1].fill_(-1.0)
 
 
-@torch.no_grad()
 def _calibrate_output(vae: nn.Module, gen: torch.Generator) -> None:
     """Scale the last decoder conv so random latents give std ~0.1 (the decoder ends in tanh)."""
     last = [m for m in vae.decoder.modules() if isinstance(m, nn.Conv1d)][-1]
-    seen: dict[str, torch.Tensor] = {}
-    hook = last.register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
-    vae.decode(torch.randn(1, vae.latent_dim, 8, generator=gen))
-    hook.remove()
-    scale = 0.1 / float(seen["out"].std())
-    last.weight_g.mul_(scale)
-    last.bias.mul_(scale)
+    latents = torch.randn(1, vae.latent_dim, 8, generator=gen)
+    scale_output(last, lambda: vae.decode(latents), (last.weight_g, last.bias))
 
 
 # ---- files ---------------------------------------------------------------------------------
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     by_name = {v: k for k, v in DTYPE_NAMES.items()}
     value = by_name.get(dtype) if isinstance(dtype, str) else dtype
@@ -211,11 +191,11 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | tor
     gen = torch.Generator().manual_seed(seed)
 
     vocab, merges = _vocabulary()
-    _write_json(out / "tokenizer.json", _tokenizer_json(vocab, merges))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config())
-    _write_json(out / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    write_json(out / "tokenizer.json", _tokenizer_json(vocab, merges))
+    write_json(out / "tokenizer_config.json", _tokenizer_config())
+    write_json(out / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
     config = model_config(len(vocab), DTYPE_NAMES[run_dtype])
-    _write_json(out / "config.json", config)
+    write_json(out / "config.json", config)
 
     cfg = VoxCPMConfig.model_validate(config)
     cfg.max_length = 1  # the package preallocates its KV caches at construction; not needed here

@@ -19,7 +19,7 @@ from models import BufferModel, ConvVocoder, TinyDiT, TinyGPT2, TinyLM
 from oom import allocations_during
 from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, Runtime, VramPolicy
 from mizuoto_runtime.audio import Audio
-from mizuoto_runtime.engines import Sampling
+from mizuoto_runtime.engines import Engine, Sampling
 
 PLACEMENTS = ("none", "half", "whole")
 MB = 1 << 20
@@ -99,17 +99,24 @@ def test_model_streams_exactly(name: str, placement: str) -> None:
             assert torch.equal(hosts[key], value), f"buffer {key} was not copied back"
 
 
-def _demo_say(placement: str) -> torch.Tensor:
+def _placed(engine_id: str, placement: str, folder: object = None) -> tuple[Runtime, Engine]:
+    """A runtime for `placement` (plain CPU, or the strict 256 MB device streaming everything,
+    half-way or nothing) and its engine."""
     settings: dict[str, object] = {}
     if placement != "plain":
         settings["compute.simulate_vram_mb"] = 256
         settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
     rt = Runtime(settings)
-    engine = rt.engine("demo")
+    engine = rt.engine(engine_id, folder)  # type: ignore[arg-type]
     if placement == "half":
         # Cap each component half-way between its minimum working set and its size.
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    return rt, engine
+
+
+def _demo_say(placement: str) -> torch.Tensor:
+    rt, engine = _placed("demo", placement)
     reference = Audio(torch.sin(torch.arange(8000) / 7.0).unsqueeze(0) * 0.3, 16000)
     audio, meta = rt.say(engine, "streaming is exact", reference=reference, sampling=Sampling(seed=11))
     if placement == "none":
@@ -181,16 +188,7 @@ _qwen_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _qwen_say(folder: object, mode: str, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    settings: dict[str, object] = {}
-    if placement != "plain":
-        settings["compute.simulate_vram_mb"] = 256
-        settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
-    rt = Runtime(settings)
-    engine = rt.engine("qwen3tts", folder)  # type: ignore[arg-type]
-    if placement == "half":
-        # Cap each component half-way between its minimum working set and its size.
-        for h in engine.handles():
-            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    rt, engine = _placed("qwen3tts", placement, folder)
     ctx = rt.request(seed=11)
     voice = engine.voice_prompt(ctx, **QWEN_MODES[mode][1])  # type: ignore[arg-type]
     sampling = Sampling(seed=11, max_new_tokens=4, language="chinese" if mode == "custom_voice" else "english")
@@ -242,15 +240,7 @@ _vox_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _vox_say(folder: object, mode: str, placement: str, seed: int = 11) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    settings: dict[str, object] = {}
-    if placement != "plain":
-        settings["compute.simulate_vram_mb"] = 256
-        settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
-    rt = Runtime(settings)
-    engine = rt.engine("voxcpm2", folder)  # type: ignore[arg-type]
-    if placement == "half":
-        for h in engine.handles():
-            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    rt, engine = _placed("voxcpm2", placement, folder)
     ctx = rt.request(seed=seed)
     voice = engine.voice_prompt(ctx, **VOX_MODES[mode])  # type: ignore[arg-type]
     codes = engine.generate(ctx, VOX_TEXT, voice, Sampling(seed=seed, max_new_tokens=VOX_PATCHES))
