@@ -271,7 +271,8 @@ def print_report(result: dict[str, Any]) -> None:
     for size, runs in result["layouts"].items():
         for name, r in runs.items():
             streamed = r.get("error") or f"{r['streamed_mb_per_patch']} MB"
-            print(f"  {size:>6}  {name:<52}{streamed:>14}  resident {r['resident_mb']:>6} MB"
+            resident = "-" if r["resident_mb"] is None else f"{r['resident_mb']} MB"
+            print(f"  {size:>6}  {name:<52}{streamed:>14}  loaded {resident:>9}"
                   f"  min working set {r['min_working_set_mb']:>6} MB  equal {r['equal']}")
     print("\nWorking-memory estimates vs measured CPU peaks:")
     for case, phases in result["estimates"].items():

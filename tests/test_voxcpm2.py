@@ -278,14 +278,26 @@ def test_loading_errors_name_what_is_wrong(voxcpm2_checkpoint: Checkpoint, tmp_p
     assert rt.manager.handles == []  # nothing half-registered
 
 
-def test_bf16_load_converts_in_place(voxcpm2_checkpoint: Checkpoint) -> None:
+def test_bf16_load_converts_in_place(voxcpm2_checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     """M27: everything but the VAE loads straight into bf16 (built on meta, each tensor converted
-    as it is copied in) and equals both the package's `from_local` and float32-then-convert,
-    rotary tables included; the VAE stays float32; the bf16 engine speaks."""
+    as it is copied in: no float32 copy ever exists) and equals both the package's `from_local`
+    and float32-then-convert, rotary tables included; the VAE stays float32; the bf16 engine speaks."""
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
+    from mizuoto_runtime.engines import voxcpm2
+
+    filled: list[set[tuple[torch.dtype, str]]] = []
+
+    def spy(module: torch.nn.Module, *args: object, **kwargs: object) -> torch.nn.Module:
+        filled.append({(p.dtype, p.device.type) for p in module.parameters()})
+        return load_safetensors(module, *args, **kwargs)
+
+    load_safetensors = voxcpm2.load_safetensors
+    monkeypatch.setattr(voxcpm2, "load_safetensors", spy)
     rt = Runtime()
     half = rt.engine("voxcpm2", voxcpm2_checkpoint("bfloat16"), "bfloat16")
+    assert filled == [{(torch.bfloat16, "meta")}]  # model.safetensors went into bf16 meta parameters
+    monkeypatch.undo()
     full = rt.engine("voxcpm2", voxcpm2_checkpoint("float32"), "float32")
     upstream = VoxCPM2Model.from_local(str(voxcpm2_checkpoint("bfloat16")), optimize=False, device="cpu")
     ours, theirs = half.model.state_dict(), upstream.state_dict()
