@@ -14,10 +14,15 @@ Components and phases (M1), each a handle registered with the manager:
   head between them. The local DiT is marked `hot`: when the generator does not fit, it stays
   resident and LM layers stream, since each DiT byte streamed would cross the link 9 times per
   patch and each LM or encoder byte once. The local encoder is not hot: its bytes are used once
-  per patch, like an LM layer's, so keeping it cuts nothing. One handle rather than four:
-  with the encoder and the DiT as handles of their own, the manager fills the smaller
+  per patch, like an LM layer's, so keeping it cuts nothing. One handle rather than four: with
+  the encoder and the DiT as `oneshot` handles of their own, the manager fills the smaller
   components first (M33) — the encoder before the DiT, whose layers are alike in size — and
-  every handle reserves its own copy room. `bench/voxcpm2.py` measures both layouts.
+  every handle reserves its own copy room (a `oneshot` one, `async_offload` + 1 copies).
+  Measured by `bench/voxcpm2.py` on the tiny checkpoint: on a 14 MB simulated device this
+  layout streams 18.2 MB per patch, the same handle without the hot mark (in the package's
+  module order, DiT last) 45.2 MB; with four handles the phase's minimum working sets add up to
+  18.8 MB (9.2 MB here), so below 22 MB it runs out of memory, and at 22 MB it streams 12.9 MB
+  per patch against 10.5 MB.
 * ``decoder`` — ``vae_decoder``, the audio VAE's decoder (`oneshot`), once per request. Its
   fallback after OOM (M42, M43) is `tiled_1d`, named in the output.
 
@@ -31,7 +36,9 @@ the current one, so the size is invisible to the result: on the CPU the audio is
 the package's 8192-position run (tested; the 64-position rounding keeps every live position in
 the kernels' vectorized lanes, which a smaller, unrounded size was measured not to). Not yet
 verified on a GPU, whose kernels may sum rows of another length in another order.
-`meta.memory.phases.generate` shows the positions and bytes reserved.
+`meta.memory.phases.generate` shows the positions and bytes reserved. For the real model (two KV
+heads of 128 in bf16, 28 + 8 layers: 36 KB a position) that is 288 MB at 8192 positions and
+9 MB for a 30-token sentence (prompt 31 + at most 190 patches, 256 positions).
 
 Exactness (M40, M57). The package samples its flow noise from torch's global RNG: the generate
 phase seeds it inside a `fork_rng`, so a retried phase and every placement draw the same
