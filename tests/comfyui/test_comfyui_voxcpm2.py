@@ -10,13 +10,12 @@ The checkpoint is written into the server's temporary base folder before the ser
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import COMFYUI_PYTHON, REPO, ComfyServer, comfyui_env, requires_comfyui, running_server, ui_to_api
+from comfyui_harness import REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server, ui_to_api
 from test_comfyui_qwen3tts import flac_stream_info, messages
 
 pytestmark = requires_comfyui
@@ -28,27 +27,13 @@ SAMPLES_PER_PATCH = 4 * 1920
 PATCHES = 4  # the tiny model never stops early: max_new_tokens N gives N patches
 SIMULATED_MB = 24  # the generator (26 MB) does not fit: it streams
 RUN_TIMEOUT_S = 300.0
-WRITE_TIMEOUT_S = 300
-NO_VOXCPM = 3  # the writer's exit status when voxcpm cannot be imported
-WRITER = f"""
-import sys
-try:
-    import voxcpm  # noqa: F401
-except ImportError as exc:
-    print(f"voxcpm is not importable under {{sys.executable}}: {{exc}}", file=sys.stderr)
-    sys.exit({NO_VOXCPM})
-from mizuoto_runtime.engines.voxcpm2_tiny import write_tiny_checkpoint
-write_tiny_checkpoint(sys.argv[1])
-"""
+WRITER = "import sys; from mizuoto_runtime.engines.voxcpm2_tiny import write_tiny_checkpoint; " \
+         "write_tiny_checkpoint(sys.argv[1])"
 
 
 def write_tiny(folder: Path) -> None:
     """The tiny checkpoint, written by ComfyUI's Python (the one with `voxcpm`)."""
-    done = subprocess.run([COMFYUI_PYTHON, "-c", WRITER, str(folder)], cwd=REPO, env=comfyui_env(),
-                          capture_output=True, text=True, timeout=WRITE_TIMEOUT_S)
-    if done.returncode == NO_VOXCPM:
-        pytest.skip(done.stderr.strip().splitlines()[-1])
-    assert done.returncode == 0, f"writing the tiny checkpoint failed:\n{done.stderr[-4000:]}"
+    run_with_comfyui_python(WRITER, str(folder), needs="voxcpm")
 
 
 @pytest.fixture(scope="module")
