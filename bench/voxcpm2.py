@@ -269,7 +269,8 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"\nVoxCPM 2 row ({row['device']}; per patch, marginal over {LONG - SHORT} patches):")
     print(f"{'placement':<12}{'s/patch':>10}{'vs resident':>13}{'streamed MB':>13}  equal")
     for name, r in row["runs"].items():
-        print(f"{name:<12}{r['s_per_patch']:>10.4f}{r['vs_resident']:>13}{r['streamed_mb_per_patch']:>13}  {r['equal']}")
+        print(f"{name:<12}{r['s_per_patch']:>10.4f}{r['vs_resident']:>13}{r['streamed_mb_per_patch']:>13}"
+              f"  {r['equal']}")
     print(f"GPU: {row['gpu'] if isinstance(row['gpu'], str) else json.dumps(row['gpu'])}")
     print("\nLayouts of the generate phase (streamed MB per patch at one device size):")
     for size, runs in result["layouts"].items():

@@ -231,6 +231,21 @@ def test_weight_norm_leaves_no_weights_behind(voxcpm2_checkpoint: Checkpoint) ->
     assert all(m.weight.is_meta for m in normed)
 
 
+def test_a_weight_normed_unit_is_refused() -> None:
+    """Weight norm's pre-hook runs before a streamed unit's own: a unit that is a normed layer
+    itself would compute its weight before it is there, so the engine refuses such a layout."""
+    import warnings
+
+    from mizuoto_runtime.engines.voxcpm2 import _check_weight_norm_units
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        convs = torch.nn.Sequential(*(torch.nn.utils.weight_norm(torch.nn.Conv1d(512, 512, 3)) for _ in range(2)))
+    with pytest.raises(MizuotoError, match="vae_decoder: units 0, 1 are weight-normed layers"):
+        _check_weight_norm_units(convs, "vae_decoder")
+    _check_weight_norm_units(torch.nn.Sequential(torch.nn.Sequential(convs[0]), torch.nn.Sequential(convs[1])), "ok")
+
+
 # ---- loading (M27) ---------------------------------------------------------------------------
 def _copy(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
     dest.mkdir(parents=True)

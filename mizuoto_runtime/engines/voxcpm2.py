@@ -51,7 +51,9 @@ Weight norm. The VAE uses the legacy `torch.nn.utils.weight_norm`, whose pre-hoo
 ``weight`` from ``weight_g``/``weight_v`` before each forward and leaves it on the module:
 after a phase every conv would keep a device copy of its weights, invisible to the runtime.
 A forward hook of ours drops it after each forward (the next forward computes it again, so
-nothing else changes).
+nothing else changes). Weight norm's pre-hook runs before a streamed unit's own, so a unit may
+not be a normed layer itself (its weights would not be there yet); in VoxCPM 2 the units are
+whole blocks, and the engine checks it at load.
 
 Loading (M27). The official folder layout (``config.json``, ``model.safetensors``,
 ``audiovae.pth`` or ``audiovae.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``),
@@ -85,6 +87,7 @@ from ..lm.cache import peak_bytes
 from ..loading import load_safetensors, parameters_on_meta
 from ..phases import RequestContext
 from ..tiling import tiled_1d
+from ..units import plan_units
 from .base import Codes, Engine, Sampling, Voice, read_json_object
 
 log = logging.getLogger(__name__)
@@ -191,7 +194,8 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     try:
         tokenizer = LlamaTokenizerFast.from_pretrained(str(folder))
     except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{folder / 'tokenizer.json'}: cannot be loaded as the model's tokenizer ({exc})") from exc
+        raise CheckpointError(f"{folder / 'tokenizer.json'}: cannot be loaded as the model's tokenizer "
+                              f"({exc})") from exc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.nn.utils.weight_norm is deprecated
         # Float32, as it runs, and built for real: weight norm's set-up is slow on meta tensors
@@ -212,14 +216,18 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     return model
 
 
-def _release_weight_norm(root: nn.Module) -> int:
-    """After each forward, drop the weight that legacy weight norm computed for it (see the
-    module docstring). Returns how many modules it hooked."""
+def _weight_norm_names(module: nn.Module) -> list[str]:
+    """The weights legacy weight norm computes for `module` before each forward."""
     from torch.nn.utils.weight_norm import WeightNorm
 
-    hooked = 0
+    return [h.name for h in module._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+
+
+def _release_weight_norm(root: nn.Module) -> None:
+    """After each forward, drop the weight that legacy weight norm computed for it (see the
+    module docstring)."""
     for module in root.modules():
-        names = [h.name for h in module._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+        names = _weight_norm_names(module)
         if not names:
             continue
 
@@ -229,8 +237,17 @@ def _release_weight_norm(root: nn.Module) -> int:
                 setattr(mod, name, torch.empty(computed.shape, dtype=computed.dtype, device="meta"))
 
         module.register_forward_hook(drop)
-        hooked += 1
-    return hooked
+
+
+def _check_weight_norm_units(module: nn.Module, name: str) -> None:
+    """A streamed unit's weights arrive in its forward pre-hook, which runs after the hooks
+    registered before it: weight norm's, registered at construction, would compute from weights
+    not yet there. So no unit may be a weight-normed layer itself (in VoxCPM 2 the units are
+    whole blocks, the normed convs inside them)."""
+    bad = [u.name for u in plan_units(module).units if _weight_norm_names(u.module)]
+    if bad:
+        raise MizuotoError(f"voxcpm2 {name}: units {', '.join(bad)} are weight-normed layers themselves; "
+                           "their weights could not be streamed in before weight norm reads them")
 
 
 class GeneratorModules(nn.Module):
@@ -275,6 +292,8 @@ class VoxCPM2Engine(Engine):
             raise MizuotoError("voxcpm2 needs a checkpoint folder (the layout of openbmb/VoxCPM2)")
         self.model = load_model(self.model_dir, dtype, self.device)
         _release_weight_norm(self.model.audio_vae)
+        _check_weight_norm_units(self.model.audio_vae.encoder, "vae_encoder")
+        _check_weight_norm_units(self.model.audio_vae.decoder, "vae_decoder")
         self.sample_rate = int(self.model.sample_rate)
         self._lock = threading.Lock()  # the package keeps one KV cache per LM: one generate at a time
         self.vae_encoder = self.register(self.model.audio_vae.encoder, "vae_encoder")
@@ -353,7 +372,8 @@ class VoxCPM2Engine(Engine):
         continuation transcript before it), the audio-start token, the reference patches with
         their two marks, and the continuation patches; the loop stops at the package's cap."""
         mode = prompt.get("mode") if prompt else None
-        text = (prompt or {}).get("prompt_text", "") + target if mode in ("continuation", "ref_continuation") else target
+        continued = mode in ("continuation", "ref_continuation")
+        text = (prompt or {}).get("prompt_text", "") + target if continued else target
         positions = self._tokens(text) + PROMPT_OVERHEAD
         for key in ("ref_audio_feat", "audio_feat"):
             if prompt and key in prompt:
