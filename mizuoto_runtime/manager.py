@@ -161,10 +161,10 @@ class ModelManager:
     def _factor(self, handles: Sequence[ModelHandle], phase: str) -> float:
         return self.calibration.factor(self.phase_key(handles, phase))
 
-    @staticmethod
-    def phase_key(handles: Sequence[ModelHandle], phase: str) -> str:
-        """M47's key: engine and phase (`qwen3tts:talker`)."""
-        return f"{handles[0].engine}:{phase}" if handles else phase
+    def phase_key(self, handles: Sequence[ModelHandle], phase: str) -> str:
+        """M47's key: engine and component (`qwen3tts:codec_encoder`), not the phase's name — two
+        components may run in phases of one name (Qwen3-TTS's two "voice prompt" encoders)."""
+        return "+".join(sorted({self.key(h) for h in handles})) or phase
 
     def calibrate(self, handles: Sequence[ModelHandle], phase: str, estimate: int, measured: int) -> None:
         """M47: remember how far a phase's working memory went above its estimate."""

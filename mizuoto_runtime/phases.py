@@ -47,6 +47,11 @@ class _RngState:
             g.set_state(s)
 
 
+def _held_copies(handles: Sequence[ModelHandle]) -> int:
+    """Device bytes the streamer holds for `handles` (live copies and copy buffers kept for reuse)."""
+    return sum(h.streamer.cached_bytes(h) for h in dict.fromkeys(handles))
+
+
 class RequestContext:
     """One request: its phases, its generator, and its `meta` (memory report, what was applied)."""
 
@@ -99,7 +104,7 @@ class RequestContext:
             yield placements
             if meter is not None:
                 copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
-                self.manager.calibrate(handles, name, memory, meter.working_bytes(copies))
+                self.manager.calibrate(handles, name, memory, meter.working_bytes(copies, _held_copies(handles)))
         finally:
             self.manager.release(handles)
 
@@ -109,7 +114,7 @@ class RequestContext:
         device = handles[0].device
         meter = PhaseMeter.for_device(device, self.manager.devices.is_simulated(device))
         if meter is not None:
-            meter.placed_now()
+            meter.placed_now(_held_copies(handles))
         return meter
 
     def run(self, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int = 0,
