@@ -5,11 +5,17 @@ An engine owns components (registered `ModelHandle`s) and runs a TTS request in 
 `decode` (codes → audio), each wrapping its work in ``ctx.run`` / ``ctx.use`` with its own
 working-memory estimate (M45). Unphased engines (`PHASED = False`, e.g. the dummy engine)
 get all their handles for the whole call, with `memory_required(text)` (M4, M48).
+
+Every request is checked before any work (`check_request`): `Runtime.say` checks it first, and
+every engine's `generate` checks it on entry (the base class wraps each subclass's own), so the
+CLI, the runtime and every node refuse bad input with the same one-line error.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..audio import Audio
+from ..errors import ArgumentError
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
@@ -42,6 +49,30 @@ class Sampling:
     subtalker_temperature: float | None = None
     subtalker_top_k: int | None = None
     subtalker_top_p: float | None = None
+
+
+    def check(self) -> None:
+        """Values no engine can use are refused, naming the setting."""
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ArgumentError(f"max_new_tokens must be a whole number >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ArgumentError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k!r}")
+        for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 0.0, 1.0),
+                                ("repetition_penalty", 0.0, math.inf)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not low <= value <= high:
+                bounds = f"from {low:g} to {high:g}" if math.isfinite(high) else f">= {low:g}"
+                raise ArgumentError(f"{name} must be a finite number {bounds}, got {value!r}")
+
+
+def check_request(text: object, sampling: Sampling) -> None:
+    """What every request is checked for before any work: text to speak, and usable sampling."""
+    if not isinstance(text, str):
+        raise ArgumentError(f"text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ArgumentError("text is empty: give the words to speak")
+    sampling.check()
 
 
 @dataclasses.dataclass
@@ -81,6 +112,20 @@ class Engine(ABC):
     id: ClassVar[str]
     PHASED: ClassVar[bool] = True
     sample_rate: int = 24000
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each engine's own `generate` checks its request first (nodes call it directly)."""
+        super().__init_subclass__(**kwargs)
+        generate = cls.__dict__.get("generate")
+        if generate is None or getattr(generate, "__isabstractmethod__", False):
+            return
+
+        @functools.wraps(generate)
+        def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
+            check_request(text, sampling)
+            return generate(self, ctx, text, voice, sampling)
+
+        cls.generate = checked  # type: ignore[method-assign]
 
     def __init__(self, manager: ModelManager, model_dir: str | Path | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
