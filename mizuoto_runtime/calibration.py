@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
+from .errors import json_kind
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
@@ -69,7 +71,7 @@ class Calibration:
             return {}
         stored = data.get("ratios")
         if not isinstance(stored, dict):
-            log.warning("ignoring calibration file %s: 'ratios' is %s, not an object", path, type(stored).__name__)
+            log.warning("ignoring calibration file %s: 'ratios' is %s, not an object", path, json_kind(stored))
             return {}
         ratios = {key: r for key, value in stored.items() if (r := _ratio(value)) is not None}
         bad = sorted(set(stored) - set(ratios))

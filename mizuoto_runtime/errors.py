@@ -32,3 +32,14 @@ class CheckpointError(MizuotoError, ValueError):
 
 class CancelledError(MizuotoError):
     """The request was cancelled (interrupt) between streamed copies or while waiting for VRAM."""
+
+
+def json_kind(value: object) -> str:
+    """A parsed JSON value named as JSON names it, for messages ("a list", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)

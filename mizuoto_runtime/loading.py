@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, json_kind
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -92,14 +92,14 @@ class SafetensorsFile:
         except (ValueError, RecursionError) as exc:  # JSON, UTF-8, and int-size faults are all ValueError
             raise self._fault(f"header is not JSON ({exc})") from exc
         if not isinstance(header, dict):
-            raise self._fault(f"header is a JSON {type(header).__name__}, not an object")
+            raise self._fault(f"header is {json_kind(header)}, not a JSON object")
         header.pop("__metadata__", None)  # free-form strings; nothing here reads them
         entries = {name: self._entry(name, info) for name, info in header.items()}
         return entries, 8 + size, self._check_offsets(entries, file_size - 8 - size)
 
     def _entry(self, name: str, info: Any) -> _Entry:
         if not isinstance(info, dict):
-            raise self._fault(f"entry {name!r} is a JSON {type(info).__name__}, not an object")
+            raise self._fault(f"entry {name!r} is {json_kind(info)}, not a JSON object")
         missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
         if missing:
             raise self._fault(f"tensor {name!r} has no {', '.join(missing)}")

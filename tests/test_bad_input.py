@@ -79,7 +79,8 @@ BAD_REQUESTS = [
     ("hello", {"max_new_tokens": 2.5}, "max_new_tokens"),
     ("hello", {"temperature": math.nan}, "temperature must be a finite number >= 0"),
     ("hello", {"top_p": 1.5}, "top_p must be a finite number from 0 to 1"),
-    ("hello", {"top_k": -1}, "top_k"),
+    ("hello", {"top_k": -1}, "top_k must be a whole number >= 0"),
+    ("hello", {"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
 ]
 
 

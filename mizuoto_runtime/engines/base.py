@@ -17,6 +17,7 @@ import functools
 import hashlib
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -53,17 +54,21 @@ class Sampling:
 
     def check(self) -> None:
         """Values no engine can use are refused, naming the setting."""
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ArgumentError(f"max_new_tokens must be a whole number >= 1, got {self.max_new_tokens!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ArgumentError(f"top_k must be a whole number >= 0 (0 = off), got {self.top_k!r}")
-        for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 0.0, 1.0),
-                                ("repetition_penalty", 0.0, math.inf)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not low <= value <= high:
-                bounds = f"from {low:g} to {high:g}" if math.isfinite(high) else f">= {low:g}"
-                raise ArgumentError(f"{name} must be a finite number {bounds}, got {value!r}")
+        _whole("max_new_tokens", self.max_new_tokens, 1)
+        _whole("top_k", self.top_k, 0)
+        _finite("temperature", self.temperature, "a finite number >= 0", lambda v: v >= 0)
+        _finite("top_p", self.top_p, "a finite number from 0 to 1", lambda v: 0 <= v <= 1)
+        _finite("repetition_penalty", self.repetition_penalty, "a finite number > 0", lambda v: v > 0)
+
+
+def _whole(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ArgumentError(f"{name} must be a whole number >= {least}, got {value!r}")
+
+
+def _finite(name: str, value: object, what: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ArgumentError(f"{name} must be {what}, got {value!r}")
 
 
 def check_request(text: object, sampling: Sampling) -> None:
@@ -121,9 +126,10 @@ class Engine(ABC):
             return
 
         @functools.wraps(generate)
-        def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
+        def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
+                    *args: Any, **kwargs: Any) -> Codes:
             check_request(text, sampling)
-            return generate(self, ctx, text, voice, sampling)
+            return generate(self, ctx, text, voice, sampling, *args, **kwargs)
 
         cls.generate = checked  # type: ignore[method-assign]
 
