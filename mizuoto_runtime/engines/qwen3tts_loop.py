@@ -311,7 +311,8 @@ class LeanLoop:
             self.report.cuda_graphs = "off: the upstream loop runs"
             with forward_ticks(self.talker, self.on_step):
                 return dispatch.upstream(**kwargs)
-        return self._run(samplers, **kwargs)
+        with torch.inference_mode():
+            return self._run(samplers, **kwargs)
 
     def _samplers(self, kw: dict[str, Any]) -> tuple[Sampler, Sampler, int | None]:
         talker, cp = self.talker, self.talker.code_predictor

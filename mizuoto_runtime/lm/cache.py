@@ -58,7 +58,7 @@ class BufferCache:
     grow doubles until the new positions fit, copies what it held and frees the old one.
     """
 
-    def __init__(self, min_capacity: int = 16) -> None:
+    def __init__(self, min_capacity: int = 1) -> None:
         if min_capacity < 1:
             raise ValueError(f"BufferCache: min_capacity must be >= 1, got {min_capacity}")
         self.min_capacity = min_capacity
