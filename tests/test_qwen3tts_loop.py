@@ -239,3 +239,25 @@ def test_sampler_draws_what_generate_draws() -> None:
         assert torch.equal(torch.get_rng_state(), state)
         history = torch.cat([history, got], dim=1)
     assert len(set(history[0].tolist())) > 5
+
+
+def test_the_estimate_follows_the_loop_and_the_kv_cache(qwen3tts_checkpoint: Checkpoint) -> None:
+    """M46: the lean loop keeps one hidden state per step, not every layer's; the static cache
+    is estimated as the `BufferCache` it allocates (`peak_bytes(kind="static")`)."""
+    from mizuoto_runtime.lm.cache import peak_bytes
+
+    rt = Runtime({"compute.kv_cache": "static"})
+    engine = rt.engine("qwen3tts", qwen3tts_checkpoint("custom_voice"))
+    tc = engine.tts.model.config.talker_config
+    cp = tc.code_predictor_config
+    prompt, frames = 30, 100
+    lean = engine.generation_memory(prompt, frames, loop="lean", kv_cache="dynamic")
+    upstream = engine.generation_memory(prompt, frames, loop="upstream", kv_cache="dynamic")
+    assert upstream - lean == tc.num_hidden_layers * (prompt + frames) * tc.hidden_size * 4
+    static = engine.generation_memory(prompt, frames)  # the engine's loop (lean) and the policy's cache
+    expected = sum(peak_bytes(2 * 4 * c.head_dim * c.num_key_value_heads, c.num_hidden_layers, n, "static")
+                   - peak_bytes(2 * 4 * c.head_dim * c.num_key_value_heads, c.num_hidden_layers, n, "dynamic")
+                   for c, n in ((tc, prompt + frames), (cp, tc.num_code_groups)))  # keys + values, float32
+    assert static - lean == expected
+    engine.tts.model.talker.generation_config.no_repeat_ngram_size = 3  # the lean loop would hand over
+    assert engine.generation_memory(prompt, frames) == engine.generation_memory(prompt, frames, loop="upstream")

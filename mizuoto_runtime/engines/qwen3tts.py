@@ -369,16 +369,20 @@ class Qwen3TTSEngine(Engine):
         """M46: 16 frames per text token, capped by max_new_tokens (N new tokens give N-1 frames)."""
         return max(1, min(FRAMES_PER_TEXT_TOKEN * text_tokens, sampling.max_new_tokens - 1))
 
-    def generation_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str = "dynamic",
-                          loop: str = "upstream") -> int:
+    def generation_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str | None = None,
+                          loop: str | None = None) -> int:
         """M45/M46: the talker phase's working memory, from the request.
 
-        The talker's KV cache (`kv_cache` kind, at the KV width and precision it computes in),
+        `loop` and `kv_cache`: the talker loop that will run and ``compute.kv_cache`` (None:
+        what the engine and the policy say now). The talker's KV cache (the static
+        `BufferCache` only under the lean loop, at the KV width and precision it computes in),
         the hidden states kept per step (the upstream loop's `generate` keeps every layer's, to
         read the codes back; the lean loop only the last), the code predictor's per-frame cache
         (16 positions), and the prefill's activations (MLP, attention scores, logits over the
         codec vocabulary).
         """
+        loop = loop or self._loop_that_runs()
+        kv_cache = kv_cache or self.manager.policy.kv_cache
         tc = self.tts.model.config.talker_config
         cp = tc.code_predictor_config
         elem = _element(self.dtype)
@@ -406,7 +410,7 @@ class Qwen3TTSEngine(Engine):
         kv_cache = self.manager.policy.kv_cache
         text_tokens = max(1, inputs["input_ids"][0].shape[-1] - 8)  # minus the chat template's 8 tokens
         memory = self.generation_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling),
-                                        kv_cache=kv_cache, loop=self.talker_loop)
+                                        kv_cache=kv_cache)
         total = int(settings["max_new_tokens"])
         model = self.tts.model
         reports: list[qwen3tts_loop.LoopReport] = []
@@ -424,6 +428,13 @@ class Qwen3TTSEngine(Engine):
         ctx.progress(total, total)
         self._applied(ctx, reports[-1] if reports else None)
         return Codes(tokens, self.id, {"ref_code": voice.data.get("ref_code")})
+
+    def _loop_that_runs(self) -> str:
+        """"lean", unless asked for the package's loop or the talker needs it (a setting the
+        lean loop does not reproduce)."""
+        if self.talker_loop == "upstream" or qwen3tts_loop.unsupported(self.tts.model.talker) is not None:
+            return "upstream"
+        return "lean"
 
     @contextlib.contextmanager
     def _loop(self, kv_cache: str, tick: Any, reports: list[qwen3tts_loop.LoopReport]) -> Iterator[None]:

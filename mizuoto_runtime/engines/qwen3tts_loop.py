@@ -149,6 +149,28 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
     return torch.argmax(probs / q, dim=-1, keepdim=True)
 
 
+def unsupported(talker: nn.Module) -> str | None:
+    """Why the lean loop cannot reproduce this talker's ``generate`` exactly, or None: checked
+    from the modules alone, before a request (its estimate depends on the loop that runs)."""
+    cp = talker.code_predictor
+    for name, cfg in (("talker", talker.config), ("code predictor", cp.config)):
+        if cfg._attn_implementation != ATTENTION:
+            return f"the {name}'s attention is {cfg._attn_implementation!r}, not {ATTENTION!r}"
+    if getattr(cp.model.rotary_emb, "rope_type", "default") != "default":
+        return "the code predictor's rotary embedding is not the default one"
+    from transformers import GenerationConfig
+
+    defaults = GenerationConfig()
+    for name, module in (("talker", talker), ("code predictor", cp)):
+        config = module.generation_config
+        changed = [f for f in UNSUPPORTED_GENERATION if getattr(config, f, None) != getattr(defaults, f, None)]
+        if changed:
+            return f"the {name}'s generation config sets {', '.join(changed)}"
+    if cp.generation_config.eos_token_id is not None:
+        return "the code predictor's generation config has an end token"
+    return None
+
+
 # ---- the per-thread switch on the talker -----------------------------------------------------
 class _Dispatch:
     """Installed as ``talker.generate``: the lean loop for a thread that asked for it, else the
@@ -277,27 +299,13 @@ class LeanLoop:
 
     # -- checks ---------------------------------------------------------------------------
     def _check(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-        talker, cp = self.talker, self.talker.code_predictor
         if inputs_embeds.shape[0] != 1:
             raise Unsupported(f"a batch of {inputs_embeds.shape[0]} prompts")
         if attention_mask is not None and not bool(attention_mask.all()):
             raise Unsupported("a padded prompt")
-        for name, cfg in (("talker", talker.config), ("code predictor", cp.config)):
-            if cfg._attn_implementation != ATTENTION:
-                raise Unsupported(f"the {name}'s attention is {cfg._attn_implementation!r}, not {ATTENTION!r}")
-        if getattr(cp.model.rotary_emb, "rope_type", "default") != "default":
-            raise Unsupported("the code predictor's rotary embedding is not the default one")
-        from transformers import GenerationConfig
-
-        defaults = GenerationConfig()
-        for name, module in (("talker", talker), ("code predictor", cp)):
-            config = module.generation_config
-            changed = [f for f in UNSUPPORTED_GENERATION
-                       if getattr(config, f, None) != getattr(defaults, f, None)]
-            if changed:
-                raise Unsupported(f"the {name}'s generation config sets {', '.join(changed)}")
-        if cp.generation_config.eos_token_id is not None:
-            raise Unsupported("the code predictor's generation config has an end token")
+        reason = unsupported(self.talker)
+        if reason is not None:
+            raise Unsupported(reason)
 
     # -- the call -------------------------------------------------------------------------
     def generate(self, dispatch: _Dispatch, **kwargs: Any) -> Any:
