@@ -378,7 +378,7 @@ class LeanLoop:
         captured = self._capture(predictor, past_hidden, token)
         if captured is not None:
             step_fn = captured
-        self.report.cuda_graphs = "on: the code predictor's steps" if captured is not None else self.report.cuda_graphs
+            self.report.cuda_graphs = "on: the code predictor's steps"
 
         position = torch.full((3, 1, 1), float(prompt), device=device)
         if rope_deltas is not None:
