@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: results compare across runs)")
     ap.add_argument("--only", choices=("qwen3tts", "lm"), default=None)
+    ap.add_argument("--lm-steps", type=int, default=64, help="tokens the generic LM generates")
+    ap.add_argument("--lm-dim", type=int, default=512)
+    ap.add_argument("--lm-layers", type=int, default=8)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "token_loop.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def lm() -> None:
         nonlocal ok
-        result["generic_lm"] = r = bench_lm(args.repeat)
+        result["generic_lm"] = r = bench_lm(args.repeat, args.lm_steps, args.lm_dim, args.lm_layers)
         ok &= r["equal"]
         print(f"\ngeneric LM ({r['model']}): plain {r['plain_ms_per_token']} ms/token, streamed "
               f"{r['streamed_ms_per_token']} ms/token = {r['vs_plain']}x plain (target <= 1.3x); "
