@@ -430,8 +430,8 @@ class Qwen3TTSEngine(Engine):
         return Codes(tokens, self.id, {"ref_code": voice.data.get("ref_code")})
 
     def _loop_that_runs(self) -> str:
-        """"lean", unless asked for the package's loop or the talker needs it (a setting the
-        lean loop does not reproduce)."""
+        """The talker loop that will run: the lean one, unless the package's is asked for or
+        the talker has a setting the lean loop does not reproduce."""
         if self.talker_loop == "upstream" or qwen3tts_loop.unsupported(self.tts.model.talker) is not None:
             return "upstream"
         return "lean"
