@@ -358,9 +358,7 @@ class VoxCPM2Engine(Engine):
     def target_text(self, text: str, voice: Voice) -> str:
         """The text as the package's `VoxCPM.generate` passes it on (one line, single spaces),
         after the voice's description in parentheses, the package's voice-design syntax."""
-        text = re.sub(r"\s+", " ", text.replace("\n", " "))
-        if not text.strip():
-            raise MizuotoError("voxcpm2: the text is empty")
+        text = re.sub(r"\s+", " ", text.replace("\n", " "))  # not empty: `generate` checked it
         instruct = voice.data.get("instruct")
         return f"({instruct}){text}" if instruct else text
 
