@@ -51,6 +51,24 @@ def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
     return checkpoint
 
 
+@pytest.fixture(scope="session")
+def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Tiny VoxCPM 2 checkpoints in the official layout, each written once per session on first
+    use (`dtype`: float32 or bfloat16). Skips where `voxcpm` is not installed."""
+    pytest.importorskip("voxcpm")
+    from mizuoto_runtime.engines.voxcpm2_tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("voxcpm2")
+    written: dict[str, Path] = {}
+
+    def checkpoint(dtype: str = "float32") -> Path:
+        if dtype not in written:
+            written[dtype] = write_tiny_checkpoint(root / dtype, dtype=dtype)
+        return written[dtype]
+
+    return checkpoint
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op thread for the test. On a shared 2-core machine, torch's pool waiting for

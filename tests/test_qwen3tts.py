@@ -23,6 +23,7 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.report import mb
+from interrupt import interrupt_at
 from oom import allocations_during
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -206,15 +207,7 @@ def test_progress_per_talker_step_and_interrupt(qwen3tts_checkpoint: Checkpoint)
     total = FRAMES + 1
     assert steps == [(i, total) for i in range(total + 1)]
 
-    stop = {"now": False}
-
-    def cancel_check() -> None:
-        if stop["now"]:
-            raise CancelledError("interrupted")
-
-    def progress(done: int, _total: int) -> None:
-        stop["now"] = done >= 1
-
+    cancel_check, progress = interrupt_at(1)
     with pytest.raises(CancelledError):
         rt.say(engine, TEXT, instruct="calm", sampling=SAMPLING, cancel_check=cancel_check, on_progress=progress)
     assert not engine.tts.model.talker._forward_pre_hooks

@@ -11,6 +11,7 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "demo": ("mizuoto_runtime.engines.demo", "DemoEngine", None),
     "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2", "VoxCPM2Engine", "voxcpm2"),
 }
 
 

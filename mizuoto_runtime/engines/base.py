@@ -12,19 +12,21 @@ CLI, the runtime and every node refuse bad input with the same one-line error.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ..audio import Audio
-from ..errors import ArgumentError
+from ..errors import ArgumentError, CheckpointError
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
@@ -111,6 +113,18 @@ def voice_key(reference: Audio | None, transcript: str | None, speaker: str | No
     return h.hexdigest()[:16]
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file (config.json, ...) as a dict; a `CheckpointError` naming the file
+    when it cannot be read or is not a JSON object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
 class Engine(ABC):
     """Base of every engine adapter."""
 
@@ -187,6 +201,17 @@ class Engine(ABC):
                    allow_fallback: bool | None = None) -> Audio:
         codes = self.generate(ctx, text, voice, sampling)
         return self.decode(ctx, codes, allow_fallback)
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """For upstream packages that sample from torch's global RNG (CPU, or the engine's CUDA
+        device's): seed it for one phase only, so retries and placements replay the same draws
+        (M40, M57) and the caller's RNG is left as it was."""
+        on_cpu = self.device.type == "cpu"
+        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
+                                   device_type=None if on_cpu else self.device.type):
+            torch.manual_seed(seed)
+            yield
 
     def unload(self) -> None:
         for h in self.handles():

@@ -43,7 +43,6 @@ CustomVoice and VoiceDesign never encode audio: their codec encoder is not read 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import sys
@@ -53,7 +52,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..audio import Audio
 from ..errors import CheckpointError, MizuotoError
@@ -61,7 +59,7 @@ from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
 from . import qwen3tts_loop
-from .base import Codes, Engine, Sampling, Voice
+from .base import Codes, Engine, Sampling, Voice, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +106,6 @@ def import_upstream() -> None:
         import qwen_tts  # noqa: F401
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
-
-
 def check_layout(folder: Path) -> dict[str, Any]:
     """The folder's config.json, after checking it is an official 12 Hz Qwen3-TTS folder."""
     if not folder.is_dir():
@@ -128,14 +116,14 @@ def check_layout(folder: Path) -> dict[str, Any]:
             f"{folder}: not a Qwen3-TTS checkpoint folder, missing {', '.join(missing)} "
             "(expected the layout of Qwen/Qwen3-TTS-12Hz-*)"
         )
-    config = _read_json(folder / "config.json")
+    config = read_json_object(folder / "config.json")
     if config.get("model_type") != "qwen3_tts":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}, "
                               "expected 'qwen3_tts'")
     if config.get("tokenizer_type") != TOKENIZER_TYPE:
         raise CheckpointError(f"{folder / 'config.json'}: tokenizer_type {config.get('tokenizer_type')!r} is not "
                               f"supported, only {TOKENIZER_TYPE!r}")
-    codec = _read_json(folder / "speech_tokenizer" / "config.json")
+    codec = read_json_object(folder / "speech_tokenizer" / "config.json")
     if codec.get("model_type") != TOKENIZER_TYPE:
         raise CheckpointError(f"{folder / 'speech_tokenizer' / 'config.json'}: model_type is "
                               f"{codec.get('model_type')!r}, expected {TOKENIZER_TYPE!r}")
@@ -185,7 +173,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
     model.load_speech_tokenizer(tokenizer)
-    model.load_generate_config(_read_json(folder / "generation_config.json"))
+    model.load_generate_config(read_json_object(folder / "generation_config.json"))
     tts = Qwen3TTSModel(model=model, processor=processor, generate_defaults=model.generate_config)
     tts.device = device  # cached by the package from the first parameter; ids go there
     return tts
@@ -417,7 +405,7 @@ class Qwen3TTSEngine(Engine):
 
         def talk() -> torch.Tensor:
             tick = self._progress_tick(ctx, total)
-            with self._seeded(sampling.seed), self._loop(kv_cache, tick, reports):
+            with self.seeded(sampling.seed), self._loop(kv_cache, tick, reports):
                 try:
                     codes, _hidden = model.generate(**inputs, **settings)
                 except (ValueError, NotImplementedError) as exc:
@@ -456,16 +444,6 @@ class Qwen3TTSEngine(Engine):
                                cuda_graphs="off: the upstream loop runs")
             return
         ctx.applied.update(talker_loop=report.loop, kv_cache=report.kv_cache, cuda_graphs=report.cuda_graphs)
-
-    @contextlib.contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        """The package samples from the global RNG (CPU, or the CUDA device's): seed it for this
-        phase only, so retries and placements replay the same draws (M40, M57)."""
-        on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
-            torch.manual_seed(seed)
-            yield
 
     @staticmethod
     def _progress_tick(ctx: RequestContext, total: int) -> Any:

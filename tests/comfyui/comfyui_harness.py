@@ -51,6 +51,23 @@ def comfyui_env() -> dict[str, str]:
     return {"HF_HUB_OFFLINE": "1", **os.environ, "COMFYUI_PATH": COMFYUI_PATH, "PYTHONUNBUFFERED": "1"}
 
 
+NOT_IMPORTABLE = 3  # the exit status of `run_with_comfyui_python` when the needed package is missing
+
+
+def run_with_comfyui_python(code: str, *args: str, needs: str, timeout_s: float = 300) -> None:
+    """Run `code` (with `args` as sys.argv[1:]) under ComfyUI's Python, from the repository;
+    skip the calling test, saying why, when the package `needs` cannot be imported there
+    (an engine extra that ComfyUI environment does not have)."""
+    guard = (f"import sys\ntry:\n    import {needs}  # noqa: F401\nexcept ImportError as exc:\n"
+             f"    print(f'{needs} is not importable under {{sys.executable}}: {{exc}}', file=sys.stderr)\n"
+             f"    sys.exit({NOT_IMPORTABLE})\n")
+    done = subprocess.run([COMFYUI_PYTHON, "-c", guard + code, *args], cwd=REPO, env=comfyui_env(),
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode == NOT_IMPORTABLE:
+        pytest.skip(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, f"running under {COMFYUI_PYTHON} failed:\n{done.stderr[-4000:]}"
+
+
 def write_reference_wav(path: Path, seconds: float = 0.5, rate: int = 16000) -> None:
     """A short 16-bit mono tone for LoadAudio → Mizuoto Voice Prompt."""
     samples = [int(8000 * math.sin(2 * math.pi * 220 * i / rate)) for i in range(int(seconds * rate))]
