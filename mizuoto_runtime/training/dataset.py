@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
-from ..audio import Audio, read_wav
+from ..audio import Audio, read_wav, write_wav
 from ..errors import MizuotoError
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
+DEMO_TEXTS = ("hello there", "a second clip")
+DEMO_RATE = 24000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,3 +60,18 @@ def load_audio(path: Path) -> Audio:
     if data.shape[0] == 0:
         raise MizuotoError(f"{path}: the clip has no samples")
     return Audio(torch.from_numpy(data.T.copy()), int(rate))
+
+
+def write_demo_clips(folder: str | Path, texts: tuple[str, ...] = DEMO_TEXTS, seconds: float = 1.0,
+                     seed: int = 1) -> Path:
+    """A tiny training set for tests, benchmarks and demos (no recordings needed): one clip per
+    text, a tone with a little noise, each a different pitch, and its transcript."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.arange(int(seconds * DEMO_RATE))
+    for i, text in enumerate(texts):
+        wav = 0.3 * torch.sin(t / (5.0 + 3 * i)) + 0.05 * torch.randn(t.shape[0], generator=gen)
+        write_wav(folder / f"clip{i}.wav", Audio(wav.unsqueeze(0), DEMO_RATE))
+        (folder / f"clip{i}.txt").write_text(text, encoding="utf-8")
+    return folder

@@ -3,8 +3,10 @@
 Every training method carries a table of measured peaks (`PeakRow`: base model, its size,
 preset, batch size, peak, where and how it was measured). `MethodInfo.memory_mb` estimates a
 run's peak for each preset: the row of the nearest-sized measured model (sizes compared as
-ratios), scaled by size, +10 %, and +512 MB for the CUDA context on CUDA; methods whose peak
-depends on the batch (`batch_scales`) scale by the run's batch size over the measured one.
+ratios) and, of its rows, the one of the nearest batch size, scaled by size, +10 %, and +512 MB
+for the CUDA context on CUDA; methods whose peak depends on the batch (`batch_scales`) scale by
+the run's batch size over the measured one (proportional: an overestimate when a part of the
+peak, the weights, does not grow with the batch).
 Rows measured on the run's kind of device are preferred; until a GPU row exists, CPU rows
 (peak RSS of the training phase) stand in.
 
@@ -60,22 +62,25 @@ class MethodInfo:
                 for preset in PRESET_NAMES}
 
 
-def nearest_row(rows: Sequence[PeakRow], preset: str, params: int, device_type: str) -> PeakRow:
-    """The measured row of `preset` whose model size is nearest (as a ratio) to `params`,
-    among rows of the device's kind when there are any."""
+def nearest_row(rows: Sequence[PeakRow], preset: str, params: int, batch_size: int, device_type: str) -> PeakRow:
+    """The measured row of `preset` whose model size is nearest (as a ratio) to `params`, among
+    rows of the device's kind when there are any; of that model's rows, the nearest batch size."""
     if params <= 0:
         raise MizuotoError(f"a model size must be positive, got {params} parameters")
     of_preset = [r for r in rows if r.preset == preset]
     if not of_preset:
         raise MizuotoError(f"no measured peak for preset {preset!r}")
     same_kind = [r for r in of_preset if r.device_type == device_type] or of_preset
-    return min(same_kind, key=lambda r: (abs(math.log(r.params / params)), r.batch_size))
+    return min(same_kind, key=lambda r: (round(abs(math.log(r.params / params)), 9),
+                                         abs(math.log(r.batch_size / batch_size)), r.batch_size))
 
 
 def estimate_mb(rows: Sequence[PeakRow], preset: str, params: int, batch_size: int, batch_scales: bool,
                 device_type: str) -> float:
     """Nearest row's peak × size ratio (× batch ratio when it scales) × 1.1, + the CUDA context."""
-    row = nearest_row(rows, preset, params, device_type)
+    if batch_size < 1:
+        raise MizuotoError(f"batch_size must be at least 1, got {batch_size}")
+    row = nearest_row(rows, preset, params, batch_size, device_type)
     peak = row.peak_mb * params / row.params
     if batch_scales:
         peak *= batch_size / row.batch_size

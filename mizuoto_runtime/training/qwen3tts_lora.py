@@ -64,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
 }
 INFO = MethodInfo(
     id=METHOD, title="Qwen3-TTS talker LoRA", engine=ENGINE, defaults=DEFAULTS, peaks=QWEN3TTS_LORA_PEAKS,
-    batch_scales=False,
+    batch_scales=True,  # measured: the tiny talker's train peak grows 34 % from batch 1 to 2
 )
 
 
@@ -264,6 +264,8 @@ def train(talker: nn.Module, samples: list[Sample], params: Mapping[str, Any], p
     adapters = add_adapters(talker, _targets(params["targets"]), params["rank"], params["alpha"],
                             trainable_dtype(plan, run_dtype))
     enable_checkpointing(talker, plan)
+    # The code predictor's training forward leaves caching to its config: no KV cache in training.
+    talker.config.use_cache = talker.code_predictor.config.use_cache = False
     talker.train()
     optimizer = make_optimizer(lora_parameters(adapters), plan, params["lr"], params["weight_decay"])
     eos = talker.config.codec_eos_token_id
