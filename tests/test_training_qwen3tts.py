@@ -272,12 +272,28 @@ def job_params(base: Path, data: Path, out: Path, steps: int) -> dict[str, Any]:
     return {"model": str(base), "data": str(data), "output": str(out), "steps": steps, "lr": CLI_LR}
 
 
-def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Path, data: Path,
-                                                                       tmp_path: Path) -> None:
-    rt = Runtime({"compute.simulate_vram_mb": 120})
+class OtherModels:
+    """Another host's accounting on the device (ComfyUI's, M35), recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[torch.device, int, tuple]] = []
+
+    def free_for(self, device: torch.device, nbytes: int, keep: Any) -> int:
+        self.asked.append((device, nbytes, tuple(keep)))
+        return 0
+
+    def on_placed(self, handles: Any) -> None:
+        pass
+
+
+def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Path, data: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)  # the runtime writes it (M54); undone after
+    rt = Runtime({"compute.simulate_vram_mb": 120, "compute.cuda_allocator": "expandable"})
     say(rt, base, data)  # every component placed on the simulated GPU
     placed = {rt.manager.key(h) for h in rt.manager.handles if h.device_bytes}
     assert placed
+    rt.manager.external = others = OtherModels()
     inference: dict[str, Any] = {}
 
     def infer_when_training(event: dict[str, Any]) -> None:
@@ -287,7 +303,7 @@ def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Pat
             inference["thread"].start()
 
     job = TrainingJob(rt, "qwen3tts_lora", job_params(base, data, tmp_path / "job.safetensors", steps=3),
-                      on_event=infer_when_training)
+                      memory="lowest", on_event=infer_when_training)
     result = job.run()
     inference["thread"].join(120)
     log = rt.manager.events
@@ -297,7 +313,29 @@ def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Pat
     assert not [e for e in log[start:end] if e[0] == "place"]  # exclusive: nothing placed meanwhile
     assert inference["asked"] <= end and [e for e in log[end:] if e[0] == "place"]  # asked meanwhile; ran after
     assert "audio" in inference
-    assert result["warnings"] and "needs about" in result["warnings"][0]  # M63 on a 120 MB device
+    total = rt.devices.total_bytes(torch.device("cpu"))
+    assert (torch.device("cpu"), total, ()) in others.asked  # the other host freed the whole device too
+    assert result["warnings"] and "training.memory=lowest needs about" in result["warnings"][0]  # M63, 120 MB
+    # M54, M62: the allocator settings reached the training process through its environment
+    assert result["process"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert result["process"]["THP_MEM_ALLOC_ENABLE"] == "0" and result["process"]["huge_pages"] in (False, None)
+
+
+def test_the_training_environment_follows_the_settings(base: Path, data: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    job = TrainingJob(Runtime({"compute.cuda_allocator": "async", "compute.cpu_allocator": "hugepages",
+                               "compute.simulate_vram_mb": 64}),
+                      "qwen3tts_lora", job_params(base, data, tmp_path / "x.safetensors", steps=1), memory="lowest")
+    env = job.child_env()
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"  # compute.cpu_allocator, set, wins over the preset's choice
+    assert str(REPO) in env["PYTHONPATH"].split(os.pathsep)
+    request = job.child_job()
+    assert request["device"] == "cpu" and "compute.simulate_vram_mb" not in request["settings"]
+    assert request["memory"]["preset"] == "lowest" and request["cpu_allocator"] == "hugepages"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert job.child_env()["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"  # the environment wins (M54)
 
 
 def children() -> list[psutil.Process]:

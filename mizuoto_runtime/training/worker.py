@@ -3,7 +3,8 @@
 It reads one JSON line from stdin — the job: method, parameters, memory plan, device, the
 host's `compute.*` settings, the CPU allocator — and writes events, one JSON object a line, to
 its stdout: ``phase`` (with ``memory/peak_mb``), ``step`` (loss, seconds), ``warning``, then
-``done`` (the result) or ``error`` (``kind`` mizuoto, oom or crash, and the message). Anything
+``done`` (the result, with what the process ran with: its allocator environment and whether
+it could get huge pages) or ``error`` (``kind`` mizuoto, oom or crash, and the message). Anything
 else written to stdout (a package's print) goes to stderr, where logs go. The host keeps stdin
 open while it waits: at end-of-file (the host died) the process exits.
 """
@@ -19,8 +20,9 @@ from typing import IO, Any
 
 import torch
 
+from ..devices import ALLOC_CONF
 from ..errors import MizuotoError
-from .cpu_allocator import apply_in_process
+from .cpu_allocator import THP_ENV, apply_in_process, huge_pages_enabled
 from .memory import MemoryPlan
 from .methods import method_module
 
@@ -70,8 +72,15 @@ def main() -> int:
         traceback.print_exc()
         emit(event="error", kind="crash", message=f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
-    emit(event="done", result=result)
+    emit(event="done", result={**result, "process": _process_report()})
     return 0
+
+
+def _process_report() -> dict[str, Any]:
+    """What the training process ran with (M54, M62): its CUDA allocator configuration and
+    whether the kernel could give it huge pages."""
+    return {ALLOC_CONF: os.environ.get(ALLOC_CONF, ""), THP_ENV: os.environ.get(THP_ENV, ""),
+            "huge_pages": huge_pages_enabled()}
 
 
 if __name__ == "__main__":
