@@ -163,3 +163,17 @@ def test_fit_advice_names_the_largest_batch_when_no_preset_fits() -> None:
     assert advice is not None and "the largest batch that fits is batch_size=5 with training.memory=lowest" in advice
     none = fit_advice(info(False), "low", 10_000_000, 2, 300.0, "cpu")
     assert none is not None and "no preset fits" in none
+
+
+# ---- memory/peak_mb (M63) ---------------------------------------------------------------------
+def test_a_phase_peak_counts_what_the_phase_held() -> None:
+    from mizuoto_runtime.training.meter import PeakMeter, current_rss
+
+    with PeakMeter(torch.device("cpu"), current_rss()) as held:
+        block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MB, touched
+        del block
+    assert 60 <= held.peak_mb < 200
+    if sys.platform.startswith("linux"):  # the peak resets per phase there
+        with PeakMeter(torch.device("cpu"), current_rss()) as idle:
+            pass
+        assert idle.peak_mb < 32

@@ -9,7 +9,6 @@ phase (``/proc/self/clear_refs``); elsewhere the process's lifetime peak is used
 """
 from __future__ import annotations
 
-import resource
 import sys
 
 import psutil
@@ -19,6 +18,8 @@ MB = 1 << 20
 
 
 def _rss_peak_bytes() -> int:
+    """The peak resident set: VmHWM on Linux (not ru_maxrss, which a child inherits from the
+    process that forked it), the peak working set on Windows, ru_maxrss elsewhere."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -26,6 +27,11 @@ def _rss_peak_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    info = psutil.Process().memory_info()
+    if hasattr(info, "peak_wset"):
+        return int(info.peak_wset)
+    import resource  # POSIX only
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
