@@ -174,6 +174,8 @@ def test_bad_training_input_is_one_clear_error(base: Path, data: Path, tmp_path:
         params(qwen3tts_checkpoint("custom_voice"), data, tmp_path / "x.safetensors")
     with pytest.raises(MizuotoError, match="'rank' must be a positive integer"):
         params(base, data, tmp_path / "x.safetensors", rank=0)
+    with pytest.raises(MizuotoError, match="unknown parameter 'learning_rate'; known: activation_offload, alpha, "):
+        params(base, data, tmp_path / "x.safetensors", learning_rate=1e-3)
     with pytest.raises(MizuotoError, match="must be a .safetensors file"):
         params(base, data, tmp_path / "x.bin")
     assert main(["train", "--model", str(base), "--data", str(tmp_path / "none"), "-o", str(tmp_path / "x.safetensors")]) == 2

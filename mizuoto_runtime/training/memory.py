@@ -60,14 +60,14 @@ PRESETS: dict[str, MemoryPlan] = {
     "lowest": MemoryPlan("lowest", gradient_checkpointing=True, activation_offload=True,
                          host_optimizer=True, cpu_allocator="no_hugepages"),
 }
-_TOOLS = ("gradient_checkpointing", "activation_offload", "host_optimizer", "cpu_allocator")
+TOOLS = ("gradient_checkpointing", "activation_offload", "host_optimizer", "cpu_allocator")  # overridable
 
 
 def memory_plan(preset: str, method_params: Mapping[str, Any] | None = None) -> MemoryPlan:
     """The preset `preset`, with every tool the method's own parameters set taken from them."""
     if preset not in PRESETS:
         raise MizuotoError(f"training.memory must be one of {', '.join(PRESET_NAMES)}, got {preset!r}")
-    overrides = {k: v for k, v in (method_params or {}).items() if k in _TOOLS and v is not None}
+    overrides = {k: v for k, v in (method_params or {}).items() if k in TOOLS and v is not None}
     for key, value in overrides.items():
         if key == "cpu_allocator":
             if value not in CPU_ALLOCATORS:

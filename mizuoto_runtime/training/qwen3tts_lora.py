@@ -45,7 +45,7 @@ from ..runtime import DTYPES, Runtime
 from .dataset import Clip, load_audio, read_clips
 from .estimate import MethodInfo
 from .lora import LoraLinear, inject, lora_parameters, save_lora
-from .memory import MemoryPlan, activations, enable_checkpointing, make_optimizer, trainable_dtype
+from .memory import TOOLS, MemoryPlan, activations, enable_checkpointing, make_optimizer, trainable_dtype
 from .meter import PeakMeter, current_rss
 from .peaks import QWEN3TTS_LORA_PEAKS
 
@@ -71,6 +71,10 @@ INFO = MethodInfo(
 # ---- parameters (checked by the host before the job starts) ------------------------------------
 def check(params: Mapping[str, Any]) -> dict[str, Any]:
     """The job's parameters with defaults filled in; one error names a bad one."""
+    known = {*DEFAULTS, *TOOLS, "model", "data", "output"}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise MizuotoError(f"{METHOD}: unknown parameter {unknown[0]!r}; known: {', '.join(sorted(known))}")
     out = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
     for key in ("model", "data", "output"):
         if not out.get(key):
