@@ -1,4 +1,4 @@
-"""`mizuoto say | runtime | doctor | tiny-checkpoint` — the runtime without ComfyUI."""
+"""`mizuoto say | runtime | doctor | tiny-checkpoint | train` — the runtime without ComfyUI."""
 from __future__ import annotations
 
 import argparse
@@ -54,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--seed", type=int, default=0)
     say.add_argument("--max-new-tokens", type=int, default=2048)
     say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
-    for name in ("say", "runtime", "doctor"):
-        target = say if name == "say" else sub.add_parser(name, help=f"{name} report")
+    train = _train_parser(sub)
+    for name in ("say", "runtime", "doctor", "train"):
+        target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                             help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
@@ -66,6 +67,57 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
     return p
+
+
+def _train_parser(sub: Any) -> argparse.ArgumentParser:
+    from .training.memory import PRESET_NAMES
+    from .training.methods import METHODS
+
+    train = sub.add_parser("train", help="fine-tune a model in its own process (prints the result as JSON)")
+    train.add_argument("--method", default="qwen3tts_lora", choices=sorted(METHODS))
+    train.add_argument("--model", required=True, help="the base checkpoint folder (qwen3tts_lora: a Base checkpoint)")
+    train.add_argument("--data", required=True, help="a folder of audio clips, each with a .txt transcript beside it")
+    train.add_argument("-o", "--output", required=True, help="the LoRA file to write (.safetensors)")
+    train.add_argument("--memory", default="default", choices=PRESET_NAMES,
+                       help="training.memory: default (fastest), low, lowest (least device memory)")
+    train.add_argument("--device", default="auto", help="where to train: auto, cpu, cuda:0, ...")
+    for flag, kind in (("steps", int), ("batch-size", int), ("lr", float), ("rank", int), ("alpha", float),
+                       ("seed", int)):
+        train.add_argument(f"--{flag}", type=kind, help="default: the method's")
+    train.add_argument("--language", help="the clips' language (default: auto)")
+    train.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other method parameter, e.g. targets=talker (values are JSON or text)")
+    return train
+
+
+def _train_params(args: argparse.Namespace) -> dict[str, Any]:
+    params: dict[str, Any] = {"model": args.model, "data": args.data, "output": args.output, "steps": args.steps,
+                              "batch_size": args.batch_size, "lr": args.lr, "rank": args.rank, "alpha": args.alpha,
+                              "seed": args.seed, "language": args.language}
+    for pair in args.param:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise MizuotoError(f"--param expects KEY=VALUE, got {pair!r}")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value.strip()
+    return params
+
+
+def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    """M60: a training job in its own process; progress and loss go to the log."""
+    from .training.job import TrainingJob
+
+    def show(event: dict[str, Any]) -> None:
+        if event.get("event") == "step":
+            log.info("step %d/%d  loss %.4f", event["step"], event["steps"], event["loss"])
+        elif event.get("event") == "phase":
+            log.info("%s: peak %.1f MB", event["name"], event["memory/peak_mb"])
+
+    job = TrainingJob(Runtime(_settings(args.setting)), args.method, _train_params(args), memory=args.memory,
+                      device=args.device, on_event=show)
+    return job.run()
 
 
 def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,11 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         commands = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor,
-                    "tiny-checkpoint": cmd_tiny_checkpoint}
+                    "tiny-checkpoint": cmd_tiny_checkpoint, "train": cmd_train}
         result = commands[args.command](args)
     except MizuotoError as exc:
         log.error("%s", exc)
         return 2
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 import wave
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,9 @@ def free_port() -> int:
 class ComfyServer:
     """A ComfyUI server on 127.0.0.1 with the pack linked in as `custom_nodes/mizuoto`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, default_paths: Mapping[str, Path] | None = None) -> None:
         self.root = root
+        self.default_paths = dict(default_paths or {})  # model folders ComfyUI lists (and writes) first
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = root / "output"
@@ -105,7 +106,11 @@ class ComfyServer:
         self._write_demo_checkpoint(models / "demo-small")
         write_reference_wav(self.root / "input" / REFERENCE_WAV)
         config = self.root / "extra_model_paths.yaml"
-        config.write_text(f"mizuoto_tests:\n  custom_nodes: {custom_nodes}\n  mizuoto: {models}\n")
+        text = f"mizuoto_tests:\n  custom_nodes: {custom_nodes}\n  mizuoto: {models}\n"
+        if self.default_paths:
+            text += "mizuoto_tests_first:\n  is_default: true\n" + "".join(
+                f"  {kind}: {path}\n" for kind, path in self.default_paths.items())
+        config.write_text(text)
         command = [
             COMFYUI_PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
             "--extra-model-paths-config", str(config), "--output-directory", str(self.output),
@@ -186,14 +191,17 @@ class ComfyServer:
 
 
 @contextlib.contextmanager
-def running_server(prefix: str, prepare: Callable[[Path], None] | None = None) -> Iterator[ComfyServer]:
+def running_server(prefix: str, prepare: Callable[[Path], None] | None = None,
+                   default_paths: Callable[[Path], Mapping[str, Path]] | None = None) -> Iterator[ComfyServer]:
     """A ComfyUI server over a fresh temp base folder; `prepare(root)` runs before it starts
-    (e.g. to write checkpoints under `root/models`). Always stopped and removed."""
+    (e.g. to write checkpoints under `root/models`); `default_paths(root)` names model folders
+    (kind → folder) ComfyUI takes first, so what nodes save there stays out of ComfyUI's tree.
+    Always stopped and removed."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         if prepare is not None:
             prepare(root)
-        server = ComfyServer(root)
+        server = ComfyServer(root, default_paths(root) if default_paths is not None else None)
         try:
             server.start()
             yield server
