@@ -1,6 +1,7 @@
 """Shared fixtures: the simulated strict device of M55–M56."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -32,12 +33,22 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def require_qwen_tts() -> None:
+    """Skip where the `qwen3tts` extra is not installed; else import it the engine's way (adapted
+    to the transformers installed: a bare `import qwen_tts` fails on transformers 5.x)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
+    if importlib.util.find_spec("qwen_tts") is None:
+        pytest.skip("qwen_tts is not installed (the qwen3tts extra)")
+    from mizuoto_runtime.engines.qwen3tts import import_upstream
+
+    import_upstream()
+
+
 @pytest.fixture(scope="session")
 def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny Qwen3-TTS checkpoints in the official layout, each written once per session on first
     use (`model_type`: base, custom_voice, voice_design). Skips where `qwen_tts` is not installed."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
-    pytest.importorskip("qwen_tts")
+    require_qwen_tts()
     from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("qwen3tts")

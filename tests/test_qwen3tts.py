@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import wave
 from collections.abc import Callable
@@ -23,10 +22,10 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.report import mb
+from conftest import require_qwen_tts
 from oom import allocations_during
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("qwen_tts")
+require_qwen_tts()
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -54,6 +54,7 @@ from ..errors import CheckpointError, MizuotoError
 from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
+from . import qwen3tts_compat
 from .base import Codes, Engine, Sampling, Voice
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,11 @@ MEL_BINS = 128
 
 # ---- the upstream package ------------------------------------------------------------------
 def import_upstream() -> None:
-    """Import `qwen_tts` (an optional extra). Its import prints a flash-attn notice on stdout;
-    send it to stderr so stdout stays clean for `mizuoto say`'s JSON."""
+    """Import `qwen_tts` (an optional extra), adapted to transformers 5.x where that is what the
+    environment has (`qwen3tts_compat`). Its import prints a flash-attn notice on stdout; send it
+    to stderr so stdout stays clean for `mizuoto say`'s JSON."""
     with contextlib.redirect_stdout(sys.stderr):
-        import qwen_tts  # noqa: F401
+        qwen3tts_compat.install()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     codec_config = _config(Qwen3TTSTokenizerV2Config, st_folder)
     codec = build_on_meta(lambda: Qwen3TTSTokenizerV2Model(codec_config), torch.float32)
     if model.tts_model_type == "base":
-        load_safetensors(codec, st_folder / "model.safetensors")
+        load_safetensors(codec, st_folder / "model.safetensors", rename=qwen3tts_compat.codec_module_name)
     else:
         # Nothing but Base clones a voice: the encoder's weights are never read, and dropped.
         load_safetensors(codec.decoder, st_folder / "model.safetensors", prefix="decoder.")
