@@ -11,6 +11,8 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "demo": ("mizuoto_runtime.engines.demo", "DemoEngine", None),
     "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts", "F5TTSEngine", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice", "OmniVoiceEngine", "omnivoice"),
 }
 
 
