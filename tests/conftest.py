@@ -62,6 +62,37 @@ def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
     return checkpoint
 
 
+def _tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory, engine: str, package: str,
+                      writer_module: str) -> Callable[[str], Path]:
+    """Tiny checkpoints of `engine` in its published layout, each dtype written once per session
+    on first use; skips where the engine's upstream `package` is not installed."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (the {engine} extra)")
+    writer = importlib.import_module(writer_module).write_tiny_checkpoint
+    root = tmp_path_factory.mktemp(engine)
+    written: dict[str, Path] = {}
+
+    def checkpoint(dtype: str = "float32") -> Path:
+        if dtype not in written:
+            written[dtype] = writer(root / dtype, dtype=getattr(torch, dtype))
+        return written[dtype]
+
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def f5tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny F5-TTS folders (`dtype` of the DiT weights: float32, bfloat16, float16)."""
+    return _tiny_checkpoints(tmp_path_factory, "f5tts", "f5_tts", "mizuoto_runtime.engines.f5tts_tiny")
+
+
+@pytest.fixture(scope="session")
+def omnivoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny OmniVoice folders (`dtype` of the LLM weights)."""
+    return _tiny_checkpoints(tmp_path_factory, "omnivoice", "omnivoice", "mizuoto_runtime.engines.omnivoice_tiny")
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op thread for the test. On a shared 2-core machine, torch's pool waiting for

@@ -10,7 +10,7 @@ The models are the packages' own classes (`omnivoice.OmniVoice` over a Qwen3 LLM
 ``save_pretrained``, weights drawn from a seeded generator: byte-identical files on every run.
 Geometry: the codec keeps the real frame structure (24 kHz, hop 960 = 25 Hz, 8 codebooks;
 HuBERT at 16 kHz, 50 Hz halved to 25) with tiny widths and 256-entry codebooks; every LLM layer
-(2) is a 4 MB unit in float32, the DAC encoder's last block (3 MB) and decoder's first (3.7 MB)
+(4) is a 3.75 MB unit in float32 (so half-way placements keep some and stream others), the DAC encoder's last block (3 MB) and decoder's first (3.7 MB)
 too: the M57 tests really stream. The text tokenizer is byte-level with OmniVoice's control
 tokens as added tokens.
 """
@@ -40,7 +40,7 @@ SEMANTIC: dict[str, Any] = {  # real: HuBERT base (768 wide, 12 layers); same co
     "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4, "mask_time_prob": 0.0,
 }
 LLM: dict[str, Any] = {  # real: Qwen3 0.6B (1024 wide, 28 layers)
-    "vocab_size": 384, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2,
+    "vocab_size": 384, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096,
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
 }
