@@ -156,7 +156,10 @@ def load_flow(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, dict[str, An
 
     cfm = build_on_meta(build, dtype)
     load_safetensors(cfm, weights, prefix=EMA_PREFIX)
-    return cfm.eval(), mel_kwargs
+    # Upstream runs the model `.to(dtype)`: floating buffers (text positions, rotary frequencies)
+    # in the run precision too, else half-precision convolutions meet float32 inputs. The
+    # parameters are already in `dtype` (nothing is copied for them).
+    return cfm.to(dtype).eval(), mel_kwargs
 
 
 def load_vocoder(folder: Path) -> nn.Module:
@@ -254,12 +257,14 @@ class F5TTSEngine(Engine):
         def mel() -> torch.Tensor:
             return self.mel(wav.to(self.device)).permute(0, 2, 1).cpu()  # (1, frames, mels)
 
-        return {"mel": ctx.run("voice prompt", [], mel), "rms": rms, "ref_text": _ref_text(transcript or "")}
+        return {"mel": ctx.run("voice prompt", [], mel), "frames": wav.shape[-1] // self.hop, "rms": rms,
+                "ref_text": _ref_text(transcript or "")}
 
     # ---- flow ------------------------------------------------------------------------------
     def durations(self, voice: Voice, text: str, speed: float = 1.0) -> tuple[int, int]:
-        """(reference frames, total frames): upstream's estimate from the two texts' byte lengths."""
-        ref_frames = voice.data["mel"].shape[1]
+        """(reference frames, total frames): upstream's estimate from the two texts' byte lengths.
+        The reference counts samples // hop frames (its mel has one more: the STFT is centred)."""
+        ref_frames = voice.data["frames"]
         ref_bytes = len(voice.data["ref_text"].encode("utf-8"))
         gen_bytes = len(text.encode("utf-8"))
         if gen_bytes < 10:

@@ -93,6 +93,17 @@ def randomize(model: nn.Module, gen: torch.Generator) -> None:
             b.copy_(1.0 + torch.rand(b.shape, generator=gen))
 
 
+@torch.no_grad()
+def _calibrate_output(codec: nn.Module, gen: torch.Generator) -> None:
+    """Scale the DAC decoder's last conv so random codes give std ~0.1 (random weights give ~100)."""
+    codes = torch.randint(0, CODEBOOK, (1, 8, 12), generator=gen)
+    scale = 0.1 / float(codec.decode(codes).audio_values.std())
+    last = codec.acoustic_decoder.conv2
+    last.weight.mul_(scale)
+    if last.bias is not None:
+        last.bias.mul_(scale)
+
+
 def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None) -> None:
     from safetensors.torch import save_file
 
@@ -137,6 +148,7 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: torch.dty
         torch.manual_seed(seed)
         codec = HiggsAudioV2TokenizerModel(codec_config)
     randomize(codec, gen)
+    _calibrate_output(codec, gen)
     _save(codec, codec_dir / "model.safetensors")
     DacFeatureExtractor(sampling_rate=24000, hop_length=codec_config.hop_length).save_pretrained(str(codec_dir))
     log.info("wrote tiny OmniVoice checkpoint to %s (%d LLM + %d codec parameters)", out,
