@@ -7,10 +7,11 @@ item 1, issue 11 item 3). Standard library only; run it with the environment's o
         package the environment does not have yet. pip then installs only what is missing, and
         refuses (installs nothing) when an engine needs another version of something installed.
     python tools/engine_env.py snapshot > before.txt
-        What is installed, one `name==version` a line (names normalized as pip does).
+        What is installed, one `name==version` a line (names normalized as pip does), and what
+        `pip check` says already (``#pip-check <line>``: the environment's own problems).
     python tools/engine_env.py verify before.txt requirements/*.txt
         Fails unless every package of `before.txt` is still installed at its version (additions
-        only), and `pip check` reports nothing but the lines the requirement files accept
+        only), and `pip check` reports nothing new but the lines the requirement files accept
         (``#! pip-check-accepts: <start of a pip check line>``: an upstream package's declared
         dependency that its inference does not import, or its pin that the tests overrule).
 """
@@ -87,13 +88,24 @@ def unaccepted(pip_check: str, accepts: list[str]) -> list[str]:
     return problems
 
 
-def read_snapshot(path: Path) -> dict[str, str]:
-    out = {}
+CHECK = "#pip-check "
+
+
+def pip_check() -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def read_snapshot(path: Path) -> tuple[dict[str, str], list[str]]:
+    """(packages, pip check lines) of a snapshot."""
+    packages, checks = {}, []
     for line in path.read_text(encoding="utf-8").splitlines():
-        name, _, version = line.partition("==")
-        if name:
-            out[normalize(name)] = version
-    return out
+        if line.startswith(CHECK):
+            checks.append(line[len(CHECK):])
+        elif line:
+            name, _, version = line.partition("==")
+            packages[normalize(name)] = version
+    return packages, checks
 
 
 def main(argv: list[str]) -> int:
@@ -101,13 +113,13 @@ def main(argv: list[str]) -> int:
         print("\n".join(constraints(Path(argv[1]), installed())))
         return 0
     if argv == ["snapshot"]:
-        print("\n".join(f"{n}=={v}" for n, v in sorted(installed().items())))
+        print("\n".join([f"{n}=={v}" for n, v in sorted(installed().items())] + [CHECK + c for c in pip_check()]))
         return 0
     if len(argv) >= 2 and argv[0] == "verify":
-        before, after = read_snapshot(Path(argv[1])), installed()
+        (before, checked), after = read_snapshot(Path(argv[1])), installed()
         problems = changes(before, after)
-        check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True).stdout
-        problems += [f"pip check: {line}" for line in unaccepted(check, accepted([Path(p) for p in argv[2:]]))]
+        new = "\n".join(line for line in pip_check() if line not in checked)
+        problems += [f"pip check: {line}" for line in unaccepted(new, accepted([Path(p) for p in argv[2:]]))]
         added = sorted(set(after) - set(before))
         print(f"added {len(added)} packages: {', '.join(f'{n}=={after[n]}' for n in added)}")
         print(f"kept {len(before)} packages at their versions" if not problems else "\n".join(problems))

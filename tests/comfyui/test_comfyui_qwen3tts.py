@@ -30,7 +30,8 @@ NO_QWEN_TTS = 3  # the writer's exit status when qwen_tts cannot be imported
 WRITER = f"""
 import sys
 try:
-    import qwen_tts  # noqa: F401
+    from mizuoto_runtime.engines.qwen3tts import import_upstream
+    import_upstream()  # adapted to the transformers installed (5.x: qwen3tts_compat)
 except ImportError as exc:
     print(f"qwen_tts is not importable under {{sys.executable}}: {{exc}}", file=sys.stderr)
     sys.exit({NO_QWEN_TTS})
