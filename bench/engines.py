@@ -7,8 +7,8 @@ temporary folder), one request of each placement, repeated and interleaved:
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
-``--peaks`` also measures each phase's working memory on the plain CPU (live bytes allocated
-during the phase, from the profiler's allocator events) against the engine's estimate (M45).
+``--peaks`` also measures each phase's working memory on the plain CPU (how far the process's
+resident memory rises during the phase, Linux) against the engine's estimate (M45).
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 
@@ -17,6 +17,7 @@ during the phase, from the profiler's allocator events) against the engine's est
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -82,19 +83,23 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
             print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
 
 
-def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """`fn()`'s result and the peak of the bytes it had allocated and not yet freed (CPU
-    allocator events from torch.profiler; the weights already in place are not counted)."""
-    from torch.profiler import ProfilerActivity, profile
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    events = sorted((e for e in prof.events() if e.name == "[memory]"), key=lambda e: e.time_range.start)
-    live = peak = 0
-    for event in events:
-        live += event.cpu_memory_usage
-        peak = max(peak, live)
-    return result, peak
+
+def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """`fn()`'s result and how far the process's resident memory rose above where it started
+    (Linux: the peak-RSS mark is reset first, `/proc/self/clear_refs` 5). Tensors of a few pages
+    and more are mmap-ed by the allocator and returned when freed, so RSS follows live tensors;
+    the weights are in place already and not counted."""
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status_kb("VmRSS")
+    result = fn()
+    return result, max(0, _status_kb("VmHWM") - start) * 1024
 
 
 def phase_peaks(folders: dict[str, Path], steps: int) -> None:
