@@ -40,6 +40,7 @@ TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts_tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice_tiny"}
 MB = 1 << 20
+MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
 
 
 def placements(device: str) -> dict[str, dict[str, Any]]:
@@ -92,9 +93,9 @@ def _status_kb(field: str) -> int:
 
 def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
     """`fn()`'s result and how far the process's resident memory rose above where it started
-    (Linux: the peak-RSS mark is reset first, `/proc/self/clear_refs` 5). Tensors of a few pages
-    and more are mmap-ed by the allocator and returned when freed, so RSS follows live tensors;
-    the weights are in place already and not counted."""
+    (Linux: the peak-RSS mark is reset first, `/proc/self/clear_refs` 5). With glibc's mmap
+    threshold fixed at 64 KB (`main` sets it), tensors are mapped when allocated and unmapped
+    when freed, so RSS follows live tensors; the weights are in place already and not counted."""
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
     start = _status_kb("VmRSS")
@@ -140,6 +141,11 @@ def main() -> None:
     parser.add_argument("--engines", default="f5tts,omnivoice")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
     args = parser.parse_args()
+    if args.peaks and MMAP_ENV[0] not in os.environ:
+        # glibc's dynamic mmap threshold would move freed tensors to the reused heap, hiding a
+        # phase's peak from RSS: fixed, every tensor of 64 KB or more is mapped and unmapped.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, MMAP_ENV[0]: MMAP_ENV[1],
+                                                                "MALLOC_TRIM_THRESHOLD_": "0"})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
     import importlib

@@ -33,6 +33,17 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def link_checkpoint(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
+    """Link every file of checkpoint `folder` into `dest`, except `skip` (relative paths): a
+    copy to break one file of."""
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder)
+        if path.is_file() and str(rel) not in skip:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).symlink_to(path)
+    return dest
+
+
 def require_qwen_tts() -> None:
     """Skip where the `qwen3tts` extra is not installed; else import it the engine's way (adapted
     to the transformers installed: a bare `import qwen_tts` fails on transformers 5.x)."""

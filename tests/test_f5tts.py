@@ -20,6 +20,7 @@ from mizuoto_runtime import CheckpointError, MizuotoError, Runtime
 from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
+from conftest import link_checkpoint
 from mizuoto_runtime.tiling import OVERLAP_FRAMES, TILE_FRAMES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -100,15 +101,6 @@ def test_bf16_load_converts_in_place(f5tts_checkpoint: Checkpoint) -> None:
     assert all(torch.equal(v, again.cfm.state_dict()[k]) for k, v in ours.items())
 
 
-def _link(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
-    for path in folder.rglob("*"):
-        rel = path.relative_to(folder)
-        if path.is_file() and str(rel) not in skip:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).symlink_to(path)
-    return dest
-
-
 def test_loading_errors_name_what_is_wrong(f5tts_checkpoint: Checkpoint, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -117,16 +109,16 @@ def test_loading_errors_name_what_is_wrong(f5tts_checkpoint: Checkpoint, tmp_pat
     with pytest.raises(CheckpointError, match="folder not found"):
         rt.engine("f5tts", tmp_path / "nowhere")
     with pytest.raises(CheckpointError, match="no model_<step>.safetensors"):
-        rt.engine("f5tts", _link(folder, tmp_path / "noweights", skip=("model_1250000.safetensors",)))
+        rt.engine("f5tts", link_checkpoint(folder, tmp_path / "noweights", skip=("model_1250000.safetensors",)))
     with pytest.raises(CheckpointError, match="missing vocab.txt, vocos-mel-24khz/pytorch_model.bin"):
-        rt.engine("f5tts", _link(folder, tmp_path / "missing", skip=("vocab.txt", "vocos-mel-24khz/pytorch_model.bin")))
+        rt.engine("f5tts", link_checkpoint(folder, tmp_path / "missing", skip=("vocab.txt", "vocos-mel-24khz/pytorch_model.bin")))
     # A vocoder config may name Vocos's own classes only: a model folder is not a license to import.
-    evil = _link(folder, tmp_path / "evil", skip=("vocos-mel-24khz/config.yaml",))
+    evil = link_checkpoint(folder, tmp_path / "evil", skip=("vocos-mel-24khz/config.yaml",))
     config = (folder / "vocos-mel-24khz" / "config.yaml").read_text()
     (evil / "vocos-mel-24khz" / "config.yaml").write_text(config.replace("vocos.models.VocosBackbone", "os.system"))
     with pytest.raises(CheckpointError, match="backbone.class_path must be one of .* got 'os.system'"):
         rt.engine("f5tts", evil)
-    mismatched = _link(folder, tmp_path / "mismatched", skip=("model_1250000.safetensors",))
+    mismatched = link_checkpoint(folder, tmp_path / "mismatched", skip=("model_1250000.safetensors",))
     state = load_file(str(folder / "model_1250000.safetensors"))
     state["ema_model.transformer.proj_out.weight"] = state["ema_model.transformer.proj_out.weight"][:-1].clone()
     save_file(state, str(mismatched / "model_1250000.safetensors"))

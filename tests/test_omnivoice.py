@@ -19,6 +19,7 @@ from mizuoto_runtime import CheckpointError, MizuotoError, Runtime
 from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
+from conftest import link_checkpoint
 from mizuoto_runtime.tiling import OVERLAP_FRAMES, TILE_FRAMES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -98,12 +99,7 @@ def test_loading_and_voice_errors_name_what_is_wrong(omnivoice_checkpoint: Check
     rt = Runtime()
     with pytest.raises(CheckpointError, match="folder not found"):
         rt.engine("omnivoice", tmp_path / "nowhere")
-    partial = tmp_path / "partial"
-    for path in folder.rglob("*"):
-        rel = path.relative_to(folder)
-        if path.is_file() and str(rel) != "audio_tokenizer/model.safetensors":
-            (partial / rel).parent.mkdir(parents=True, exist_ok=True)
-            (partial / rel).symlink_to(path)
+    partial = link_checkpoint(folder, tmp_path / "partial", skip=("audio_tokenizer/model.safetensors",))
     with pytest.raises(CheckpointError, match="missing audio_tokenizer/model.safetensors"):
         rt.engine("omnivoice", partial)
     (partial / "audio_tokenizer" / "model.safetensors").symlink_to(folder / "model.safetensors")

@@ -8,13 +8,17 @@ get all their handles for the whole call, with `memory_required(text)` (M4, M48)
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch import nn
 
 from ..audio import Audio
 
@@ -62,6 +66,11 @@ class Codes:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype` (working-memory estimates count in the run precision)."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None,
               instruct: str | None = None) -> str:
     h = hashlib.sha256()
@@ -99,6 +108,35 @@ class Engine(ABC):
     @abstractmethod
     def handles(self) -> list[ModelHandle]:
         """Every component this engine registered."""
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """For upstream code that samples from torch's global RNG (CPU, or this engine's device):
+        seeded for one phase only, so retries and placements replay the same draws and the
+        caller's RNG is left as it was (M40, M57)."""
+        on_cpu = self.device.type == "cpu"
+        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
+                                   device_type=None if on_cpu else self.device.type):
+            torch.manual_seed(seed)
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def progress_per_call(ctx: RequestContext, module: nn.Module, total: int) -> Iterator[None]:
+        """Progress and interrupt once per call of `module` (one step of an upstream loop). The
+        hook sits on a shared module: it reports only this request's thread."""
+        count = iter(range(total + 1))
+        thread = threading.get_ident()
+
+        def pre(_module: nn.Module, _args: Any) -> None:
+            if threading.get_ident() == thread:
+                ctx.progress(next(count, total), total)
+
+        hook = module.register_forward_pre_hook(pre)
+        try:
+            yield
+        finally:
+            hook.remove()
 
     def memory_required(self, text: str) -> int:
         """Working memory of a whole unphased call (M48)."""

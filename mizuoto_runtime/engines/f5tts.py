@@ -37,11 +37,8 @@ The package's ``f5_tts.model`` ``__init__`` imports its trainer (wandb, accelera
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +50,9 @@ from ..errors import CheckpointError, MizuotoError
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
 from ..tiling import tiled_1d
-from .base import Codes, Engine, Sampling, Voice
-from .f5tts_upstream import import_upstream, package_config, read_yaml, vocos_classes
+from .base import Codes, Engine, Sampling, Voice, element_size
+from .checkpoint_files import read_yaml
+from .f5tts_upstream import import_upstream, package_config, vocos_classes
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +65,7 @@ CFG_STRENGTH = 2.0
 SWAY_SAMPLING = -1.0
 DEFAULT_STEPS = 32
 # The constants below were fitted to CPU peaks measured on the tiny checkpoint (bench/engines.py
-# --peaks; 1-12 s references, 4-32 steps), rounded up; on CUDA the M47 calibration corrects them.
+# --peaks: 1, 3 and 6 s references, 8 steps), rounded up; on CUDA the M47 calibration corrects them.
 # Live activations of one DiT block, per CFG row and position, in units of the model width: the
 # block input kept for the residual, adaLN-modulated input, q/k/v, the attention output, the
 # feed-forward's hidden (ff_mult wide) and its GELU.
@@ -75,12 +73,8 @@ DIT_BLOCK_COPIES = 8
 # Vocos: live activations per frame in units of the backbone width (a ConvNeXt block's input,
 # its depthwise output, the intermediate layer at intermediate/width, its GELU), plus the
 # ISTFT's spectrum and overlap-add buffers per output sample.
-VOCOS_BLOCK_COPIES = 3
-VOCOS_BYTES_PER_SAMPLE = 48
-
-
-def _element(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+VOCOS_BLOCK_COPIES = 4
+VOCOS_BYTES_PER_SAMPLE = 56
 
 
 def find_weights(folder: Path) -> Path:
@@ -276,7 +270,7 @@ class F5TTSEngine(Engine):
         `frames` positions through one DiT block at a time, the ODE trajectory (every step's
         state is kept by torchdiffeq), the cached text embeddings and the conditioning."""
         dit = self.cfm.transformer
-        elem = _element(self.dtype)
+        elem = element_size(self.dtype)
         mel = self.cfm.num_channels
         text_dim = dit.text_embed.text_embed.embedding_dim
         ff_width = dit.transformer_blocks[0].ff.ff[0][0].out_features / dit.dim if dit.depth else 2
@@ -299,7 +293,7 @@ class F5TTSEngine(Engine):
 
         @torch.inference_mode()
         def flow() -> torch.Tensor:
-            with self._progress(ctx, steps), self._seeded(sampling.seed):
+            with self.progress_per_call(ctx, self.cfm.transformer, steps), self.seeded(sampling.seed):
                 out, _trajectory = self.cfm.sample(
                     cond=data["mel"].to(self.device), text=tokens, duration=total, steps=steps,
                     cfg_strength=CFG_STRENGTH, sway_sampling_coef=SWAY_SAMPLING, seed=sampling.seed,
@@ -310,32 +304,6 @@ class F5TTSEngine(Engine):
         mel = ctx.run("flow", [self.flow], flow, memory)
         ctx.progress(steps, steps)
         return Codes(mel, self.id, {"rms": data["rms"]})
-
-    @contextlib.contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        """The noise comes from the global RNG (CPU, or the CUDA device's): forked for this phase
-        only, so retries and placements replay the same draws (M40, M57)."""
-        on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
-            torch.manual_seed(seed)
-            yield
-
-    @contextlib.contextmanager
-    def _progress(self, ctx: RequestContext, steps: int) -> Iterator[None]:
-        """Progress and interrupt once per ODE step (one DiT call each); this request's thread only."""
-        count = iter(range(steps + 1))
-        thread = threading.get_ident()
-
-        def pre(_module: nn.Module, _args: Any) -> None:
-            if threading.get_ident() == thread:
-                ctx.progress(next(count, steps), steps)
-
-        hook = self.cfm.transformer.register_forward_pre_hook(pre)
-        try:
-            yield
-        finally:
-            hook.remove()
 
     # ---- vocoder ---------------------------------------------------------------------------
     def vocoder_memory(self, frames: int) -> int:

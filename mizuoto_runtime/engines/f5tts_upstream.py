@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from .checkpoint_files import read_yaml
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,18 +69,6 @@ def import_upstream() -> Upstream:
         setattr(package, name, value)
     _upstream = Upstream(CFM=CFM, DiT=DiT, MelSpec=MelSpec, convert_char_to_pinyin=convert_char_to_pinyin)
     return _upstream
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a YAML mapping")
-    return data
 
 
 def package_config(name: str) -> dict[str, Any]:

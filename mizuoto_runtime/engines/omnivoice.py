@@ -33,11 +33,7 @@ would make it part of the llm component).
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +46,8 @@ from ..errors import CheckpointError, MizuotoError
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
 from ..tiling import tiled_1d
-from .base import Codes, Engine, Sampling, Voice
+from .base import Codes, Engine, Sampling, Voice, element_size
+from .checkpoint_files import config_from, read_json
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +61,13 @@ DEFAULT_STEPS = 32
 # Live activations of one Qwen3 layer per CFG row and position, in units of the hidden size
 # (residual, norm, q/k/v/o, and the gated MLP's three intermediate-wide tensors count apart).
 LLM_LAYER_COPIES = 8
-# Per DAC sample: the decoder's widest stage (output channels x samples, with its Snake and
-# residual temporaries), in float32 elements.
-DECODER_COPIES_PER_SAMPLE = 4
+# The DAC decoder's widest stage (output channels x samples), counted this many times: the
+# stage's output, and the Snake activations, dilated-conv inputs and residual sums of its three
+# residual units alive together (fitted: 15 measured, at 1-6 s).
+DECODER_COPIES_PER_SAMPLE = 16
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate
 # encoder stage (channels x samples), and upstream's numpy prompt preparation.
 ENCODER_BYTES_PER_SAMPLE = 64
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
 
 
 def check_layout(folder: Path) -> None:
@@ -90,7 +78,7 @@ def check_layout(folder: Path) -> None:
         raise CheckpointError(f"{folder}: not an OmniVoice checkpoint folder, missing {', '.join(missing)} "
                               "(expected the layout of k2-fsa/OmniVoice)")
     for name, model_type in (("config.json", "omnivoice"), ("audio_tokenizer/config.json", "higgs_audio_v2_tokenizer")):
-        found = _read_json(folder / name).get("model_type")
+        found = read_json(folder / name).get("model_type")
         if found != model_type:
             raise CheckpointError(f"{folder / name}: model_type is {found!r}, expected {model_type!r}")
 
@@ -98,13 +86,6 @@ def check_layout(folder: Path) -> None:
 def import_upstream() -> None:
     """Import `omnivoice` (an optional extra; needs transformers >= 5.3)."""
     import omnivoice  # noqa: F401
-
-
-def _config(cls: Any, folder: Path) -> Any:
-    try:
-        return cls.from_pretrained(str(folder))
-    except (OSError, TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{folder / 'config.json'}: not a valid {cls.__name__} ({exc})") from exc
 
 
 def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
@@ -115,11 +96,11 @@ def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     from omnivoice.utils.duration import RuleDurationEstimator
     from transformers import AutoFeatureExtractor, AutoTokenizer, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
 
-    config = _config(OmniVoiceConfig, folder)
+    config = config_from(OmniVoiceConfig, folder)
     model = build_on_meta(lambda: OmniVoice(config), dtype)
     load_safetensors(model, folder / "model.safetensors")
     codec_folder = folder / "audio_tokenizer"
-    codec_config = _config(HiggsAudioV2TokenizerConfig, codec_folder)
+    codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
     codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
     load_safetensors(codec, codec_folder / "model.safetensors")
     try:
@@ -136,10 +117,6 @@ def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     model.sampling_rate = features.sampling_rate
     model.duration_estimator = RuleDurationEstimator()
     return model, codec
-
-
-def _element(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _upstream_error(exc: Exception) -> MizuotoError:
@@ -252,7 +229,7 @@ class OmniVoiceEngine(Engine):
         attention scores, and the float32 logits over every codebook."""
         cfg = self.model.config
         llm = cfg.llm_config
-        elem = _element(self.dtype)
+        elem = element_size(self.dtype)
         cfg_rows = 2 * rows
         layer = cfg_rows * positions * elem * (LLM_LAYER_COPIES * llm.hidden_size + 3 * llm.intermediate_size)
         scores = cfg_rows * positions * positions * (1 + llm.num_attention_heads * elem)
@@ -269,7 +246,7 @@ class OmniVoiceEngine(Engine):
 
         @torch.inference_mode()
         def diffuse() -> list[torch.Tensor]:
-            with self._progress(ctx, steps), self._seeded(sampling.seed):
+            with self.progress_per_call(ctx, self.model.llm, steps), self.seeded(sampling.seed):
                 if long_text:  # upstream's own chunking past audio_chunk_threshold (30 s)
                     return [t.cpu() for t in self.model._generate_chunked(task, config)[0]]
                 return [self.model._generate_iterative(task, config)[0].cpu()]
@@ -278,30 +255,6 @@ class OmniVoiceEngine(Engine):
         ctx.progress(steps, steps)
         prompt = voice.data["prompt"]
         return Codes(chunks[0], self.id, {"chunks": chunks, "ref_rms": prompt.ref_rms if prompt else None})
-
-    @contextlib.contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
-            torch.manual_seed(seed)
-            yield
-
-    @contextlib.contextmanager
-    def _progress(self, ctx: RequestContext, steps: int) -> Iterator[None]:
-        """Progress and interrupt once per diffusion step (one LLM call each); this thread only."""
-        count = iter(range(steps + 1))
-        thread = threading.get_ident()
-
-        def pre(_module: nn.Module, _args: Any) -> None:
-            if threading.get_ident() == thread:
-                ctx.progress(next(count, steps), steps)
-
-        hook = self.model.llm.register_forward_pre_hook(pre)
-        try:
-            yield
-        finally:
-            hook.remove()
 
     # ---- codec decoder ---------------------------------------------------------------------
     def decoder_memory(self, frames: int) -> int:
