@@ -88,7 +88,7 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts"}.get(engine_id)
+        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
