@@ -23,6 +23,8 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "demo": ("mizuoto_runtime.engines.demo", "save_checkpoint", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts_tiny", "write_tiny_checkpoint", "qwen3tts"),
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2_tiny", "write_tiny_checkpoint", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts_tiny", "write_tiny_checkpoint", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice_tiny", "write_tiny_checkpoint", "omnivoice"),
 }
 
 
@@ -169,7 +171,7 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts", "voxcpm2": "voxcpm"}.get(engine_id)
+        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}

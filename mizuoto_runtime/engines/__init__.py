@@ -12,6 +12,8 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2", "VoxCPM2Engine", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts", "F5TTSEngine", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice", "OmniVoiceEngine", "omnivoice"),
 }
 
 

@@ -16,14 +16,15 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import json
 import math
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch import nn
 
 from ..audio import Audio
 from ..errors import ArgumentError, CheckpointError
@@ -100,6 +101,11 @@ class Codes:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype` (working-memory estimates count in the run precision)."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None,
               instruct: str | None = None) -> str:
     h = hashlib.sha256()
@@ -111,18 +117,6 @@ def voice_key(reference: Audio | None, transcript: str | None, speaker: str | No
     if instruct is not None:  # only then, so keys of voices without one stay what they were
         h.update(b"\0instruct\0" + instruct.encode())
     return h.hexdigest()[:16]
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A checkpoint's JSON file (config.json, ...) as a dict; a `CheckpointError` naming the file
-    when it cannot be read or is not a JSON object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
 
 
 class Engine(ABC):
@@ -165,6 +159,35 @@ class Engine(ABC):
     def handles(self) -> list[ModelHandle]:
         """Every component this engine registered."""
 
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """For upstream code that samples from torch's global RNG (CPU, or this engine's device):
+        seeded for one phase only, so retries and placements replay the same draws and the
+        caller's RNG is left as it was (M40, M57)."""
+        on_cpu = self.device.type == "cpu"
+        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
+                                   device_type=None if on_cpu else self.device.type):
+            torch.manual_seed(seed)
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def progress_per_call(ctx: RequestContext, module: nn.Module, total: int) -> Iterator[None]:
+        """Progress and interrupt once per call of `module` (one step of an upstream loop). The
+        hook sits on a shared module: it reports only this request's thread."""
+        count = iter(range(total + 1))
+        thread = threading.get_ident()
+
+        def pre(_module: nn.Module, _args: Any) -> None:
+            if threading.get_ident() == thread:
+                ctx.progress(next(count, total), total)
+
+        hook = module.register_forward_pre_hook(pre)
+        try:
+            yield
+        finally:
+            hook.remove()
+
     def memory_required(self, text: str) -> int:
         """Working memory of a whole unphased call (M48)."""
         return 0
@@ -201,17 +224,6 @@ class Engine(ABC):
                    allow_fallback: bool | None = None) -> Audio:
         codes = self.generate(ctx, text, voice, sampling)
         return self.decode(ctx, codes, allow_fallback)
-
-    @contextlib.contextmanager
-    def seeded(self, seed: int) -> Iterator[None]:
-        """For upstream packages that sample from torch's global RNG (CPU, or the engine's CUDA
-        device's): seed it for one phase only, so retries and placements replay the same draws
-        (M40, M57) and the caller's RNG is left as it was."""
-        on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
-            torch.manual_seed(seed)
-            yield
 
     def unload(self) -> None:
         for h in self.handles():

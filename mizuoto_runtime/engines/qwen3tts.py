@@ -58,8 +58,9 @@ from ..errors import CheckpointError, MizuotoError
 from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
-from . import qwen3tts_loop
-from .base import Codes, Engine, Sampling, Voice, read_json_object
+from . import qwen3tts_compat, qwen3tts_loop
+from .base import Codes, Engine, Sampling, Voice, element_size
+from .checkpoint_files import config_from, read_json
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,11 @@ TALKER_LOOPS = ("lean", "upstream")
 
 # ---- the upstream package ------------------------------------------------------------------
 def import_upstream() -> None:
-    """Import `qwen_tts` (an optional extra). Its import prints a flash-attn notice on stdout;
-    send it to stderr so stdout stays clean for `mizuoto say`'s JSON."""
+    """Import `qwen_tts` (an optional extra), adapted to transformers 5.x where that is what the
+    environment has (`qwen3tts_compat`). Its import prints a flash-attn notice on stdout; send it
+    to stderr so stdout stays clean for `mizuoto say`'s JSON."""
     with contextlib.redirect_stdout(sys.stderr):
-        import qwen_tts  # noqa: F401
+        qwen3tts_compat.install()
 
 
 def check_layout(folder: Path) -> dict[str, Any]:
@@ -116,25 +118,18 @@ def check_layout(folder: Path) -> dict[str, Any]:
             f"{folder}: not a Qwen3-TTS checkpoint folder, missing {', '.join(missing)} "
             "(expected the layout of Qwen/Qwen3-TTS-12Hz-*)"
         )
-    config = read_json_object(folder / "config.json")
+    config = read_json(folder / "config.json")
     if config.get("model_type") != "qwen3_tts":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}, "
                               "expected 'qwen3_tts'")
     if config.get("tokenizer_type") != TOKENIZER_TYPE:
         raise CheckpointError(f"{folder / 'config.json'}: tokenizer_type {config.get('tokenizer_type')!r} is not "
                               f"supported, only {TOKENIZER_TYPE!r}")
-    codec = read_json_object(folder / "speech_tokenizer" / "config.json")
+    codec = read_json(folder / "speech_tokenizer" / "config.json")
     if codec.get("model_type") != TOKENIZER_TYPE:
         raise CheckpointError(f"{folder / 'speech_tokenizer' / 'config.json'}: model_type is "
                               f"{codec.get('model_type')!r}, expected {TOKENIZER_TYPE!r}")
     return config
-
-
-def _config(cls: Any, folder: Path) -> Any:
-    try:
-        return cls.from_pretrained(str(folder))
-    except (OSError, TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{folder / 'config.json'}: not a valid {cls.__name__} ({exc})") from exc
 
 
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
@@ -146,16 +141,16 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration, Qwen3TTSProcessor
     from transformers import AutoConfig, AutoFeatureExtractor, AutoProcessor
 
-    config = _config(Qwen3TTSConfig, folder)
+    config = config_from(Qwen3TTSConfig, folder)
     model = build_on_meta(lambda: Qwen3TTSForConditionalGeneration(config), dtype)
     load_safetensors(model, folder / "model.safetensors")
     model.eval()
 
     st_folder = folder / "speech_tokenizer"
-    codec_config = _config(Qwen3TTSTokenizerV2Config, st_folder)
+    codec_config = config_from(Qwen3TTSTokenizerV2Config, st_folder)
     codec = build_on_meta(lambda: Qwen3TTSTokenizerV2Model(codec_config), torch.float32)
     if model.tts_model_type == "base":
-        load_safetensors(codec, st_folder / "model.safetensors")
+        load_safetensors(codec, st_folder / "model.safetensors", rename=qwen3tts_compat.codec_module_name)
     else:
         # Nothing but Base clones a voice: the encoder's weights are never read, and dropped.
         load_safetensors(codec.decoder, st_folder / "model.safetensors", prefix="decoder.")
@@ -173,14 +168,10 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
     model.load_speech_tokenizer(tokenizer)
-    model.load_generate_config(read_json_object(folder / "generation_config.json"))
+    model.load_generate_config(read_json(folder / "generation_config.json"))
     tts = Qwen3TTSModel(model=model, processor=processor, generate_defaults=model.generate_config)
     tts.device = device  # cached by the package from the first parameter; ids go there
     return tts
-
-
-def _element(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _upstream_error(exc: Exception) -> MizuotoError:
@@ -373,7 +364,7 @@ class Qwen3TTSEngine(Engine):
         kv_cache = kv_cache or self.manager.policy.kv_cache
         tc = self.tts.model.config.talker_config
         cp = tc.code_predictor_config
-        elem = _element(self.dtype)
+        elem = element_size(self.dtype)
         positions = prompt_len + frames
         kind = "static" if kv_cache == "static" and loop == "lean" else "dynamic"
         kv = peak_bytes(2 * tc.num_key_value_heads * tc.head_dim * elem, tc.num_hidden_layers, positions,
@@ -479,7 +470,7 @@ class Qwen3TTSEngine(Engine):
         cfg = self.tts.model.config.speaker_encoder_config
         frames = samples // MEL_HOP + 1
         channels = MEL_BINS + sum(cfg.enc_channels) + 3 * cfg.enc_channels[-1]
-        activations = SPEAKER_ACTIVATION_COPIES * frames * channels * _element(self.dtype)
+        activations = SPEAKER_ACTIVATION_COPIES * frames * channels * element_size(self.dtype)
         return activations + SPEAKER_BYTES_PER_SAMPLE * samples
 
     def codec_encoder_memory(self, samples: int) -> int:

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from . import qwen3tts_compat
 from .qwen3tts import import_upstream
 from .tiny import fan_in_std, scale_output, word_merges, write_json
 
@@ -255,13 +257,15 @@ def _calibrate_output(model: nn.Module, gen: torch.Generator) -> None:
 
 
 # ---- files ---------------------------------------------------------------------------------
-def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None) -> None:
+def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None,
+          key: Callable[[str], str] = str) -> None:
+    """`model`'s tensors under the names the published checkpoints use (`key`)."""
     from safetensors.torch import save_file
 
     state = {}
-    for key, value in model.state_dict().items():
+    for name, value in model.state_dict().items():
         value = value.detach().contiguous().clone()
-        state[key] = value.to(dtype) if dtype is not None and value.is_floating_point() else value
+        state[key(name)] = value.to(dtype) if dtype is not None and value.is_floating_point() else value
     save_file(state, str(path), metadata={"format": "pt"})
     os.chmod(path, 0o644)
 
@@ -317,7 +321,7 @@ def write_tiny_checkpoint(directory: str | Path, model_type: str = "base", seed:
     write_json(out / "speech_tokenizer" / "preprocessor_config.json", SPEECH_PREPROCESSOR)
     codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**_without_architectures(st_config)))
     randomize_codec(codec, gen)
-    _save(codec, out / "speech_tokenizer" / "model.safetensors")
+    _save(codec, out / "speech_tokenizer" / "model.safetensors", key=qwen3tts_compat.codec_key)
 
     # The package slices the chat template at 3 tokens: check the trap is handled.
     ids = Qwen2TokenizerFast.from_pretrained(str(out))("<|im_start|>assistant\n")["input_ids"]

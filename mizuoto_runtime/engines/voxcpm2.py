@@ -88,7 +88,8 @@ from ..loading import load_safetensors, parameters_on_meta
 from ..phases import RequestContext
 from ..tiling import tiled_1d
 from ..units import plan_units
-from .base import Codes, Engine, Sampling, Voice, read_json_object
+from .base import Codes, Engine, Sampling, Voice
+from .checkpoint_files import read_json
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def check_layout(folder: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{folder}: not a VoxCPM 2 checkpoint folder, missing {', '.join(missing)} "
                               "(expected the layout of openbmb/VoxCPM2)")
-    config = read_json_object(folder / "config.json")
+    config = read_json(folder / "config.json")
     arch = str(config.get("architecture", "voxcpm")).lower()
     if arch != ARCHITECTURE:
         raise CheckpointError(f"{folder / 'config.json'}: architecture is {arch!r}, expected {ARCHITECTURE!r} "

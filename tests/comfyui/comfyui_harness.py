@@ -56,10 +56,12 @@ NOT_IMPORTABLE = 3  # the exit status of `run_with_comfyui_python` when the need
 
 def run_with_comfyui_python(code: str, *args: str, needs: str, timeout_s: float = 300) -> None:
     """Run `code` (with `args` as sys.argv[1:]) under ComfyUI's Python, from the repository;
-    skip the calling test, saying why, when the package `needs` cannot be imported there
-    (an engine extra that ComfyUI environment does not have)."""
-    guard = (f"import sys\ntry:\n    import {needs}  # noqa: F401\nexcept ImportError as exc:\n"
-             f"    print(f'{needs} is not importable under {{sys.executable}}: {{exc}}', file=sys.stderr)\n"
+    skip the calling test, saying why, when the upstream package of the engine module `needs`
+    (`mizuoto_runtime.engines.<needs>.import_upstream`, which adapts it to the transformers
+    installed) cannot be imported there (an engine extra that ComfyUI environment does not have)."""
+    guard = (f"import sys\ntry:\n    from mizuoto_runtime.engines.{needs} import import_upstream\n"
+             f"    import_upstream()\nexcept ImportError as exc:\n"
+             f"    print(f'the {needs} engine is not importable under {{sys.executable}}: {{exc}}', file=sys.stderr)\n"
              f"    sys.exit({NOT_IMPORTABLE})\n")
     done = subprocess.run([COMFYUI_PYTHON, "-c", guard + code, *args], cwd=REPO, env=comfyui_env(),
                           capture_output=True, text=True, timeout=timeout_s)

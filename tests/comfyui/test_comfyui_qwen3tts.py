@@ -30,7 +30,7 @@ WRITER = "import sys; from mizuoto_runtime.engines.qwen3tts_tiny import write_ti
 
 def write_tiny_base(folder: Path) -> None:
     """The tiny Base checkpoint, written by ComfyUI's Python (the one with `qwen_tts`)."""
-    run_with_comfyui_python(WRITER, str(folder), needs="qwen_tts")
+    run_with_comfyui_python(WRITER, str(folder), needs="qwen3tts")
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ WRITER = "import sys; from mizuoto_runtime.engines.voxcpm2_tiny import write_tin
 
 def write_tiny(folder: Path) -> None:
     """The tiny checkpoint, written by ComfyUI's Python (the one with `voxcpm`)."""
-    run_with_comfyui_python(WRITER, str(folder), needs="voxcpm")
+    run_with_comfyui_python(WRITER, str(folder), needs="voxcpm2")
 
 
 @pytest.fixture(scope="module")
