@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .audio import read_wav, write_wav
+from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, install_hint
 from .errors import MizuotoError
 from .runtime import DTYPES, Runtime
@@ -51,7 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--language", help="the text's language (default: the engine detects it)")
     say.add_argument("--seed", type=int, default=0)
     say.add_argument("--max-new-tokens", type=int, default=2048)
-    say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
+    say.add_argument("--chunk-chars", type=int, default=DEFAULT_CHUNK_CHARS, metavar="N",
+                     help=f"long text is cut at sentence ends into chunks of at most N characters, each "
+                          f"synthesized in turn and joined with a {CROSSFADE_MS:g} ms crossfade "
+                          f"(default {DEFAULT_CHUNK_CHARS}, at least {MIN_CHUNK_CHARS})")
+    say.add_argument("--no-chunking", action="store_true", help="synthesize the whole text in one go")
+    say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     for name in ("say", "runtime", "doctor"):
         target = say if name == "say" else sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
@@ -71,8 +77,10 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     reference = read_wav(args.voice) if args.voice else None
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
+    chunking = TextChunking(enabled=not args.no_chunking, max_chars=args.chunk_chars)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct)
+                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
+                         chunking=chunking)
     path = write_wav(args.output, audio)
     return {"output": str(path), "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate, **meta}
 
