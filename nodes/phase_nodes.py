@@ -28,7 +28,7 @@ from mizuoto_runtime.engines import Codes, Voice
 from . import paths
 from .common import (
     CATEGORY, FALLBACK_TOOLTIP, NO_SPEAKER, STEPS_CATEGORY, CodesSocket, EngineSocket, VoiceSocket, audio_in,
-    audio_out, check_made_by, language_input, memory_json, memory_text, phased_engine, sampling_from,
+    audio_out, check_made_by, language_input, linked_type_errors, memory_json, memory_text, phased_engine, sampling_from,
     sampling_inputs, schema, speaker_input, speaker_value,
 )
 from .engine_nodes import check_choice, checkpoint_input, dtype_input, engine_input

@@ -11,26 +11,11 @@ import pytest
 from mizuoto_runtime import MizuotoError, Runtime
 from mizuoto_runtime.checkpoints import NONE, checkpoint_folders, choice_value, is_checkpoint_root, scan
 from mizuoto_runtime.engines import CheckpointInfo
-from mizuoto_runtime.engines import qwen3tts_tiny as tiny
 from mizuoto_runtime.engines.demo import DemoEngine, save_checkpoint
 from mizuoto_runtime.engines.dummy import DummyEngine
 from mizuoto_runtime.engines.qwen3tts import REQUIRED_FILES, Qwen3TTSEngine
 
-
-def touch(path: Path, text: str = "{}") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def qwen_layout(folder: Path, model_type: str) -> Path:
-    """The official Qwen3-TTS 12 Hz folder: the real configs (as the tiny writer makes them),
-    placeholder weights and tokenizer files. `describe_checkpoint` reads no more than this."""
-    for name in REQUIRED_FILES:
-        touch(folder / name)
-    special = tiny.text_tokenizer()[3]
-    touch(folder / "config.json", json.dumps(tiny.main_config(model_type, special, "float32")))
-    touch(folder / "speech_tokenizer" / "config.json", json.dumps(tiny.speech_tokenizer_config()))
-    return folder
+from layouts import qwen_layout, touch
 
 
 def test_checkpoint_choices_are_checkpoint_roots_not_their_subfolders(tmp_path: Path) -> None:
@@ -123,7 +108,7 @@ def test_the_route_data_has_every_engine_and_no_absolute_path(models: Path) -> N
 
 
 @pytest.mark.parametrize(("engine", "value", "says"), [
-    ("qwen3tts", "demo-small", "is for Demo (random weights, no download), not Qwen3-TTS; Qwen3-TTS can load: "),
+    ("qwen3tts", "demo-small", "is for Demo, not Qwen3-TTS; Qwen3-TTS can load: "),
     ("demo", "qwen3tts/tiny-cv (CustomVoice)", "is for Qwen3-TTS, not Demo"),
     ("qwen3tts", NONE, "Qwen3-TTS needs a checkpoint folder; Qwen3-TTS can load: Qwen3-TTS-12Hz-0.6B-Base"),
     ("qwen3tts", "gone", "checkpoint 'gone': no folder Qwen3-TTS can load by that name under "),

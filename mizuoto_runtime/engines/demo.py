@@ -137,7 +137,7 @@ class DemoEngine(Engine):
     """Three components, three phases: voice prompt, talker, codec decoder (M1)."""
 
     id = "demo"
-    title = "Demo (random weights, no download)"
+    title = "Demo"
     PHASED = True
     BUILTIN = CheckpointInfo("built-in random weights")
     sample_rate = 16000

@@ -33,7 +33,7 @@ class DummySynth(nn.Module):
 
 class DummyEngine(Engine):
     id = "dummy"
-    title = "Dummy (tests: one call, not phased)"
+    title = "Dummy"
     PHASED = False
     BUILTIN = CheckpointInfo("built-in random weights")
     sample_rate = 16000
