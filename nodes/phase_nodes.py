@@ -185,7 +185,7 @@ class MizuotoTTS(io.ComfyNode):
                 io.Boolean.Input("allow_fallback", default=False, tooltip=FALLBACK_TOOLTIP),
                 *voice_inputs(),
                 language_input(catalog.languages()),
-                engine_input("engine_id", optional=True),
+                engine_input("engine_name", optional=True),
                 checkpoint_input(catalog, optional=True),
                 dtype_input(optional=True),
                 *long_text_inputs(),
@@ -195,7 +195,7 @@ class MizuotoTTS(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, input_types: dict[str, Any], engine_id: str = "demo", checkpoint: str = "none",
+    def validate_inputs(cls, input_types: dict[str, Any], engine_name: str = "demo", checkpoint: str = "none",
                         speaker: str = NO_SPEAKER, language: str = "") -> bool | str:
         """The node's own engine and checkpoint, and its speaker and language against that
         checkpoint, unless an engine is connected (then that engine checks them as it runs).
@@ -206,16 +206,16 @@ class MizuotoTTS(io.ComfyNode):
             return linked
         if "engine" in input_types:
             return True
-        return check_choice(engine_id, checkpoint, speaker, language)
+        return check_choice(engine_name, checkpoint, speaker, language)
 
     @classmethod
     def execute(cls, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool, allow_fallback: bool,
                 engine: EngineRef | None = None, reference: dict[str, Any] | None = None, transcript: str = "",
-                speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_id: str = "demo",
+                speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_name: str = "demo",
                 checkpoint: str = "none", dtype: str = "float32", split_long_text: bool = True,
                 chunk_chars: int = DEFAULT_CHUNK_CHARS) -> io.NodeOutput:
-        ref = engine if engine is not None else PROCESS.engine(engine_id, paths.resolve(engine_id, checkpoint), dtype)
+        ref = engine if engine is not None else PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
                                  language)
         audio, meta = ref.runtime.say(

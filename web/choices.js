@@ -14,7 +14,7 @@ export const NO_CHECKPOINT = "(no checkpoint for this engine in models/mizuoto)"
 // Per node type, the names of its widgets and of its engine input (`socket`).
 export const NODE_WIDGETS = {
   MizuotoEngineLoader: { engine: "engine", checkpoint: "checkpoint" },
-  MizuotoTTS: { engine: "engine_id", checkpoint: "checkpoint", speaker: "speaker", language: "language", socket: "engine" },
+  MizuotoTTS: { engine: "engine_name", checkpoint: "checkpoint", speaker: "speaker", language: "language", socket: "engine" },
   MizuotoVoicePrompt: { speaker: "speaker", socket: "engine" },
   MizuotoTalker: { language: "language", socket: "engine" },
 };

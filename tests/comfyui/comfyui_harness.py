@@ -42,8 +42,21 @@ requires_comfyui = pytest.mark.skipif(
 
 SERVER_START_TIMEOUT_S = 120.0
 NOT_SAVED = object()  # a widget the workflow has no value for
-REFERENCE_WAV = "reference.wav"  # in the server's input folder
+REFERENCE_WAV = "voice_to_clone.wav"  # in the server's input folder: the voice-clone template's name
 REQUEST_TIMEOUT_S = 10.0
+FRONTEND_ONLY = {"Note", "MarkdownNote"}  # nodes the frontend keeps out of the prompt
+NO_QWEN_TTS = 3  # the writer's exit status when qwen_tts cannot be imported
+TINY_WRITER = f"""
+import sys
+try:
+    import qwen_tts  # noqa: F401
+except ImportError as exc:
+    print(f"qwen_tts is not importable under {{sys.executable}}: {{exc}}", file=sys.stderr)
+    sys.exit({NO_QWEN_TTS})
+from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
+write_tiny_checkpoint(sys.argv[1], model_type=sys.argv[2])
+"""
+TINY_WRITE_TIMEOUT_S = 300
 
 
 def comfyui_env() -> dict[str, str]:
@@ -67,11 +80,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class ComfyServer:
-    """A ComfyUI server on 127.0.0.1 with the pack linked in as `custom_nodes/mizuoto`."""
+def qwen_tts_importable(python: str) -> bool:
+    done = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(not importlib.util.find_spec('qwen_tts'))"],
+                          capture_output=True, timeout=120)
+    return done.returncode == 0
 
-    def __init__(self, root: Path) -> None:
+
+def write_tiny_qwen3tts(folder: Path, model_type: str) -> None:
+    """A tiny Qwen3-TTS checkpoint (random weights, the official layout), written by the first
+    of ComfyUI's Python and the one running pytest that has `qwen_tts`; skips if neither has it.
+    Listing it in ComfyUI reads its configs only, so ComfyUI itself needs no `qwen_tts` for that."""
+    tried = []
+    for python in dict.fromkeys((COMFYUI_PYTHON, sys.executable)):
+        done = subprocess.run([python, "-c", TINY_WRITER, str(folder), model_type], cwd=REPO, env=comfyui_env(),
+                              capture_output=True, text=True, timeout=TINY_WRITE_TIMEOUT_S)
+        if done.returncode == 0:
+            return
+        if done.returncode != NO_QWEN_TTS:
+            raise AssertionError(f"writing the tiny {model_type} checkpoint failed:\n{done.stderr[-4000:]}")
+        tried.append(done.stderr.strip().splitlines()[-1])
+    pytest.skip("; ".join(tried))
+
+
+class ComfyServer:
+    """A ComfyUI server on 127.0.0.1 with the pack linked in as `custom_nodes/mizuoto` (and, with
+    `copies` > 1, again as `custom_nodes/mizuoto-copy-N`, as a second clone would be)."""
+
+    def __init__(self, root: Path, copies: int = 1) -> None:
         self.root = root
+        self.copies = copies
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = root / "output"
@@ -85,6 +122,8 @@ class ComfyServer:
                        self.root / "user"):
             folder.mkdir(parents=True, exist_ok=True)
         (custom_nodes / "mizuoto").symlink_to(REPO, target_is_directory=True)
+        for copy in range(1, self.copies):
+            (custom_nodes / f"mizuoto-copy-{copy}").symlink_to(REPO, target_is_directory=True)
         self._write_demo_checkpoint(models / "demo-small")
         write_reference_wav(self.root / "input" / REFERENCE_WAV)
         config = self.root / "extra_model_paths.yaml"
@@ -142,6 +181,13 @@ class ComfyServer:
             body = response.read()
             return json.loads(body) if body else None
 
+    def post_raw(self, path: str, data: dict[str, Any]) -> Any:
+        """POST and the JSON answer, also when ComfyUI refuses (HTTP 400 with `node_errors`)."""
+        try:
+            return self.post(path, data)
+        except urllib.error.HTTPError as refused:
+            return json.loads(refused.read())
+
     def queue(self, prompt: dict[str, Any]) -> str:
         answer = self.post("/prompt", {"prompt": prompt, "client_id": "mizuoto-tests"})
         assert not answer.get("node_errors"), answer
@@ -169,14 +215,14 @@ class ComfyServer:
 
 
 @contextlib.contextmanager
-def running_server(prefix: str, prepare: Callable[[Path], None] | None = None) -> Iterator[ComfyServer]:
+def running_server(prefix: str, prepare: Callable[[Path], None] | None = None, copies: int = 1) -> Iterator[ComfyServer]:
     """A ComfyUI server over a fresh temp base folder; `prepare(root)` runs before it starts
     (e.g. to write checkpoints under `root/models`). Always stopped and removed."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         if prepare is not None:
             prepare(root)
-        server = ComfyServer(root)
+        server = ComfyServer(root, copies)
         try:
             server.start()
             yield server
@@ -200,6 +246,8 @@ def ui_to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str
     sources = {link[0]: (str(link[1]), link[2]) for link in workflow["links"]}
     prompt: dict[str, Any] = {}
     for node in workflow["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            continue
         info = object_info[node["type"]]
         linked = {i["name"]: sources[i["link"]] for i in node["inputs"] if i.get("link") is not None}
         sockets = {i["name"] for i in node["inputs"]}
