@@ -37,7 +37,7 @@ COMFYUI_PYTHON = os.environ.get("COMFYUI_PYTHON") or sys.executable
 requires_comfyui = pytest.mark.skipif(
     not COMFYUI_PATH,
     reason="COMFYUI_PATH is not set: the real-ComfyUI tests need a ComfyUI work tree "
-           "(and COMFYUI_PYTHON, its Python); see ../shared/notes/comfyui.md",
+           "(and COMFYUI_PYTHON, its Python), as the README says",
 )
 
 SERVER_START_TIMEOUT_S = 120.0
