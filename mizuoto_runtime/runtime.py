@@ -14,8 +14,8 @@ from .audio import Audio
 from .calibration import Calibration, default_path
 from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join_chunks
 from .devices import DeviceService, apply_allocator_env
-from .engines import Engine, Sampling, Voice, engine_class
-from .errors import MizuotoError
+from .engines import Engine, Sampling, Voice, check_request, engine_class
+from .errors import DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
 from .phases import RequestContext
 from .policy import MB, VramPolicy
@@ -105,6 +105,7 @@ class Runtime:
         its own talker and decoder phases with seed + its index, and the chunks are joined by
         a crossfade; `meta["chunks"]` counts them. One chunk is exactly the unchunked run."""
         sampling = sampling or Sampling()
+        check_request(text, sampling)  # before the voice prompt runs
         chunks = chunking.split(text)
         progress = ChunkProgress(on_progress, len(chunks))
         ctx = self.request(sampling.seed, cancel_check, progress if on_progress else None)
@@ -122,6 +123,8 @@ class Runtime:
                     if ctx.generator is not None:
                         ctx.generator.manual_seed(seeded.seed)
                     pieces.append(engine.synthesize(ctx, chunk, voice, seeded, allow_fallback))
+        except DeviceTooSmallError:
+            raise  # nothing freed elsewhere makes the device larger
         except torch.OutOfMemoryError:
             self.service.release_after_oom()  # M34: the next job starts from an empty device
             raise
