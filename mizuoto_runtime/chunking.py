@@ -196,8 +196,8 @@ def join_chunks(pieces: Sequence[Audio], crossfade_ms: float = CROSSFADE_MS) -> 
     first = pieces[0]
     for piece in pieces[1:]:
         if piece.sample_rate != first.sample_rate or piece.waveform.shape[0] != first.waveform.shape[0]:
-            raise MizuotoError(f"join_chunks: chunks differ: {first.sample_rate} Hz × {first.waveform.shape[0]} channels "
-                               f"vs {piece.sample_rate} Hz × {piece.waveform.shape[0]}")
+            raise MizuotoError(f"join_chunks: chunks differ: {first.sample_rate} Hz × {first.waveform.shape[0]} "
+                               f"channels vs {piece.sample_rate} Hz × {piece.waveform.shape[0]}")
     if len(pieces) == 1:
         return first
     target = crossfade_samples(first.sample_rate, crossfade_ms)

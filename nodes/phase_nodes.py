@@ -28,8 +28,8 @@ from mizuoto_runtime.engines import Codes, Voice
 from . import paths
 from .common import (
     CATEGORY, FALLBACK_TOOLTIP, NO_SPEAKER, STEPS_CATEGORY, CodesSocket, EngineSocket, VoiceSocket, audio_in,
-    audio_out, check_made_by, language_input, linked_type_errors, memory_json, memory_text, phased_engine, sampling_from,
-    sampling_inputs, schema, speaker_input, speaker_value,
+    audio_out, check_made_by, language_input, linked_type_errors, memory_json, memory_text, phased_engine,
+    sampling_from, sampling_inputs, schema, speaker_input, speaker_value,
 )
 from .engine_nodes import check_choice, checkpoint_input, dtype_input, engine_input
 
@@ -215,16 +215,17 @@ class MizuotoTTS(io.ComfyNode):
                 speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_name: str = "demo",
                 checkpoint: str = "none", dtype: str = "float32", split_long_text: bool = True,
                 chunk_chars: int = DEFAULT_CHUNK_CHARS) -> io.NodeOutput:
-        ref = engine if engine is not None else PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
+        if engine is None:  # the node's own choice; the output keeps it loaded between runs
+            engine = PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
                                  language)
-        audio, meta = ref.runtime.say(
-            ref.engine, text, reference=audio_in(reference, "reference"), transcript=transcript or None,
+        audio, meta = engine.runtime.say(
+            engine.engine, text, reference=audio_in(reference, "reference"), transcript=transcript or None,
             speaker=speaker_value(speaker), instruct=instruct or None, sampling=sampling,
             allow_fallback=fallback_switch(allow_fallback), cancel_check=interrupt_check,
             on_progress=ProgressReporter(), chunking=TextChunking(enabled=split_long_text, max_chars=chunk_chars),
         )
-        return io.NodeOutput(audio_out(audio), memory_json(meta), ref, ui=ui.PreviewText(memory_text(meta)))
+        return io.NodeOutput(audio_out(audio), memory_json(meta), engine, ui=ui.PreviewText(memory_text(meta)))
 
 
 NODES: list[type[io.ComfyNode]] = [MizuotoVoicePrompt, MizuotoTalker, MizuotoDecoder, MizuotoTTS]

@@ -235,8 +235,9 @@ class Page:
 def chromium(binary: str, width: int, height: int) -> Iterator[int]:
     port = 9300 + int(time.time()) % 500
     profile = tempfile.mkdtemp(prefix="mizuoto-chromium-")
-    process = subprocess.Popen([binary, "--headless=new", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={port}",
-                                f"--window-size={width},{height}", f"--user-data-dir={profile}", "about:blank"],
+    process = subprocess.Popen([binary, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                f"--remote-debugging-port={port}", f"--window-size={width},{height}",
+                                f"--user-data-dir={profile}", "about:blank"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
@@ -261,7 +262,8 @@ LOAD = """(async () => {
   const ds = app.canvas.ds;
   return {scale: ds.scale, canvas: [rect.left, rect.top, rect.width, rect.height],
           nodes: app.graph.nodes.map((n) => ({type: n.type, pos: [...n.pos], size: [...n.size],
-            screen: [(n.pos[0] + ds.offset[0]) * ds.scale + rect.left, (n.pos[1] - %d + ds.offset[1]) * ds.scale + rect.top,
+            screen: [(n.pos[0] + ds.offset[0]) * ds.scale + rect.left,
+                     (n.pos[1] - %d + ds.offset[1]) * ds.scale + rect.top,
                      n.size[0] * ds.scale, (n.size[1] + %d) * ds.scale]}))};
 })()"""
 # Overlays a thumbnail should not show (the minimap, the canvas toolbar); hidden for the shot.
@@ -305,7 +307,8 @@ async def shots(url: str, binary: str, width: int, height: int, check: bool = Tr
                 workflow = path.read_text(encoding="utf-8")
                 seen = await page.evaluate(LOAD % (workflow, json.dumps(path.stem), TITLE_H, TITLE_H))
                 for node in seen["nodes"]:
-                    sizes[node["type"]] = [round(max(sizes.get(node["type"], [0, 0])[i], node["size"][i])) for i in (0, 1)]
+                    seen_before = sizes.get(node["type"], [0, 0])
+                    sizes[node["type"]] = [round(max(seen_before[i], node["size"][i])) for i in (0, 1)]
                     if outside(node["screen"], seen["canvas"]):
                         failures.append(f"{path.stem}: {node['type']} at {[round(v) for v in node['screen']]} is "
                                         f"not fully in view on a {width}x{height} page")

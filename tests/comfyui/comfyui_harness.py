@@ -46,13 +46,15 @@ REFERENCE_WAV = "voice_to_clone.wav"  # in the server's input folder: the voice-
 REQUEST_TIMEOUT_S = 10.0
 FRONTEND_ONLY = {"Note", "MarkdownNote"}  # nodes the frontend keeps out of the prompt
 NO_QWEN_TTS = 3  # the writer's exit status when qwen_tts cannot be imported
-TINY_WRITER = f"""
+QWEN_PROBE = f"""
 import sys
 try:
     import qwen_tts  # noqa: F401
-except ImportError as exc:
-    print(f"qwen_tts is not importable under {{sys.executable}}: {{exc}}", file=sys.stderr)
+except Exception as exc:  # missing, or installed beside a transformers it does not run on
+    print(f"qwen_tts cannot be imported under {{sys.executable}}: {{type(exc).__name__}}: {{exc}}", file=sys.stderr)
     sys.exit({NO_QWEN_TTS})
+"""
+TINY_WRITER = QWEN_PROBE + """
 from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
 write_tiny_checkpoint(sys.argv[1], model_type=sys.argv[2])
 """
@@ -80,10 +82,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def qwen_tts_importable(python: str) -> bool:
-    done = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(not importlib.util.find_spec('qwen_tts'))"],
-                          capture_output=True, timeout=120)
-    return done.returncode == 0
+def qwen_tts_problem(python: str) -> str | None:
+    """Why `python` cannot import `qwen_tts` (really importing it), or None when it can."""
+    done = subprocess.run([python, "-c", QWEN_PROBE], capture_output=True, text=True, timeout=TINY_WRITE_TIMEOUT_S,
+                          env=comfyui_env())
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
 
 
 def write_tiny_qwen3tts(folder: Path, model_type: str) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from comfyui_harness import (
-    COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, qwen_tts_importable, requires_comfyui, running_server, ui_to_api,
-    write_tiny_qwen3tts,
+    COMFYUI_PATH, COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, qwen_tts_problem, requires_comfyui, running_server,
+    ui_to_api, write_tiny_qwen3tts,
 )
 
 pytestmark = requires_comfyui
@@ -39,10 +39,9 @@ MAX_NEW_TOKENS = 8  # N new tokens give at most N - 1 frames
 RUN_TIMEOUT_S = 300.0
 TEMPLATES = REPO / "example_workflows"
 
-runs_qwen3tts = pytest.mark.skipif(
-    bool(COMFYUI_PYTHON) and not qwen_tts_importable(COMFYUI_PYTHON),
-    reason=f"qwen_tts is not importable under COMFYUI_PYTHON ({COMFYUI_PYTHON}): ComfyUI cannot run Qwen3-TTS there",
-)
+QWEN_TTS_PROBLEM = qwen_tts_problem(COMFYUI_PYTHON) if COMFYUI_PATH else None
+runs_qwen3tts = pytest.mark.skipif(QWEN_TTS_PROBLEM is not None,
+                                   reason=f"ComfyUI cannot run Qwen3-TTS: {QWEN_TTS_PROBLEM}")
 
 
 def write_checkpoints(root: Path) -> None:
