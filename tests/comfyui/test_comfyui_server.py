@@ -195,7 +195,8 @@ def test_one_text_to_speech_node_writes_a_wav(comfy_server: ComfyServer) -> None
     """Text to Speech with its own engine and checkpoint, a long text cut in chunks, into Save
     Audio (WAV); and the same node fed by Load TTS Engine runs the same phases: same audio."""
     long_text = "This is the first sentence of a longer text. " * 6
-    chunked = tts_inputs(text=long_text, engine_name="demo", checkpoint="demo-small", chunk_chars=100)
+    chunked = tts_inputs(text=long_text, engine_name="demo", checkpoint="demo-small", chunk_chars=100,
+                         max_new_tokens=16)  # per chunk: short, on a busy test machine
     linked = {**chunked, "engine": ["3", 0], "engine_name": "qwen3tts", "checkpoint": "none"}  # ignored: linked
     runs = {}
     for name, inputs in (("own", chunked), ("linked", linked)):
