@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .audio import Audio, read_wav, write_wav
+from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, check_request, install_hint
 from .errors import ArgumentError, MizuotoError
 from .runtime import DTYPES, Runtime
@@ -55,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--language", help="the text's language (default: the engine detects it)")
     say.add_argument("--seed", type=int, default=0)
     say.add_argument("--max-new-tokens", type=int, default=2048)
-    say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
+    say.add_argument("--chunk-chars", type=int, default=DEFAULT_CHUNK_CHARS, metavar="N",
+                     help=f"long text is cut at sentence ends into chunks of at most N characters, each "
+                          f"synthesized in turn and joined with a {CROSSFADE_MS:g} ms crossfade "
+                          f"(default {DEFAULT_CHUNK_CHARS}, at least {MIN_CHUNK_CHARS})")
+    say.add_argument("--no-chunking", action="store_true", help="synthesize the whole text in one go")
+    say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
         target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")
@@ -127,11 +133,13 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     # Everything the request names is checked before the engine loads (a load can take minutes).
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
     check_request(args.text, sampling)
+    chunking = TextChunking(enabled=not args.no_chunking, max_chars=args.chunk_chars)
     output = _output_file(Path(args.output))
     reference = _reference(Path(args.voice)) if args.voice else None
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct)
+                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
+                         chunking=chunking)
     try:
         path = write_wav(output, audio)
     except OSError as exc:

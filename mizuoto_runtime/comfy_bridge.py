@@ -39,9 +39,9 @@ simulated entries; under a GPU ComfyUI it frees the GPU only.
 
 `model_management` has no lock: everything here runs on the thread that executes nodes.
 
-**Node logic without ComfyUI.** The nodes' fallback switch (M44, `fallback_switch`) and the
-loader's checkpoint-folder listing (`checkpoint_folders`) live here, not in `nodes/` (which
-imports ComfyUI), so the contract tests check them in CI.
+**Node logic without ComfyUI.** The nodes' fallback switch (M44, `fallback_switch`) lives here,
+not in `nodes/` (which imports ComfyUI), so the contract tests check it in CI; the checkpoint
+listing is `checkpoints.py`.
 """
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ class HandleAdapter:
         A handle in use gives nothing (M35), and ComfyUI then detaches it instead."""
         handle = self.handle
         if handle.in_use:
-            log.info("ComfyUI asked %s for %.1f MB while a phase uses it; it keeps its units (M35)",
+            log.info("ComfyUI asked %s for %.1f MB while a phase uses it; it keeps its units",
                      self._manager.key(handle), memory_to_free / 2**20)
             return 0
         return self._yielded(handle, handle.partially_unload(int(memory_to_free)))
@@ -187,7 +187,7 @@ class HandleAdapter:
         if handle is None or not unpatch_all:
             return handle
         if handle.in_use:
-            log.warning("ComfyUI unloaded %s while a phase uses it; it stays on the device (M35)",
+            log.warning("ComfyUI unloaded %s while a phase uses it; it stays on the device",
                         self._manager.key(handle))
             return handle
         self._yielded(handle, handle.offload())
@@ -349,44 +349,6 @@ def fallback_switch(toggle: bool) -> bool | None:
     return True if toggle else None
 
 
-# ---- checkpoint folders ----------------------------------------------------------------------
-#: A folder with this file or a `*.safetensors` file at its top level is a checkpoint root
-#: (the official Qwen3-TTS layout has a config.json; the demo engine writes bare safetensors).
-CHECKPOINT_CONFIG = "config.json"
-CHECKPOINT_WEIGHTS = "*.safetensors"
-
-
-def is_checkpoint_root(folder: Path) -> bool:
-    return (folder / CHECKPOINT_CONFIG).is_file() or any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS))
-
-
-def _subfolders(folder: Path) -> list[Path]:
-    try:
-        return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError as exc:
-        # ComfyUI asks for the loader's choices when it lists nodes: one unreadable folder must
-        # not take the node list down with it.
-        log.warning("Mizuoto: cannot list checkpoint folder %s (%s)", folder, exc)
-        return []
-
-
-def checkpoint_folders(root: Path, max_depth: int = 2) -> list[str]:
-    """The checkpoint roots under `root`, as POSIX paths relative to it, at most `max_depth`
-    levels down (`qwen3tts/Qwen3-TTS-12Hz-0.6B-Base`), in sorted order.
-
-    The search stops at a root: a checkpoint's own subfolders (Qwen's `speech_tokenizer/`, which
-    has a config.json of its own) are part of it, never a choice. Folders that are not roots
-    (grouping folders, half-copied downloads) are searched but not listed; hidden ones are skipped.
-    """
-    found: list[str] = []
-    for child in _subfolders(root):
-        if is_checkpoint_root(child):
-            found.append(child.name)
-        elif max_depth > 1:
-            found.extend(f"{child.name}/{name}" for name in checkpoint_folders(child, max_depth - 1))
-    return found
-
-
 # ---- the process runtime ---------------------------------------------------------------------
 EngineKey = tuple[str, str | None, str, str]  # engine, folder, dtype, device
 
@@ -499,6 +461,5 @@ PROCESS = ProcessRuntime()
 
 __all__ = [
     "COMFYUI", "PROCESS", "ComfyAccounting", "EngineRef", "HandleAdapter", "ProcessRuntime", "ProgressReporter",
-    "checkpoint_folders", "comfy_device", "fallback_switch", "install", "interrupt_check", "is_checkpoint_root",
-    "node_request",
+    "comfy_device", "fallback_switch", "install", "interrupt_check", "node_request",
 ]

@@ -178,7 +178,7 @@ class ModelHandle:
             return list(self.plan.units)
         if budget < self.min_working_set:
             log.warning(
-                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum (M7)",
+                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum",
                 self.name, budget / 2**20, self.min_working_set / 2**20,
             )
             budget = self.min_working_set

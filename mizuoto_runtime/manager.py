@@ -203,7 +203,7 @@ class ModelManager:
                 cancel_check()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("waited %.1f s for another request to release the device; trying anyway (M8)",
+                log.warning("waited %.1f s for another request to release the device; trying anyway",
                             self.wait_timeout_s)
                 break
             self._cond.wait(timeout=min(remaining, 0.5))

@@ -313,7 +313,7 @@ class Pinner:
         if not self.registrar.register(ptr, nbytes):
             self.registrar.clear_error()
             self.budget.give(nbytes)
-            log.info("cudaHostRegister of %.1f MB failed; that storage stays pageable (M22)", nbytes / 2**20)
+            log.info("cudaHostRegister of %.1f MB failed; that storage stays pageable", nbytes / 2**20)
             return None
         return self._anchor(tensor, "registered", ptr, nbytes)
 

@@ -27,8 +27,7 @@ from torch import nn
 
 from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, SettingError, VramPolicy
 from mizuoto_runtime.comfy_bridge import (
-    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, checkpoint_folders, comfy_device, fallback_switch,
-    install, is_checkpoint_root, node_request,
+    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, comfy_device, fallback_switch, install, node_request,
 )
 from mizuoto_runtime.engines import Codes, Sampling
 
@@ -482,30 +481,6 @@ def test_a_decoder_nodes_toggle_allows_the_fallback_and_off_defers_to_the_settin
         return
     audio = engine.decode(ctx, codes, fallback_switch(toggle))
     assert ctx.meta["applied"]["fallbacks"] == ["tiled_1d"] and audio.waveform.shape[-1] == 400 * 256
-
-
-def touch(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"{}")
-
-
-def test_checkpoint_choices_are_checkpoint_roots_not_their_subfolders(tmp_path: Path) -> None:
-    """The loader lists folders with a config.json or safetensors at their top level, two levels
-    deep, and never a listed checkpoint's own subfolders (Qwen's speech_tokenizer/)."""
-    for qwen in (tmp_path / "Qwen3-TTS-12Hz-0.6B-Base", tmp_path / "qwen3tts" / "tiny-base"):
-        for name in ("config.json", "model.safetensors", "speech_tokenizer/config.json",
-                     "speech_tokenizer/model.safetensors"):
-            touch(qwen / name)
-    touch(tmp_path / "demo-small" / "talker.safetensors")  # the demo engine: bare safetensors
-    touch(tmp_path / "notes" / "readme.txt")  # files, but not a checkpoint
-    touch(tmp_path / ".cache" / "hub" / "config.json")  # hidden
-    touch(tmp_path / "deep" / "a" / "b" / "config.json")  # three levels down
-    touch(tmp_path / "loose.safetensors")
-    assert checkpoint_folders(tmp_path) == ["Qwen3-TTS-12Hz-0.6B-Base", "demo-small", "qwen3tts/tiny-base"]
-    # speech_tokenizer/ would pass as a checkpoint on its own: it is left out because it is nested.
-    assert is_checkpoint_root(tmp_path / "Qwen3-TTS-12Hz-0.6B-Base" / "speech_tokenizer")
-    assert "deep/a/b" in checkpoint_folders(tmp_path, max_depth=3)
-    assert checkpoint_folders(tmp_path / "missing") == []
 
 
 def test_install_joins_a_runtime_to_comfyui(comfy: StandIn) -> None:

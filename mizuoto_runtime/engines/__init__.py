@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import MizuotoError
-from .base import Codes, Engine, Sampling, Voice, check_request
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, check_request
 
 # id -> (module, class, requirements file under requirements/ that provides its upstream package)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
@@ -34,4 +34,7 @@ def engine_class(engine_id: str) -> type[Engine]:
     return getattr(module, cls_name)
 
 
-__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class", "install_hint"]
+__all__ = [
+    "ENGINES", "CheckpointInfo", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class",
+    "install_hint",
+]
