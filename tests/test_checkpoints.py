@@ -10,7 +10,7 @@ import pytest
 
 from mizuoto_runtime import MizuotoError, Runtime
 from mizuoto_runtime.checkpoints import NONE, checkpoint_folders, choice_value, is_checkpoint_root, scan
-from mizuoto_runtime.engines import CheckpointInfo
+from mizuoto_runtime.engines import ENGINES, CheckpointInfo
 from mizuoto_runtime.engines.demo import DemoEngine, save_checkpoint
 from mizuoto_runtime.engines.dummy import DummyEngine
 from mizuoto_runtime.engines.qwen3tts import REQUIRED_FILES, Qwen3TTSEngine
@@ -98,7 +98,7 @@ def test_the_catalog_lists_per_engine_what_it_can_load_and_names_the_type(models
 
 def test_the_route_data_has_every_engine_and_no_absolute_path(models: Path) -> None:
     data = scan([models]).as_dict()
-    assert set(data["engines"]) == {"demo", "dummy", "qwen3tts"}
+    assert set(data["engines"]) == set(ENGINES)
     qwen = data["engines"]["qwen3tts"]
     assert qwen["title"] == "Qwen3-TTS"
     assert qwen["choices"][2] == {"value": "qwen3tts/tiny-cv (CustomVoice)", "path": "qwen3tts/tiny-cv",
