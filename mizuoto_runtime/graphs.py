@@ -74,12 +74,28 @@ def placement_refusal(handle: ModelHandle) -> str | None:
     return None
 
 
+#: Reasons a host forbids capture (ComfyUI's dynamic VRAM, `comfy_bridge.install`): each
+#: returns why, or None. Checked by `eligible`, so a refusal reaches whoever records it.
+Refusal = Callable[["ModelHandle"], "str | None"]
+_REFUSALS: list[Refusal] = []
+
+
+def add_refusal(refusal: Refusal) -> None:
+    """Register a host's reason to refuse capture (once per function)."""
+    if refusal not in _REFUSALS:
+        _REFUSALS.append(refusal)
+
+
 def eligible(handle: ModelHandle) -> tuple[bool, str]:
     """Whether `handle` may be captured now, and if not, why (M24, M54)."""
     if not usable(handle.policy):
         return False, "compute.cuda_allocator is async (cudaMallocAsync): no CUDA Graphs (M54)"
     if handle.device.type != "cuda" or handle.devices.is_simulated(handle.device):
         return False, f"{handle.device} is not a CUDA device"
+    for refusal in _REFUSALS:
+        reason = refusal(handle)
+        if reason is not None:
+            return False, reason
     reason = placement_refusal(handle)
     return (reason is None), (reason or "eligible")
 

@@ -131,7 +131,10 @@ class RequestContext:
             try:
                 with self.use(handles, memory, name):
                     return fn()
-            except torch.OutOfMemoryError:
+            except Exception as exc:
+                # Whatever the host counts as out of memory (ComfyUI: `AcceleratorError` OOMs too).
+                if not self.manager.is_oom(exc):
+                    raise
                 if attempt >= retries and not use_fallback:
                     raise  # the original error, with its traceback
                 if attempt >= retries:

@@ -8,7 +8,7 @@ import torch
 from comfy_api.latest import io
 
 from mizuoto_runtime import Audio, MizuotoError
-from mizuoto_runtime.comfy_bridge import EngineRef
+from mizuoto_runtime.host import EngineRef
 from mizuoto_runtime.engines import Codes, Engine, Sampling, Voice
 
 CATEGORY = "audio/mizuoto"

@@ -7,7 +7,7 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import DeviceService
-from mizuoto_runtime.comfy_bridge import PROCESS
+from mizuoto_runtime.host import PROCESS
 from mizuoto_runtime.engines import ENGINES
 from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
 from mizuoto_runtime.runtime import DTYPES
@@ -99,6 +99,7 @@ class MizuotoEngineLoader(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None,
                 device: str = "auto") -> io.NodeOutput:
         if memory is not None:

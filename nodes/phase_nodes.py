@@ -10,7 +10,8 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from mizuoto_runtime.comfy_bridge import EngineRef, ProgressReporter, fallback_switch, interrupt_check, node_request
+from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check, node_request
+from mizuoto_runtime.host import PROCESS, EngineRef, fallback_switch
 from mizuoto_runtime.engines import Codes, Voice
 
 from .common import (
@@ -46,6 +47,7 @@ class MizuotoVoicePrompt(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, reference: dict[str, Any] | None = None, transcript: str = "",
                 speaker: str = "", instruct: str = "") -> io.NodeOutput:
         tts = phased_engine(engine, "Mizuoto Voice Prompt")
@@ -74,6 +76,7 @@ class MizuotoTalker(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool,
                 voice: Voice | None = None, language: str = "") -> io.NodeOutput:
@@ -105,6 +108,7 @@ class MizuotoDecoder(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, codes: Codes, allow_fallback: bool) -> io.NodeOutput:
         tts = phased_engine(engine, "Mizuoto Codec Decoder")
         check_made_by(codes, tts, "codes")
@@ -134,6 +138,7 @@ class MizuotoTTS(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool, allow_fallback: bool,
                 reference: dict[str, Any] | None = None, transcript: str = "", speaker: str = "",

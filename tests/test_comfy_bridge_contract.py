@@ -27,9 +27,10 @@ from torch import nn
 
 from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, SettingError, VramPolicy
 from mizuoto_runtime.comfy_bridge import (
-    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, checkpoint_folders, comfy_device, fallback_switch,
-    install, is_checkpoint_root, node_request,
+    COMFYUI, ComfyAccounting, HandleAdapter, checkpoint_folders, comfy_device, install, is_checkpoint_root,
+    node_request,
 )
+from mizuoto_runtime.host import ProcessRuntime, fallback_switch
 from mizuoto_runtime.engines import Codes, Sampling
 
 MB = 1 << 20
@@ -205,6 +206,11 @@ class StandInProgressBar:
         self.values.append(min(value, self.total))
 
 
+def joined(settings: dict[str, Any]) -> ProcessRuntime:
+    """The pack's process runtime, joined to the stand-in's accounting."""
+    return ProcessRuntime(settings, join=install)
+
+
 @pytest.fixture
 def devices() -> DeviceService:
     return DeviceService(simulate={"cpu": 16 * MB}, strict=True)
@@ -282,10 +288,19 @@ def test_adapter_speaks_the_patcher_protocol_of_old_and_new_comfyui(manager: Mod
     assert adapter.model_dtype() == torch.float32
     assert adapter.model_patches_models() == [] and adapter.model_patches_to(CPU) is None
     assert adapter.lowvram_patch_counter() == 0
-    assert adapter.is_clone(adapter) and not adapter.is_clone(accounting.adapter(place(manager, "b")))
-    # Newest ComfyUI (dynamic VRAM): never dynamic, no host-RAM pins to give back.
+    other = accounting.adapter(place(manager, "b"))
+    assert adapter.is_clone(adapter) and not adapter.is_clone(other)
+    # 0.11 on (dynamic VRAM): never dynamic; a dynamic model's pin pools (`subsets`) we have none of.
     assert adapter.is_dynamic() is False
-    assert adapter.partially_unload_ram(1 << 30, subsets=["weights"]) == 0 and adapter.loaded_ram_size() == 0
+    assert adapter.partially_unload_ram(1 << 30, subsets=["weights"]) == 0
+    # Honest host figures: the host copies are kept (M25), none of them pinned on the simulated device.
+    assert adapter.loaded_ram_size() == handle.size_bytes and adapter.pinned_memory_size() == 0
+    # 0.17–0.20: (resident host bytes, model bytes); nothing is released for free=True.
+    assert adapter.model_mmap_residency(free=True) == (handle.size_bytes, handle.size_bytes)
+    assert handle.describe()["host_bytes"] == handle.size_bytes
+    # 0.22 on: unload_model_and_clones and multigpu read these on every entry.
+    assert adapter.clone_base_uuid != other.clone_base_uuid and adapter.is_multigpu_base_clone is False
+    assert adapter.get_nested_additional_models() == [] and adapter.get_additional_models() == []
 
 
 def test_each_placement_registers_the_handle_once_at_the_front(manager: ModelManager, comfy: StandIn,
@@ -406,7 +421,7 @@ def test_free_for_reports_what_our_device_gained(manager: ModelManager, comfy: S
 
 # ---- the process runtime and node requests ----------------------------------------------------
 def test_configure_validates_and_rebuilds_for_a_new_simulated_device(comfy: StandIn) -> None:
-    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    process = joined({"compute.simulate_vram_mb": 32})
     ref = process.engine("demo")
     first, old_handles = process.runtime(), ref.engine.handles()
     assert isinstance(first.manager.external, ComfyAccounting)
@@ -421,7 +436,7 @@ def test_configure_validates_and_rebuilds_for_a_new_simulated_device(comfy: Stan
 
 
 def test_an_engine_lives_as_long_as_comfyui_holds_a_reference(comfy: StandIn) -> None:
-    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    process = joined({"compute.simulate_vram_mb": 32})
     first, second = process.engine("demo"), process.engine("demo")
     handles = first.engine.handles()
     assert second.engine is first.engine
@@ -433,7 +448,7 @@ def test_an_engine_lives_as_long_as_comfyui_holds_a_reference(comfy: StandIn) ->
 
 
 def test_node_requests_drive_the_progress_bar_and_honour_interrupt(comfy: StandIn) -> None:
-    runtime = ProcessRuntime({"compute.simulate_vram_mb": 32}).runtime()
+    runtime = joined({"compute.simulate_vram_mb": 32}).runtime()
     engine = runtime.engine("demo")
     voice = engine.voice_prompt(node_request(runtime), None, None, None)
     sampling = Sampling(seed=3, max_new_tokens=40)
@@ -463,7 +478,7 @@ def test_node_requests_drive_the_progress_bar_and_honour_interrupt(comfy: StandI
 def test_a_decoder_nodes_toggle_allows_the_fallback_and_off_defers_to_the_setting(
         comfy: StandIn, oom_fallback: bool, toggle: bool, falls_back: bool) -> None:
     """M44: the decoder and TTS nodes pass `fallback_switch(allow_fallback)` to the engine."""
-    runtime = ProcessRuntime({"compute.simulate_vram_mb": 32, "compute.oom_fallback": oom_fallback}).runtime()
+    runtime = joined({"compute.simulate_vram_mb": 32, "compute.oom_fallback": oom_fallback}).runtime()
     engine = runtime.engine("demo")
     codes = Codes(torch.randint(0, 256, (1, 400)), engine.id)  # more frames than one 256-frame tile
     decoder = engine.decoder.module
@@ -521,7 +536,7 @@ def test_install_joins_a_runtime_to_comfyui(comfy: StandIn) -> None:
 
 def test_engines_built_inside_comfyuis_inference_mode_still_run(comfy: StandIn) -> None:
     """ComfyUI runs every node under `torch.inference_mode()`; placement swaps `Parameter.data`."""
-    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    process = joined({"compute.simulate_vram_mb": 32})
     with torch.inference_mode():
         ref = process.engine("demo")
         audio, _ = ref.runtime.say(ref.engine, "inference mode", sampling=Sampling(max_new_tokens=16))
