@@ -2,11 +2,7 @@
 `test_comfyui_inprocess.py` as `COMFYUI_PYTHON comfy_inprocess.py CHECK...` with
 cwd = COMFYUI_PATH. Prints one JSON line per check: {"check", "ok", "error"}.
 
-On `--cpu` ComfyUI's `load_models_gpu` never frees memory, so the budget arithmetic is checked
-by calling `free_memory` directly, on one *simulated* device shared by both managers: for these
-checks (test set-up, not product code) `comfy.model_management.get_free_memory` and our
-`DeviceService.free_bytes` both report that device's free bytes, and ComfyUI's models count
-against it through their `loaded_size()`.
+The budget arithmetic runs on one simulated device shared by both managers (`shared_device.py`).
 """
 from __future__ import annotations
 
@@ -32,74 +28,20 @@ comfy.options.enable_args_parsing()
 
 import utils.extra_config  # noqa: E402,F401  (before `nodes`, as main.py does)
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, VramPolicy  # noqa: E402
-from mizuoto_runtime.comfy_bridge import ComfyAccounting, HandleAdapter, node_request  # noqa: E402
+from mizuoto_runtime.comfy_bridge import node_request  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
 from mizuoto_runtime.runtime import Runtime  # noqa: E402
+from shared_device import CPU, MB, SharedDevice, Stack  # noqa: E402
 
-MB = 1 << 20
-CPU = torch.device("cpu")
-TOTAL = 24 * MB
 TILE_LIMIT = 300  # frames: tiled_1d decodes at most 256 at a time
 COMFY_GET_FREE_MEMORY = mm.get_free_memory
 
 
-class Stack(nn.Module):
-    """A small fixed part and `n` units of exactly 1 MiB."""
-
-    def __init__(self, n: int = 6, dim: int = 512) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(n))
-
-
-class Setup:
-    """A fresh manager joined to ComfyUI, on the shared simulated device."""
-
-    def __init__(self) -> None:
-        mm.current_loaded_models.clear()
-        self.devices = DeviceService(simulate={"cpu": TOTAL}, strict=True)
-        self.devices.free_bytes = lambda device: self.free()  # type: ignore[method-assign]
-        mm.get_free_memory = self.get_free_memory
-        self.manager = ModelManager(self.devices, VramPolicy())
-        self.accounting = ComfyAccounting(self.manager)
-        self.manager.external = self.accounting
-
-    def free(self) -> int:
-        comfy_bytes = sum(e.model_loaded_memory() for e in mm.current_loaded_models
-                          if e.model is not None and not isinstance(e.model, HandleAdapter))
-        return TOTAL - self.devices.counted_bytes(CPU) - comfy_bytes
-
-    def get_free_memory(self, dev: torch.device | None = None, torch_free_too: bool = False) -> object:
-        return (self.free(), 0) if torch_free_too else self.free()
-
-    def handle(self, name: str, units: int = 6) -> ModelHandle:
-        handle = self.manager.register(Stack(units), engine="t", name=name)
-        self.manager.load([handle])
-        return handle
-
-    def comfy_model(self, mb: int) -> comfy.model_patcher.ModelPatcher:
-        """A ComfyUI model (a real ModelPatcher) loaded by ComfyUI."""
-        module = nn.Sequential(*(nn.Linear(512, 512, bias=False) for _ in range(mb)))
-        patcher = comfy.model_patcher.ModelPatcher(module, load_device=CPU, offload_device=CPU)
-        mm.load_models_gpu([patcher])
-        assert patcher.loaded_size() == mb * MB, patcher.loaded_size()
-        return patcher
-
-    def entry_of(self, patcher: object) -> object:
-        return next(e for e in mm.current_loaded_models if e.model is patcher)
-
-    @staticmethod
-    def ours() -> list[ModelHandle]:
-        return [e.model.model for e in mm.current_loaded_models if isinstance(e.model, HandleAdapter)]
-
-
 def check_adapter_load_device_is_comfyuis() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     handle = s.handle("a")
     adapter = s.accounting.adapter(handle)
     assert adapter.load_device == mm.get_torch_device(), (adapter.load_device, mm.get_torch_device())
@@ -107,7 +49,7 @@ def check_adapter_load_device_is_comfyuis() -> None:
 
 
 def check_partial_request_takes_exactly_enough_units() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     diffusion = s.comfy_model(4)
     handle = s.handle("tts")
     free = mm.get_free_memory(CPU)
@@ -119,7 +61,7 @@ def check_partial_request_takes_exactly_enough_units() -> None:
 
 
 def check_larger_request_detaches() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     diffusion = s.comfy_model(4)
     handle = s.handle("tts")
     mm.free_memory(mm.get_free_memory(CPU) + handle.size_bytes + MB, CPU, keep_loaded=[s.entry_of(diffusion)])
@@ -128,7 +70,7 @@ def check_larger_request_detaches() -> None:
 
 
 def check_our_request_evicts_comfyui_not_our_handle_in_use() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     busy = s.manager.register(Stack(), engine="t", name="busy")
     s.manager.acquire([busy])
     diffusion = s.comfy_model(14)
@@ -144,7 +86,7 @@ def check_our_request_evicts_comfyui_not_our_handle_in_use() -> None:
 
 
 def check_registering_twice_leaves_one_entry() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     a = s.handle("a")
     b = s.handle("b")
     s.accounting.on_placed([a])
@@ -155,7 +97,7 @@ def check_registering_twice_leaves_one_entry() -> None:
 
 
 def check_unload_all_models_frees_our_handles() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     handles = [s.handle(name, units=4) for name in ("a", "b")]
     diffusion = s.comfy_model(4)
     mm.unload_all_models()
@@ -164,7 +106,7 @@ def check_unload_all_models_frees_our_handles() -> None:
 
 
 def check_entry_dies_with_its_handle() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     handle = s.handle("gone")
     s.manager.unregister(handle)
     del handle
