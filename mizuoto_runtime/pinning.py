@@ -414,24 +414,25 @@ _SHARED_LOCK = threading.Lock()
 _OUTSIDE: list[OutsidePins] = []  # the process's other accountant, once a host shares one
 
 
-def share_budget(outside: OutsidePins) -> None:
+def share_budget(outside: OutsidePins | None) -> None:
     """Make the process-wide pinners share their budget with `outside` (a host calls it once
-    it knows another accountant pins in this process; ComfyUI: `comfy_bridge.install`).
-    Bytes already pinned are added to the outside total now."""
+    it knows another accountant pins in this process; ComfyUI: `comfy_bridge.install`), or
+    stop sharing (None). Bytes already pinned move to the new outside total now."""
     with _SHARED_LOCK:
-        _OUTSIDE[:] = [outside]
+        _OUTSIDE[:] = [] if outside is None else [outside]
         for pinner in _SHARED.values():
             _attach(pinner.budget, outside)
 
 
-def _attach(budget: PinnedBudget, outside: OutsidePins) -> None:
+def _attach(budget: PinnedBudget, outside: OutsidePins | None) -> None:
     with budget._lock:
         if budget.outside is outside:
             return
         if budget.outside is not None:
             budget.outside.add(-budget.used)
         budget.outside = outside
-        outside.add(budget.used)
+        if outside is not None:
+            outside.add(budget.used)
 
 
 def shared_pinner(device: torch.device, simulated: bool) -> Pinner | None:
