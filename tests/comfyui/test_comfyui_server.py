@@ -6,12 +6,15 @@ are really placed (M55) and `GET /mizuoto/runtime` shows loaded bytes."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from comfyui_harness import REFERENCE_WAV, REPO, ComfyServer, comfy_server, requires_comfyui, ui_to_api
+from comfyui_harness import (
+    COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfy_server, comfyui_env, requires_comfyui, ui_to_api,
+)
 
 pytestmark = requires_comfyui
 __all__ = ["comfy_server"]  # the fixture, imported for pytest
@@ -103,6 +106,20 @@ def test_phase_workflow_saves_audio_and_reports_memory(comfy_server: ComfyServer
     assert loaded(state) > 0 and {m["name"] for m in state["models"]} == {"speaker_encoder", "talker", "decoder"}
     assert all({"loaded_bytes", "streamed_bytes", "host_bytes"} <= set(m) for m in state["models"])
     assert comfy_server.get("/api/mizuoto/runtime")["device"] == comfy_server.get("/mizuoto/runtime")["device"]
+
+
+def test_mizuoto_runtime_url_shows_the_running_servers_models(comfy_server: ComfyServer) -> None:
+    """`mizuoto runtime --url`: the models of the running ComfyUI, read from the pack's route
+    (issue 9 item 4), not an always-empty fresh process's."""
+    prompt = phases_prompt(comfy_server, text="Show me.", seed=6, prefix="audio/shown")
+    assert comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+    done = subprocess.run([COMFYUI_PYTHON, "-m", "mizuoto_runtime", "runtime", "--url", comfy_server.url], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env=comfyui_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = json.loads(done.stdout)
+    assert shown["url"] == comfy_server.url and shown["device"]["simulated"]
+    assert {m["name"] for m in shown["models"]} == {m["name"] for m in comfy_server.get("/mizuoto/runtime")["models"]}
+    assert shown["models"]
 
 
 def test_all_in_one_template_runs(comfy_server: ComfyServer) -> None:
