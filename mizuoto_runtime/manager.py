@@ -253,7 +253,7 @@ class ModelManager:
             floor = sum(h.size_bytes for h in handles)
         else:
             floor = sum(h.min_working_set for h in handles)
-        extra = needed - sum(h.size_bytes for h in handles)
+        extra = needed - sum(self._ceiling(h) for h in handles)  # working memory + reserve
         return self._available(device, handles) < floor + extra
 
     def _yield(self, device: torch.device, deficit: int, keep: Sequence[ModelHandle]) -> int:
