@@ -13,6 +13,7 @@ adapter lacks fails here as the AttributeError users would see.
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import sys
 import traceback
@@ -103,6 +104,24 @@ def check_phase_end_leaves_currently_used() -> None:
     mm.free_memory(mm.get_free_memory(CPU) + handle.size_bytes + MB, CPU, keep_loaded=[s.entry_of(diffusion)])
     mm.load_models_gpu(in_use)
     assert handle.device_bytes == 0, handle
+
+
+def check_ram_short_free_memory_takes_host_copies_not_units() -> None:
+    """0.12-0.20 ask every eviction candidate for host RAM (`partially_unload_ram`) when RAM or
+    pins are short: an idle whole-loaded handle gives its host copies (M29) and keeps its
+    units; releases that ask only their dynamic models leave ours alone."""
+    s = SharedDevice(mm)
+    handle = s.handle("ram")
+    host = handle.describe()["host_bytes"]
+    asks = [name for name in ("ram_required", "pins_required")
+            if name in inspect.signature(mm.free_memory).parameters]
+    source = inspect.getsource(mm.free_memory)
+    every_candidate = "model.partially_unload_ram(ram_to_free)" in source or \
+        "model.partially_unload_ram(pins_to_free)" in source
+    mm.free_memory(0, CPU, **{name: 1e30 for name in asks})  # VRAM target met: only RAM is short
+    assert handle.is_whole, handle
+    after = handle.describe()["host_bytes"]
+    assert (after < host) is every_candidate, (asks, host, after)
 
 
 def check_unload_model_and_clones_keeps_ours() -> None:
