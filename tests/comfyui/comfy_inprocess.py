@@ -1,4 +1,5 @@
-"""In-process checks of the bridge against a real ComfyUI (M35), run by
+"""In-process checks of the bridge against a real ComfyUI (M35) — those of `accounting_checks.py`
+and the pack's own — run by
 `test_comfyui_inprocess.py` as `COMFYUI_PYTHON comfy_inprocess.py CHECK...` with
 cwd = COMFYUI_PATH. Prints one JSON line per check: {"check", "ok", "error"}.
 
@@ -7,11 +8,9 @@ The budget arithmetic runs on one simulated device shared by both managers (`sha
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,7 @@ COMFYUI = os.environ["COMFYUI_PATH"]
 CHECKS_WANTED = sys.argv[1:]
 sys.path.insert(0, COMFYUI)  # a script outside the tree does not get it on sys.path
 sys.path.append(str(REPO))  # appended: the repo's `nodes/` must not shadow ComfyUI's `nodes`
-sys.argv = [sys.argv[0], "--cpu"]  # ComfyUI parses its CLI at import; there is no GPU here
+sys.argv = [sys.argv[0], "--cpu", "--reserve-vram", "4"]  # ComfyUI parses its CLI at import (accounting_checks.COMFYUI_ARGS)
 
 import comfy.options  # noqa: E402
 
@@ -29,12 +28,12 @@ comfy.options.enable_args_parsing()
 import utils.extra_config  # noqa: E402,F401  (before `nodes`, as main.py does)
 import torch  # noqa: E402
 
+import accounting_checks  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
-import comfy.model_patcher  # noqa: E402
 from mizuoto_runtime.comfy_bridge import node_request  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
 from mizuoto_runtime.runtime import Runtime  # noqa: E402
-from shared_device import CPU, MB, SharedDevice, Stack  # noqa: E402
+from shared_device import SharedDevice  # noqa: E402
 
 TILE_LIMIT = 300  # frames: tiled_1d decodes at most 256 at a time
 COMFY_GET_FREE_MEMORY = mm.get_free_memory
@@ -46,73 +45,6 @@ def check_adapter_load_device_is_comfyuis() -> None:
     adapter = s.accounting.adapter(handle)
     assert adapter.load_device == mm.get_torch_device(), (adapter.load_device, mm.get_torch_device())
     assert mm.loaded_models() == [adapter]
-
-
-def check_partial_request_takes_exactly_enough_units() -> None:
-    s = SharedDevice(mm)
-    diffusion = s.comfy_model(4)
-    handle = s.handle("tts")
-    free = mm.get_free_memory(CPU)
-    mm.free_memory(free + int(2.5 * MB), CPU, keep_loaded=[s.entry_of(diffusion)])
-    assert len(handle.streamed_units) == 3, handle
-    assert mm.get_free_memory(CPU) == free + 3 * MB
-    assert s.ours() == [handle], s.ours()
-    assert diffusion.loaded_size() == 4 * MB
-
-
-def check_larger_request_detaches() -> None:
-    s = SharedDevice(mm)
-    diffusion = s.comfy_model(4)
-    handle = s.handle("tts")
-    mm.free_memory(mm.get_free_memory(CPU) + handle.size_bytes + MB, CPU, keep_loaded=[s.entry_of(diffusion)])
-    assert handle.device_bytes == 0 and s.ours() == []
-    assert diffusion.loaded_size() == 4 * MB
-
-
-def check_our_request_evicts_comfyui_not_our_handle_in_use() -> None:
-    s = SharedDevice(mm)
-    busy = s.manager.register(Stack(), engine="t", name="busy")
-    s.manager.acquire([busy])
-    diffusion = s.comfy_model(14)
-    needy = s.manager.register(Stack(), engine="t", name="needy")
-    deficit = needy.size_bytes - s.free()
-    assert deficit > MB
-    s.manager.load([needy])
-    # ComfyUI's own ModelPatcher gives back layers until the deficit is covered (it keeps the rest).
-    assert 0 < 14 * MB - diffusion.loaded_size() >= deficit, (diffusion.loaded_size(), deficit)
-    assert busy.is_whole and needy.is_whole and s.ours() == [needy, busy]
-    assert not [e for e in s.manager.events if e[0] == "yield"]  # nothing of ours yielded
-    s.manager.release([busy])
-
-
-def check_registering_twice_leaves_one_entry() -> None:
-    s = SharedDevice(mm)
-    a = s.handle("a")
-    b = s.handle("b")
-    s.accounting.on_placed([a])
-    s.accounting.on_placed([a])
-    assert s.ours() == [a, b]
-    mm.load_models_gpu([s.accounting.adapter(b)])  # ComfyUI reloading our entry (ControlNet does)
-    assert s.ours() == [b, a] and b.is_whole and len(mm.current_loaded_models) == 2
-
-
-def check_unload_all_models_frees_our_handles() -> None:
-    s = SharedDevice(mm)
-    handles = [s.handle(name, units=4) for name in ("a", "b")]
-    diffusion = s.comfy_model(4)
-    mm.unload_all_models()
-    assert s.devices.counted_bytes(CPU) == 0 and mm.current_loaded_models == []
-    assert all(h.device_bytes == 0 and not h.unloaded for h in handles) and diffusion.loaded_size() == 0
-
-
-def check_entry_dies_with_its_handle() -> None:
-    s = SharedDevice(mm)
-    handle = s.handle("gone")
-    s.manager.unregister(handle)
-    del handle
-    gc.collect()
-    mm.cleanup_models_gc()
-    assert mm.current_loaded_models == []
 
 
 def check_interrupt_stops_a_node_request() -> None:
@@ -213,19 +145,10 @@ def check_fallback_toggle_allows_and_off_defers_to_the_setting() -> None:
 
 
 CHECKS: dict[str, Callable[[], None]] = {
-    name[len("check_"):]: fn for name, fn in list(globals().items()) if name.startswith("check_")
+    **accounting_checks.CHECKS,  # the ComfyUI accounting checks every release of the harness runs
+    **{name[len("check_"):]: fn for name, fn in list(globals().items()) if name.startswith("check_")},
 }
 
 
-def main() -> None:
-    for name in CHECKS_WANTED or list(CHECKS):
-        try:
-            CHECKS[name]()
-            result = {"check": name, "ok": True, "error": ""}
-        except Exception:  # noqa: BLE001 — every failure is reported to the test that asked
-            result = {"check": name, "ok": False, "error": traceback.format_exc()}
-        print("MIZUOTO-CHECK " + json.dumps(result), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    accounting_checks.report(CHECKS, CHECKS_WANTED)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -59,6 +60,27 @@ def write_reference_wav(path: Path, seconds: float = 0.5, rate: int = 16000) -> 
         f.setsampwidth(2)
         f.setframerate(rate)
         f.writeframes(struct.pack(f"<{len(samples)}h", *samples))
+
+
+def run_checks(command: list[str], cwd: str | Path, timeout_s: float,
+               env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run a check script (`comfy_inprocess.py`, `version_check.py`) and read its
+    `MIZUOTO-CHECK {json}` lines: check name -> {"check", "ok", "error"}."""
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**(env or comfyui_env()), "PYTHONUNBUFFERED": "1"})
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("MIZUOTO-CHECK "):
+            result = json.loads(line[len("MIZUOTO-CHECK "):])
+            found[result["check"]] = result
+    assert found, f"no check ran (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return found
+
+
+def check_names(script: Path) -> list[str]:
+    """The checks a script defines (`def check_<name>`), read from its source: the test process
+    cannot import it (it imports ComfyUI)."""
+    return re.findall(r"^def check_(\w+)\(", script.read_text(), flags=re.MULTILINE)
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """The accounting protocol against the real `comfy/model_management.py` and `model_patcher.py`
 of every ComfyUI release listed in `versions/VERSIONS.txt` (issue 17): `free_memory`,
 `load_models_gpu`, `unload_all_models`, `cleanup_models`, `unload_model_and_clones` over a
-ComfyUI `ModelPatcher` entry plus our adapters (`version_check.py` says what each check shows).
+ComfyUI `ModelPatcher` entry plus our adapters (`accounting_checks.py` says what each check shows).
 
 The releases' files come from a folder named by `COMFYUI_VERSIONS_DIR`, prepared by hand and never
 committed: one subfolder per line of VERSIONS.txt, holding that commit's `comfy/`, `comfy_api/`,
@@ -12,13 +12,12 @@ for a release whose folder is missing, the test skips and says why.
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from comfyui_harness import run_checks
 
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions" / "VERSIONS.txt"
@@ -37,18 +36,6 @@ def listed() -> list[tuple[str, str]]:
     return rows
 
 
-def run_checks(folder: Path) -> dict[str, dict[str, object]]:
-    done = subprocess.run([PYTHON, str(HERE / "version_check.py"), str(folder)], cwd=folder, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    found = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("MIZUOTO-CHECK "):
-            result = json.loads(line[len("MIZUOTO-CHECK "):])
-            found[result["check"]] = result
-    assert found, f"no check ran (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    return found
-
-
 def test_versions_file_lists_full_commit_ids() -> None:
     rows = listed()
     assert len(rows) >= 3 and all(len(commit) == 40 and int(commit, 16) >= 0 for _, commit in rows)
@@ -63,6 +50,6 @@ def test_the_protocol_holds_on_this_release(folder: str, commit: str) -> None:
         pytest.skip(f"{where} has no comfy/model_management.py: release {folder} ({commit}) not prepared")
     stamp = (where / "COMMIT").read_text().strip() if (where / "COMMIT").is_file() else ""
     assert commit.startswith(stamp) and stamp, f"{where}/COMMIT says {stamp!r}, VERSIONS.txt says {commit}"
-    results = run_checks(where)
+    results = run_checks([PYTHON, str(HERE / "version_check.py"), str(where)], where, TIMEOUT_S, dict(os.environ))
     failed = {name: r["error"] for name, r in results.items() if not r["ok"]}
     assert not failed, "\n".join(f"{name}:\n{error}" for name, error in failed.items())
