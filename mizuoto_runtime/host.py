@@ -32,6 +32,7 @@ import torch
 
 from .engines import Engine
 from .runtime import Runtime
+from .service import RuntimeService
 
 log = logging.getLogger(__name__)
 
@@ -145,18 +146,17 @@ class ProcessRuntime:
     # ---- idle and RAM policy (M29, M34) ----------------------------------------------------
     def node_started(self) -> None:
         """A Mizuoto node begins: unload engines idle past `compute.unload_after_minutes`."""
-        with self._lock:
-            if self._runtime is None:
-                return
-            if self._runtime.service.unload_idle():
-                self._prune()
+        self._apply(RuntimeService.unload_idle)
 
     def node_finished(self) -> None:
         """A Mizuoto node ended (or failed): relieve host RAM below `compute.ram_reserve_mb`."""
+        self._apply(RuntimeService.relieve_ram)
+
+    def _apply(self, rule: Callable[[RuntimeService], object]) -> None:
+        """Run one of the service's rules on the current runtime; drop ComfyUI entries of what it
+        unloaded."""
         with self._lock:
-            if self._runtime is None:
-                return
-            if self._runtime.service.relieve_ram():
+            if self._runtime is not None and rule(self._runtime.service):
                 self._prune()
 
     def around_node(self, execute: Callable[..., T]) -> Callable[..., T]:
