@@ -8,7 +8,9 @@ Rules:
 * `placement_refusal(handle)`: a component fully on the device may be captured; a partly
   placed one only if it is a `graphable` `sequence` handle whose streamed weights are all
   pinned — a graph's copy node reads a fixed host address, asynchronously.
-* `eligible(handle)`: both, on a real CUDA device.
+* `eligible(handle)`: both, on a real CUDA device, unless a host refuses (`add_refusal`: inside
+  ComfyUI while its dynamic VRAM, comfy-aimdo, is active — its allocation hooks may evict or
+  remap memory during capture). The reason comes back with the refusal, for `meta.applied`.
 
 `capture(handle, fn)` records `fn()` into a graph. During capture the handle's hooks do not
 use the streamer: each leaf module's streamed weights are copied, when the leaf is entered,
