@@ -178,8 +178,9 @@ class ComfyServer:
             time.sleep(0.2)
         raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout_s:.0f} s:\n{self.log()}")
 
-    def wait_runtime(self, condition: Any, timeout_s: float = 20.0) -> dict[str, Any]:
-        """Poll GET /mizuoto/runtime until `condition(describe)` holds."""
+    def wait_runtime(self, condition: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Poll GET /mizuoto/runtime until `condition(describe)` holds (60 s: ComfyUI applies /free
+        between prompts, after its garbage collection, slowly on a loaded 2-core machine)."""
         deadline = time.monotonic() + timeout_s
         while True:
             state = self.get("/mizuoto/runtime")

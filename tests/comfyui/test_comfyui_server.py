@@ -23,7 +23,7 @@ NODES = ("MizuotoMemorySettings", "MizuotoEngineLoader", "MizuotoVoicePrompt", "
          "MizuotoDecoder", "MizuotoTTS", "MizuotoSaveWav")
 WORKFLOWS = REPO / "example_workflows"
 SIMULATED_MB = 16
-RUN_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 300.0  # a prompt took 95 s on a loaded 2-core machine
 LONG_TEXT = "a long sentence to keep the talker busy " * 12  # ~2000 codes: many seconds uninterrupted
 
 
