@@ -139,11 +139,9 @@ def aimdo_reclaimable(device: torch.device) -> int:
         return 0
 
 
-def _aimdo_graph_refusal(handle: ModelHandle) -> str | None:
-    if handle.device.type == "cuda" and aimdo_active():
-        return ("ComfyUI's dynamic VRAM (comfy-aimdo) is active: its allocation hooks may evict "
-                "or remap memory during capture")
-    return None
+#: Why no CUDA Graph is captured inside a ComfyUI running dynamic VRAM (M24; `meta.applied` says it).
+AIMDO_GRAPH_REFUSAL = ("ComfyUI's dynamic VRAM (comfy-aimdo) is active: its allocation hooks may evict or "
+                       "remap memory during capture")
 
 
 def _accepts(function: Any, name: str) -> bool:
@@ -449,7 +447,7 @@ def install(runtime: Runtime) -> ComfyAccounting:
     accounting = ComfyAccounting(runtime.manager)
     runtime.manager.external = accounting
     pinning.share_budget(ComfyPins())
-    graphs.add_refusal(_aimdo_graph_refusal)
+    graphs.refuse_capture(AIMDO_GRAPH_REFUSAL if aimdo_active() else None)
     return accounting
 
 

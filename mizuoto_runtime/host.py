@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from .engines import Engine
+from .engines.qwen3tts_lora import LoraChoice, use_lora
 from .runtime import Runtime
 from .service import RuntimeService
 
@@ -59,17 +60,26 @@ class EngineRef:
     """
 
     def __init__(self, owner: ProcessRuntime, engine_id: str, model_dir: str | Path | None, dtype: str,
-                 device: str = "auto") -> None:
+                 device: str = "auto", lora: LoraChoice | None = None) -> None:
         self.owner = owner
         self.key: EngineKey = (engine_id, str(model_dir) if model_dir else None, dtype, device)
+        self.lora = lora
         owner._acquire(self.key)
         weakref.finalize(self, owner._release, self.key).atexit = False
 
     @property
     def engine(self) -> Engine:
         """The engine, loaded in the current runtime (again, after the runtime was replaced);
-        `Runtime.engine` builds it outside ComfyUI's inference mode."""
-        return self.owner.runtime().engine(*self.key)
+        `Runtime.engine` builds it outside ComfyUI's inference mode. Its weights are this
+        reference's: a LoRA node's reference applies its LoRA, a plain one gives the engine its
+        checkpoint's weights back (both do nothing when the engine already has them)."""
+        engine = self.owner.runtime().engine(*self.key)
+        use_lora(engine, self.lora)
+        return engine
+
+    def with_lora(self, lora: LoraChoice | None) -> EngineRef:
+        """The same engine, with `lora` applied whenever it is used through the new reference."""
+        return EngineRef(self.owner, *self.key, lora=lora)
 
     @property
     def runtime(self) -> Runtime:
@@ -85,7 +95,8 @@ class EngineRef:
 
     def __repr__(self) -> str:
         engine_id, model_dir, dtype, device = self.key
-        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype}, {device})"
+        lora = f", LoRA {self.lora.path.name} x{self.lora.strength:g}" if self.lora else ""
+        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype}, {device}{lora})"
 
 
 class ProcessRuntime:

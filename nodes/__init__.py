@@ -8,9 +8,10 @@ from . import paths
 from .audio_nodes import NODES as _AUDIO_NODES
 from .engine_nodes import NODES as _ENGINE_NODES
 from .phase_nodes import NODES as _PHASE_NODES
+from .training_nodes import NODES as _TRAINING_NODES
 
 paths.register_folder()
 
-NODES: list[type[io.ComfyNode]] = [*_ENGINE_NODES, *_PHASE_NODES, *_AUDIO_NODES]
+NODES: list[type[io.ComfyNode]] = [*_ENGINE_NODES, *_PHASE_NODES, *_AUDIO_NODES, *_TRAINING_NODES]
 
 __all__ = ["NODES"]

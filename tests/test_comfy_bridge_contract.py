@@ -792,16 +792,16 @@ def test_under_aimdo_our_manager_counts_reclaimable_pages_and_spares_dynamic_mod
 
 
 def test_cuda_graphs_are_refused_while_aimdo_is_active(aimdo: StandInVbars, comfy: StandIn) -> None:
-    from mizuoto_runtime.comfy_bridge import _aimdo_graph_refusal
-
     from mizuoto_runtime import Runtime
 
-    install(Runtime({"compute.simulate_vram_mb": 32}))
-    assert _aimdo_graph_refusal in graphs._REFUSALS
-    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
-    assert "comfy-aimdo" in (_aimdo_graph_refusal(on_gpu) or "")  # type: ignore[arg-type]
-    sys.modules["comfy.memory_management"].aimdo_enabled = False  # type: ignore[attr-defined]
-    assert _aimdo_graph_refusal(on_gpu) is None  # type: ignore[arg-type]
+    try:
+        install(Runtime({"compute.simulate_vram_mb": 32}))
+        assert "comfy-aimdo" in (graphs.host_refusal() or "")
+        sys.modules["comfy.memory_management"].aimdo_enabled = False  # type: ignore[attr-defined]
+        install(Runtime({"compute.simulate_vram_mb": 32}))
+        assert graphs.host_refusal() is None  # legacy ModelPatcher: capture allowed again
+    finally:
+        graphs.refuse_capture(None)
 
 
 # ---- the host: idle and RAM policy where users are (issue 9, item 4) --------------------------

@@ -5,18 +5,29 @@ An engine owns components (registered `ModelHandle`s) and runs a TTS request in 
 `decode` (codes → audio), each wrapping its work in ``ctx.run`` / ``ctx.use`` with its own
 working-memory estimate (M45). Unphased engines (`PHASED = False`, e.g. the dummy engine)
 get all their handles for the whole call, with `memory_required(text)` (M4, M48).
+
+Every request is checked before any work (`check_request`): `Runtime.say` checks it first, and
+every engine's `generate` checks it on entry (the base class wraps each subclass's own), so the
+CLI, the runtime and every node refuse bad input with the same one-line error.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
+import math
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch import nn
 
 from ..audio import Audio
+from ..errors import ArgumentError, CheckpointError
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
@@ -44,6 +55,34 @@ class Sampling:
     subtalker_top_p: float | None = None
 
 
+    def check(self) -> None:
+        """Values no engine can use are refused, naming the setting."""
+        _whole("max_new_tokens", self.max_new_tokens, 1)
+        _whole("top_k", self.top_k, 0)
+        _finite("temperature", self.temperature, "a finite number >= 0", lambda v: v >= 0)
+        _finite("top_p", self.top_p, "a finite number from 0 to 1", lambda v: 0 <= v <= 1)
+        _finite("repetition_penalty", self.repetition_penalty, "a finite number > 0", lambda v: v > 0)
+
+
+def _whole(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ArgumentError(f"{name} must be a whole number >= {least}, got {value!r}")
+
+
+def _finite(name: str, value: object, what: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ArgumentError(f"{name} must be {what}, got {value!r}")
+
+
+def check_request(text: object, sampling: Sampling) -> None:
+    """What every request is checked for before any work: text to speak, and usable sampling."""
+    if not isinstance(text, str):
+        raise ArgumentError(f"text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ArgumentError("text is empty: give the words to speak")
+    sampling.check()
+
+
 @dataclasses.dataclass
 class Voice:
     """A voice prompt, cached by the engine under `key` (M4: a cached voice is not re-encoded)."""
@@ -60,6 +99,11 @@ class Codes:
     tokens: torch.Tensor
     engine: str
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype` (working-memory estimates count in the run precision)."""
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None,
@@ -82,6 +126,21 @@ class Engine(ABC):
     PHASED: ClassVar[bool] = True
     sample_rate: int = 24000
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each engine's own `generate` checks its request first (nodes call it directly)."""
+        super().__init_subclass__(**kwargs)
+        generate = cls.__dict__.get("generate")
+        if generate is None or getattr(generate, "__isabstractmethod__", False):
+            return
+
+        @functools.wraps(generate)
+        def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
+                    *args: Any, **kwargs: Any) -> Codes:
+            check_request(text, sampling)
+            return generate(self, ctx, text, voice, sampling, *args, **kwargs)
+
+        cls.generate = checked  # type: ignore[method-assign]
+
     def __init__(self, manager: ModelManager, model_dir: str | Path | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
         self.manager = manager
@@ -99,6 +158,35 @@ class Engine(ABC):
     @abstractmethod
     def handles(self) -> list[ModelHandle]:
         """Every component this engine registered."""
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """For upstream code that samples from torch's global RNG (CPU, or this engine's device):
+        seeded for one phase only, so retries and placements replay the same draws and the
+        caller's RNG is left as it was (M40, M57)."""
+        on_cpu = self.device.type == "cpu"
+        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
+                                   device_type=None if on_cpu else self.device.type):
+            torch.manual_seed(seed)
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def progress_per_call(ctx: RequestContext, module: nn.Module, total: int) -> Iterator[None]:
+        """Progress and interrupt once per call of `module` (one step of an upstream loop). The
+        hook sits on a shared module: it reports only this request's thread."""
+        count = iter(range(total + 1))
+        thread = threading.get_ident()
+
+        def pre(_module: nn.Module, _args: Any) -> None:
+            if threading.get_ident() == thread:
+                ctx.progress(next(count, total), total)
+
+        hook = module.register_forward_pre_hook(pre)
+        try:
+            yield
+        finally:
+            hook.remove()
 
     def memory_required(self, text: str) -> int:
         """Working memory of a whole unphased call (M48)."""

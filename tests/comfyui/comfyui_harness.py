@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import wave
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,25 @@ REQUEST_TIMEOUT_S = 10.0
 def comfyui_env() -> dict[str, str]:
     # Offline: checkpoints are local folders, and a Hugging Face lookup would only wait for a timeout.
     return {"HF_HUB_OFFLINE": "1", **os.environ, "COMFYUI_PATH": COMFYUI_PATH, "PYTHONUNBUFFERED": "1"}
+
+
+NOT_IMPORTABLE = 3  # the exit status of `run_with_comfyui_python` when the needed package is missing
+
+
+def run_with_comfyui_python(code: str, *args: str, needs: str, timeout_s: float = 300) -> None:
+    """Run `code` (with `args` as sys.argv[1:]) under ComfyUI's Python, from the repository;
+    skip the calling test, saying why, when the upstream package of the engine module `needs`
+    (`mizuoto_runtime.engines.<needs>.import_upstream`, which adapts it to the transformers
+    installed) cannot be imported there (an engine extra that ComfyUI environment does not have)."""
+    guard = (f"import sys\ntry:\n    from mizuoto_runtime.engines.{needs} import import_upstream\n"
+             f"    import_upstream()\nexcept ImportError as exc:\n"
+             f"    print(f'the {needs} engine is not importable under {{sys.executable}}: {{exc}}', file=sys.stderr)\n"
+             f"    sys.exit({NOT_IMPORTABLE})\n")
+    done = subprocess.run([COMFYUI_PYTHON, "-c", guard + code, *args], cwd=REPO, env=comfyui_env(),
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode == NOT_IMPORTABLE:
+        pytest.skip(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, f"running under {COMFYUI_PYTHON} failed:\n{done.stderr[-4000:]}"
 
 
 def write_reference_wav(path: Path, seconds: float = 0.5, rate: int = 16000) -> None:
@@ -92,8 +111,9 @@ def free_port() -> int:
 class ComfyServer:
     """A ComfyUI server on 127.0.0.1 with the pack linked in as `custom_nodes/mizuoto`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, default_paths: Mapping[str, Path] | None = None) -> None:
         self.root = root
+        self.default_paths = dict(default_paths or {})  # model folders ComfyUI lists (and writes) first
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = root / "output"
@@ -110,7 +130,11 @@ class ComfyServer:
         self._write_demo_checkpoint(models / "demo-small")
         write_reference_wav(self.root / "input" / REFERENCE_WAV)
         config = self.root / "extra_model_paths.yaml"
-        config.write_text(f"mizuoto_tests:\n  custom_nodes: {custom_nodes}\n  mizuoto: {models}\n")
+        text = f"mizuoto_tests:\n  custom_nodes: {custom_nodes}\n  mizuoto: {models}\n"
+        if self.default_paths:
+            text += "mizuoto_tests_first:\n  is_default: true\n" + "".join(
+                f"  {kind}: {path}\n" for kind, path in self.default_paths.items())
+        config.write_text(text)
         command = [
             COMFYUI_PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
             "--extra-model-paths-config", str(config), "--output-directory", str(self.output),
@@ -192,14 +216,17 @@ class ComfyServer:
 
 
 @contextlib.contextmanager
-def running_server(prefix: str, prepare: Callable[[Path], None] | None = None) -> Iterator[ComfyServer]:
+def running_server(prefix: str, prepare: Callable[[Path], None] | None = None,
+                   default_paths: Callable[[Path], Mapping[str, Path]] | None = None) -> Iterator[ComfyServer]:
     """A ComfyUI server over a fresh temp base folder; `prepare(root)` runs before it starts
-    (e.g. to write checkpoints under `root/models`). Always stopped and removed."""
+    (e.g. to write checkpoints under `root/models`); `default_paths(root)` names model folders
+    (kind → folder) ComfyUI takes first, so what nodes save there stays out of ComfyUI's tree.
+    Always stopped and removed."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         if prepare is not None:
             prepare(root)
-        server = ComfyServer(root)
+        server = ComfyServer(root, default_paths(root) if default_paths is not None else None)
         try:
             server.start()
             yield server

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import struct
 import wave
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui, running_server
+from comfyui_harness import REFERENCE_WAV, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server
 
 pytestmark = requires_comfyui
 
@@ -25,27 +24,13 @@ SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920  # 12.5 frames per second
 MAX_NEW_TOKENS = 8  # N new tokens give at most N - 1 frames
 RUN_TIMEOUT_S = 300.0
-WRITE_TIMEOUT_S = 300
-NO_QWEN_TTS = 3  # the writer's exit status when qwen_tts cannot be imported
-WRITER = f"""
-import sys
-try:
-    import qwen_tts  # noqa: F401
-except ImportError as exc:
-    print(f"qwen_tts is not importable under {{sys.executable}}: {{exc}}", file=sys.stderr)
-    sys.exit({NO_QWEN_TTS})
-from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
-write_tiny_checkpoint(sys.argv[1], model_type="base")
-"""
+WRITER = "import sys; from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint; " \
+         "write_tiny_checkpoint(sys.argv[1], model_type='base')"
 
 
 def write_tiny_base(folder: Path) -> None:
     """The tiny Base checkpoint, written by ComfyUI's Python (the one with `qwen_tts`)."""
-    done = subprocess.run([COMFYUI_PYTHON, "-c", WRITER, str(folder)], cwd=REPO, env=comfyui_env(),
-                          capture_output=True, text=True, timeout=WRITE_TIMEOUT_S)
-    if done.returncode == NO_QWEN_TTS:
-        pytest.skip(done.stderr.strip().splitlines()[-1])
-    assert done.returncode == 0, f"writing the tiny checkpoint failed:\n{done.stderr[-4000:]}"
+    run_with_comfyui_python(WRITER, str(folder), needs="qwen3tts")
 
 
 @pytest.fixture(scope="module")
