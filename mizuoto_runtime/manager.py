@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -56,14 +56,14 @@ def _check_device_size(total: int, handles: Sequence[ModelHandle]) -> None:
 
 
 class ExternalAccounting(Protocol):
-    """Another memory manager on the same device (ComfyUI, M35)."""
+    """Another memory manager on the same device (ComfyUI, M35). `free_for` and `on_placed` are
+    required; an accounting may also define (`ModelManager._ask` calls them where present):
+    `on_released(handles)` (a phase ended), `reserve_bytes(device) -> int | None` (its own VRAM
+    reserve), `reclaimable_bytes(device) -> int` (used VRAM it gives up on demand) and
+    `is_oom(exc) -> bool` (what it counts as out of memory, M40)."""
 
     def free_for(self, device: torch.device, nbytes: int, keep: Sequence[ModelHandle]) -> int: ...
     def on_placed(self, handles: Sequence[ModelHandle]) -> None: ...
-    def on_released(self, handles: Sequence[ModelHandle]) -> None: ...
-    def reserve_bytes(self, device: torch.device) -> int | None: ...  # its own VRAM reserve
-    def reclaimable_bytes(self, device: torch.device) -> int: ...  # used, but given up on demand
-    def is_oom(self, exc: BaseException) -> bool: ...  # what it counts as out of memory (M40)
 
 
 class ModelManager:
@@ -144,8 +144,7 @@ class ModelManager:
             for h in handles:
                 h.in_use = max(0, h.in_use - 1)
                 h.last_used = time.monotonic()
-            if self.external is not None:
-                self.external.on_released(handles)
+            self._ask("on_released", None, handles)
             self._cond.notify_all()
 
     def load(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
@@ -186,10 +185,10 @@ class ModelManager:
     def reserve_bytes(self, device: torch.device) -> int:
         """M6.1's reserve: `compute.vram_reserve_mb` when set; else, inside another manager's
         accounting, that manager's own (ComfyUI's `--reserve-vram`); else the default."""
-        if self.policy.vram_reserve_mb is None and self.external is not None:
-            theirs = self.external.reserve_bytes(device)
+        if self.policy.vram_reserve_mb is None:
+            theirs = self._ask("reserve_bytes", None, device)
             if theirs is not None:
-                return theirs
+                return int(theirs)
         return self.policy.reserve_bytes(self.devices.is_simulated(device))
 
     def _ceiling(self, handle: ModelHandle) -> int:
@@ -214,9 +213,12 @@ class ModelManager:
     def is_oom(self, exc: BaseException) -> bool:
         """Whether `exc` is an out-of-memory error (M40): torch's, or whatever the external
         accounting counts as one (ComfyUI's `is_oom` accepts `torch.AcceleratorError` OOMs)."""
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-        return self.external is not None and self.external.is_oom(exc)
+        return isinstance(exc, torch.OutOfMemoryError) or bool(self._ask("is_oom", False, exc))
+
+    def _ask(self, hook: str, default: Any, *args: Any) -> Any:
+        """Call the external accounting's optional `hook` (see `ExternalAccounting`), else `default`."""
+        method = getattr(self.external, hook, None) if self.external is not None else None
+        return default if method is None else method(*args)
 
     def _factor(self, handles: Sequence[ModelHandle], phase: str) -> float:
         return self.calibration.factor(self.phase_key(handles, phase))
@@ -232,9 +234,7 @@ class ModelManager:
 
     def _available(self, device: torch.device, handles: Sequence[ModelHandle]) -> int:
         """Free bytes for `handles`' weights: free memory plus what they already hold."""
-        free = self.devices.free_bytes(device)
-        if self.external is not None:
-            free += self.external.reclaimable_bytes(device)
+        free = self.devices.free_bytes(device) + int(self._ask("reclaimable_bytes", 0, device))
         limit = self.policy.limit_bytes()
         if limit is not None:
             free = min(free, limit - self.devices.process_bytes(device))
