@@ -91,7 +91,7 @@ def _add_routes() -> None:
     from aiohttp import web
     from server import PromptServer
 
-    from mizuoto_runtime.comfy_bridge import PROCESS
+    from mizuoto_runtime.host import PROCESS
 
     instance = getattr(PromptServer, "instance", None)
     if instance is None:

@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                             help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
+    runtime = sub.choices["runtime"]
+    runtime.add_argument("--url", help="a running ComfyUI with the pack (http://127.0.0.1:8188): show its "
+                                       "models instead of a fresh process's")
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
@@ -170,8 +175,37 @@ def _reference(path: Path) -> Audio:
         raise ArgumentError(f"cannot read the reference file {path}: {exc}") from exc
 
 
+#: The pack's read-only route (M51): no input, no paths.
+RUNTIME_ROUTE = "/mizuoto/runtime"
+URL_TIMEOUT_S = 10.0
+
+
 def cmd_runtime(args: argparse.Namespace) -> dict[str, Any]:
+    if args.url:
+        if args.setting:
+            raise MizuotoError("--setting applies to a fresh runtime; a running host keeps its own (drop --url)")
+        return remote_runtime(args.url)
     return Runtime(_settings(args.setting)).describe()
+
+
+def remote_runtime(url: str) -> dict[str, Any]:
+    """M51 of a running host: GET its `/mizuoto/runtime` route."""
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise MizuotoError(f"--url must start with http:// or https://, got {url!r}")
+    try:
+        with urllib.request.urlopen(base + RUNTIME_ROUTE, timeout=URL_TIMEOUT_S) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} answered HTTP {exc.code}: is the Mizuoto pack installed "
+                           "in that ComfyUI?") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise MizuotoError(f"cannot reach {base}: {getattr(exc, 'reason', exc)}") from exc
+    except json.JSONDecodeError as exc:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} did not answer JSON ({exc})") from exc
+    if not isinstance(answer, dict) or "models" not in answer:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} did not answer a Mizuoto runtime report")
+    return {"url": base, **answer}
 
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:

@@ -420,6 +420,10 @@ class ModelHandle:
         if self.unloaded:
             raise MizuotoError(f"handle {self.name!r} was unloaded; load the model again")
 
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The host copies this handle holds now (weights in RAM: streamed units, kept copies)."""
+        return [s.host for s in self._all_slots() if s.host is not None]
+
     def describe(self) -> dict[str, Any]:
         return {
             "engine": self.engine,

@@ -61,6 +61,11 @@ class Runtime:
             self.service.add(key, engine)
         return engine
 
+    def loaded_engine(self, engine_id: str, model_dir: str | Path | None = None,
+                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None) -> Engine | None:
+        """The engine `engine` would return if it is loaded now; None (nothing loads) otherwise."""
+        return self.service.loaded(self._engine_key(engine_id, model_dir, dtype, device))
+
     def device(self, name: str | torch.device | None) -> torch.device:
         """The device a host names ("auto"/None: the compute device); an unknown one is an error."""
         if name is None or name == "auto":
@@ -125,8 +130,9 @@ class Runtime:
                     pieces.append(engine.synthesize(ctx, chunk, voice, seeded, allow_fallback))
         except DeviceTooSmallError:
             raise  # nothing freed elsewhere makes the device larger
-        except torch.OutOfMemoryError:
-            self.service.release_after_oom()  # M34: the next job starts from an empty device
+        except Exception as exc:
+            if self.manager.is_oom(exc):
+                self.service.release_after_oom()  # M34: the next job starts from an empty device
             raise
         finally:
             self.service.relieve_ram()  # M29

@@ -8,10 +8,10 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import DeviceService
-from mizuoto_runtime.comfy_bridge import PROCESS
 from mizuoto_runtime.checkpoints import NONE, Catalog
 from mizuoto_runtime.engines import ENGINES
 from mizuoto_runtime.errors import MizuotoError
+from mizuoto_runtime.host import PROCESS
 from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
 from mizuoto_runtime.runtime import DTYPES
 
@@ -147,6 +147,7 @@ class MizuotoEngineLoader(io.ComfyNode):
         return check_choice(engine, checkpoint)
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None,
                 device: str = "auto") -> io.NodeOutput:
         if memory is not None:

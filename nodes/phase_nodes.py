@@ -20,10 +20,9 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime.chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
-from mizuoto_runtime.comfy_bridge import (
-    PROCESS, EngineRef, ProgressReporter, fallback_switch, interrupt_check, node_request,
-)
+from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check, node_request
 from mizuoto_runtime.engines import Codes, Voice
+from mizuoto_runtime.host import PROCESS, EngineRef, fallback_switch
 
 from . import paths
 from .common import (
@@ -86,6 +85,7 @@ class MizuotoVoicePrompt(io.ComfyNode):
         return True  # the engine behind the socket checks its speakers when the node runs
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, reference: dict[str, Any] | None = None, transcript: str = "",
                 speaker: str = NO_SPEAKER, instruct: str = "") -> io.NodeOutput:
         tts = phased_engine(engine, "Voice Clone / Voice Design")
@@ -121,6 +121,7 @@ class MizuotoTalker(io.ComfyNode):
         return True  # the engine behind the socket checks its languages when the node runs
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool,
                 voice: Voice | None = None, language: str = "") -> io.NodeOutput:
@@ -154,6 +155,7 @@ class MizuotoDecoder(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, codes: Codes, allow_fallback: bool) -> io.NodeOutput:
         tts = phased_engine(engine, "Speech Codes → Audio")
         check_made_by(codes, tts, "codes")
@@ -209,6 +211,7 @@ class MizuotoTTS(io.ComfyNode):
         return check_choice(engine_name, checkpoint, speaker, language)
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool, allow_fallback: bool,
                 engine: EngineRef | None = None, reference: dict[str, Any] | None = None, transcript: str = "",

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -93,6 +94,27 @@ def write_reference_wav(path: Path, seconds: float = 0.5, rate: int = 16000) -> 
         f.setsampwidth(2)
         f.setframerate(rate)
         f.writeframes(struct.pack(f"<{len(samples)}h", *samples))
+
+
+def run_checks(command: list[str], cwd: str | Path, timeout_s: float,
+               env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run a check script (`comfy_inprocess.py`, `version_check.py`) and read its
+    `MIZUOTO-CHECK {json}` lines: check name -> {"check", "ok", "error"}."""
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**(env or comfyui_env()), "PYTHONUNBUFFERED": "1"})
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("MIZUOTO-CHECK "):
+            result = json.loads(line[len("MIZUOTO-CHECK "):])
+            found[result["check"]] = result
+    assert found, f"no check ran (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return found
+
+
+def check_names(script: Path) -> list[str]:
+    """The checks a script defines (`def check_<name>`), read from its source: the test process
+    cannot import it (it imports ComfyUI)."""
+    return re.findall(r"^def check_(\w+)\(", script.read_text(), flags=re.MULTILINE)
 
 
 def free_port() -> int:
@@ -231,8 +253,9 @@ class ComfyServer:
             time.sleep(0.2)
         raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout_s:.0f} s:\n{self.log()}")
 
-    def wait_runtime(self, condition: Any, timeout_s: float = 20.0) -> dict[str, Any]:
-        """Poll GET /mizuoto/runtime until `condition(describe)` holds."""
+    def wait_runtime(self, condition: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Poll GET /mizuoto/runtime until `condition(describe)` holds (60 s: ComfyUI applies /free
+        between prompts, after its garbage collection, slowly on a loaded 2-core machine)."""
         deadline = time.monotonic() + timeout_s
         while True:
             state = self.get("/mizuoto/runtime")

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import REFERENCE_WAV, REPO, ComfyServer, comfy_server, requires_comfyui, running_server, ui_to_api
+from comfyui_harness import (
+    COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfy_server, comfyui_env, requires_comfyui, running_server,
+    ui_to_api,
+)
 
 pytestmark = requires_comfyui
 __all__ = ["comfy_server"]  # the fixture, imported for pytest
@@ -37,7 +40,7 @@ DISPLAY_NAMES = {
 }
 REQUIREMENT_ID = re.compile(r"\bM\d{1,2}\b")
 SIMULATED_MB = 16
-RUN_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 300.0  # a prompt took 95 s on a loaded 2-core machine
 LONG_TEXT = "a long sentence to keep the talker busy " * 12  # ~2000 codes: many seconds uninterrupted
 
 
@@ -173,6 +176,20 @@ def test_phase_workflow_saves_audio_and_reports_memory(comfy_server: ComfyServer
     assert loaded(state) > 0 and {m["name"] for m in state["models"]} == {"speaker_encoder", "talker", "decoder"}
     assert all({"loaded_bytes", "streamed_bytes", "host_bytes"} <= set(m) for m in state["models"])
     assert comfy_server.get("/api/mizuoto/runtime")["device"] == comfy_server.get("/mizuoto/runtime")["device"]
+
+
+def test_mizuoto_runtime_url_shows_the_running_servers_models(comfy_server: ComfyServer) -> None:
+    """`mizuoto runtime --url`: the models of the running ComfyUI, read from the pack's route
+    (issue 9 item 4), not an always-empty fresh process's."""
+    prompt = phases_prompt(comfy_server, text="Show me.", seed=6, prefix="audio/shown")
+    assert comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+    done = subprocess.run([COMFYUI_PYTHON, "-m", "mizuoto_runtime", "runtime", "--url", comfy_server.url], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env=comfyui_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = json.loads(done.stdout)
+    assert shown["url"] == comfy_server.url and shown["device"]["simulated"]
+    assert {m["name"] for m in shown["models"]} == {m["name"] for m in comfy_server.get("/mizuoto/runtime")["models"]}
+    assert shown["models"]
 
 
 def test_the_one_node_template_runs(comfy_server: ComfyServer) -> None:
