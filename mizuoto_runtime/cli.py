@@ -7,11 +7,14 @@ import json
 import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .audio import Audio, read_wav, write_wav
+from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, check_request, install_hint
 from .errors import ArgumentError, MizuotoError
 from .runtime import DTYPES, Runtime
@@ -55,12 +58,20 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--language", help="the text's language (default: the engine detects it)")
     say.add_argument("--seed", type=int, default=0)
     say.add_argument("--max-new-tokens", type=int, default=2048)
-    say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
+    say.add_argument("--chunk-chars", type=int, default=DEFAULT_CHUNK_CHARS, metavar="N",
+                     help=f"long text is cut at sentence ends into chunks of at most N characters, each "
+                          f"synthesized in turn and joined with a {CROSSFADE_MS:g} ms crossfade "
+                          f"(default {DEFAULT_CHUNK_CHARS}, at least {MIN_CHUNK_CHARS})")
+    say.add_argument("--no-chunking", action="store_true", help="synthesize the whole text in one go")
+    say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
         target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                             help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
+    runtime = sub.choices["runtime"]
+    runtime.add_argument("--url", help="a running ComfyUI with the pack (http://127.0.0.1:8188): show its "
+                                       "models instead of a fresh process's")
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
@@ -127,11 +138,13 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     # Everything the request names is checked before the engine loads (a load can take minutes).
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
     check_request(args.text, sampling)
+    chunking = TextChunking(enabled=not args.no_chunking, max_chars=args.chunk_chars)
     output = _output_file(Path(args.output))
     reference = _reference(Path(args.voice)) if args.voice else None
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct)
+                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
+                         chunking=chunking)
     try:
         path = write_wav(output, audio)
     except OSError as exc:
@@ -162,8 +175,37 @@ def _reference(path: Path) -> Audio:
         raise ArgumentError(f"cannot read the reference file {path}: {exc}") from exc
 
 
+#: The pack's read-only route (M51): no input, no paths.
+RUNTIME_ROUTE = "/mizuoto/runtime"
+URL_TIMEOUT_S = 10.0
+
+
 def cmd_runtime(args: argparse.Namespace) -> dict[str, Any]:
+    if args.url:
+        if args.setting:
+            raise MizuotoError("--setting applies to a fresh runtime; a running host keeps its own (drop --url)")
+        return remote_runtime(args.url)
     return Runtime(_settings(args.setting)).describe()
+
+
+def remote_runtime(url: str) -> dict[str, Any]:
+    """M51 of a running host: GET its `/mizuoto/runtime` route."""
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise MizuotoError(f"--url must start with http:// or https://, got {url!r}")
+    try:
+        with urllib.request.urlopen(base + RUNTIME_ROUTE, timeout=URL_TIMEOUT_S) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} answered HTTP {exc.code}: is the Mizuoto pack installed "
+                           "in that ComfyUI?") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise MizuotoError(f"cannot reach {base}: {getattr(exc, 'reason', exc)}") from exc
+    except json.JSONDecodeError as exc:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} did not answer JSON ({exc})") from exc
+    if not isinstance(answer, dict) or "models" not in answer:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} did not answer a Mizuoto runtime report")
+    return {"url": base, **answer}
 
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:

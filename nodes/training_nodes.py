@@ -14,7 +14,8 @@ import folder_paths
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import MizuotoError
-from mizuoto_runtime.comfy_bridge import EngineRef, ProgressReporter, interrupt_check
+from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check
+from mizuoto_runtime.host import EngineRef
 from mizuoto_runtime.engines.qwen3tts_lora import LoraChoice
 from mizuoto_runtime.training.job import TrainingJob
 from mizuoto_runtime.training.memory import PRESET_NAMES

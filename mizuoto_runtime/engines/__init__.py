@@ -5,7 +5,7 @@ import importlib
 import sys
 
 from ..errors import MizuotoError
-from .base import Codes, Engine, Sampling, Voice, check_request
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, check_request
 
 # id -> (module, class, requirements file under requirements/ that provides its upstream package)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
@@ -38,4 +38,7 @@ def engine_class(engine_id: str) -> type[Engine]:
     return getattr(module, cls_name)
 
 
-__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class", "install_hint"]
+__all__ = [
+    "ENGINES", "CheckpointInfo", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class",
+    "install_hint",
+]

@@ -9,6 +9,10 @@ get all their handles for the whole call, with `memory_required(text)` (M4, M48)
 Every request is checked before any work (`check_request`): `Runtime.say` checks it first, and
 every engine's `generate` checks it on entry (the base class wraps each subclass's own), so the
 CLI, the runtime and every node refuse bad input with the same one-line error.
+
+Hosts list what an engine can load without loading it: `describe_checkpoint(folder)` reads a
+folder's configs (never its weights) and says what it is, or None when the engine cannot load
+it; `BUILTIN` describes what the engine runs with no folder at all (None: it needs one).
 """
 from __future__ import annotations
 
@@ -83,6 +87,17 @@ def check_request(text: object, sampling: Sampling) -> None:
     sampling.check()
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint folder is, read from its configs: its type as users know it (Qwen3-TTS
+    "Base", "CustomVoice", "VoiceDesign"), its built-in speakers and the languages it takes
+    ("auto" first where the engine detects the language)."""
+
+    label: str
+    speakers: list[str] = dataclasses.field(default_factory=list)
+    languages: list[str] = dataclasses.field(default_factory=list)
+
+
 @dataclasses.dataclass
 class Voice:
     """A voice prompt, cached by the engine under `key` (M4: a cached voice is not re-encoded)."""
@@ -123,7 +138,9 @@ class Engine(ABC):
     """Base of every engine adapter."""
 
     id: ClassVar[str]
+    title: ClassVar[str] = ""  # the engine's name as users know it ("Qwen3-TTS"); empty: its id
     PHASED: ClassVar[bool] = True
+    BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -148,6 +165,12 @@ class Engine(ABC):
         self.dtype = dtype
         self.device = device or manager.devices.compute_device()  # where its components run
         self.voices: dict[str, Voice] = {}
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """What `folder` is for this engine, from its configs alone (no weights are read);
+        None when this engine cannot load it. Must not raise for a folder of another kind."""
+        return None
 
     def register(self, module: torch.nn.Module, name: str, kind: Kind = "oneshot",
                  graphable: bool = False) -> ModelHandle:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import sys
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,8 +58,9 @@ from ..errors import CheckpointError, MizuotoError
 from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
+from ..upstream import ImportNoise, quiet_import
 from . import qwen3tts_compat, qwen3tts_loop
-from .base import Codes, Engine, Sampling, Voice, element_size
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .checkpoint_files import config_from, read_json
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ REQUIRED_FILES = (
     "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
     "speech_tokenizer/preprocessor_config.json",
 )
+#: config.json's `tts_model_type` as the model cards name the three checkpoints.
+MODEL_LABELS = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
 # M46: talker frames estimated per text token (capped by max_new_tokens).
 FRAMES_PER_TEXT_TOKEN = 16
 # Positions of the talker prompt besides text, reference text and reference codes: the chat
@@ -100,12 +103,22 @@ TALKER_LOOPS = ("lean", "upstream")
 
 
 # ---- the upstream package ------------------------------------------------------------------
+#: What importing `qwen_tts` says that users cannot act on: the flash-attn banner (printed; the
+#: 12 Hz models never use flash-attn), the SoX check (a shell error and a warning; 12 Hz models
+#: never call SoX), and the config classes' "... is None. Initializing ..." INFO lines.
+QWEN_TTS_NOISE = ImportNoise(
+    output=(re.compile(r"\**\s*Warning: flash-attn is not installed\..*?\n\**\n ?", re.S),
+            re.compile(r"^.*\bsox: (command )?not found\n", re.M)),
+    records=(("sox", "SoX could not be found"),),
+    chatty_loggers=("qwen_tts",),
+)
+
+
 def import_upstream() -> None:
-    """Import `qwen_tts` (an optional extra), adapted to transformers 5.x where that is what the
-    environment has (`qwen3tts_compat`). Its import prints a flash-attn notice on stdout; send it
-    to stderr so stdout stays clean for `mizuoto say`'s JSON."""
-    with contextlib.redirect_stdout(sys.stderr):
-        qwen3tts_compat.install()
+    """Import `qwen_tts` (an optional extra) without its import noise, adapted to transformers
+    5.x where that is what the environment has (`qwen3tts_compat`); stdout stays clean for
+    `mizuoto say`'s JSON."""
+    qwen3tts_compat.install(lambda: quiet_import("qwen_tts", QWEN_TTS_NOISE))
 
 
 def check_layout(folder: Path) -> dict[str, Any]:
@@ -183,8 +196,26 @@ class Qwen3TTSEngine(Engine):
     """Qwen3-TTS in three phases: voice prompt, talker, codec decoder (M1)."""
 
     id = "qwen3tts"
+    title = "Qwen3-TTS"
     PHASED = True
     sample_rate = SAMPLE_RATE
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """The model type from config.json, its speakers (CustomVoice) and languages, as the
+        package lists them (`get_supported_speakers` / `get_supported_languages`: lower case,
+        "auto" and no dialects); None for any folder that is not an official 12 Hz layout."""
+        try:
+            config = check_layout(folder)
+        except CheckpointError:
+            return None
+        label = MODEL_LABELS.get(str(config.get("tts_model_type")))
+        talker = config.get("talker_config")
+        if label is None or not isinstance(talker, dict):
+            return None
+        speakers = sorted(str(k).lower() for k in (talker.get("spk_id") or {}))
+        languages = sorted(str(k).lower() for k in (talker.get("codec_language_id") or {}) if "dialect" not in str(k))
+        return CheckpointInfo(label, speakers, ["auto", *languages])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:

@@ -32,6 +32,7 @@ imports by their 4.57 names are given back to it. `install()` does that, before 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
 from collections.abc import Callable
@@ -77,11 +78,12 @@ def codec_module_name(checkpoint_key: str) -> str:
     return checkpoint_key
 
 
-def install() -> None:
-    """Adapt transformers 5.x to the package (idempotent; a no-op on 4.x). Imports `qwen_tts`."""
+def install(import_package: Callable[[], object] = lambda: importlib.import_module("qwen_tts")) -> None:
+    """Adapt transformers 5.x to the package (idempotent; a no-op on 4.x). Imports `qwen_tts`
+    with `import_package` (the engine's quiet import)."""
     global _installed
     if _installed or not needed():
-        import qwen_tts  # noqa: F401
+        import_package()
 
         _installed = True
         return
@@ -90,7 +92,7 @@ def install() -> None:
     original = generic.check_model_inputs
     generic.check_model_inputs = check_model_inputs  # read once, by the package's import below
     try:
-        import qwen_tts  # noqa: F401
+        import_package()
     finally:
         generic.check_model_inputs = original
     from qwen_tts.core.models import configuration_qwen3_tts, modeling_qwen3_tts

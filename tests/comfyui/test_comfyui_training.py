@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 import pytest
-from comfyui_harness import REFERENCE_WAV, ComfyServer, requires_comfyui, running_server
-from test_comfyui_qwen3tts import CHECKPOINT, MAX_NEW_TOKENS, write_tiny_base
+from comfyui_harness import REFERENCE_WAV, ComfyServer, requires_comfyui, running_server, write_tiny_qwen3tts
+from test_comfyui_qwen3tts import CHECKPOINT, MAX_NEW_TOKENS
 
 from mizuoto_runtime.training.dataset import write_demo_clips
 from mizuoto_runtime.training.lora import read_lora
@@ -27,7 +27,7 @@ WORKER = "mizuoto_runtime.training.worker"
 
 
 def prepare(root: Path) -> None:
-    write_tiny_base(root / "models" / "mizuoto" / CHECKPOINT)
+    write_tiny_qwen3tts(root / "models" / "mizuoto" / CHECKPOINT, "base")
     write_demo_clips(root / "input" / DATASET)
 
 
