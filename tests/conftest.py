@@ -11,10 +11,26 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+_PATH_AT_START = list(sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
 from mizuoto_runtime import DeviceService, ModelManager, VramPolicy  # noqa: E402
 
 MB = 1 << 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_parent_off_sys_path() -> None:
+    """The repository root is a package (the pack's `__init__.py`), so before the first test
+    pytest imports it with the folder *above* the checkout put first on `sys.path`. There every
+    sibling folder is importable by its name and shadows a real package of that name: a
+    `voxcpm/` checkout beside this one hid the `voxcpm` package from the tests that import it
+    first. This runs after that import (collectors are set up before any fixture, autouse
+    session fixtures before all others) and takes the entry out again."""
+    parent = str(REPO.parent)
+    if parent not in _PATH_AT_START:
+        while parent in sys.path:
+            sys.path.remove(parent)
 
 
 @pytest.fixture

@@ -83,3 +83,11 @@ def test_this_environment_has_no_unaccepted_pip_check_line() -> None:
     new = "\n".join(line for line in engine_env.pip_check() if line not in checked)
     files = [p for p in (REPO / "requirements").glob("*.txt") if p.name != "comfyui-env.txt"]
     assert engine_env.unaccepted(new, engine_env.accepted(files)) == []
+
+
+
+def test_no_folder_beside_the_checkout_shadows_an_installed_package() -> None:
+    """pytest imports the repository root (a package: the pack's `__init__.py`) with the folder
+    above the checkout first on `sys.path`; conftest takes it out again, or a sibling folder such
+    as another `voxcpm/` checkout would be imported instead of the engine's package."""
+    assert str(REPO.parent) not in sys.path

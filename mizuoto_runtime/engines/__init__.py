@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 from ..errors import MizuotoError
 from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, check_request
@@ -18,8 +19,11 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
 
 
 def install_hint(extra: str) -> str:
-    """Engine packages install without their declared dependencies (see requirements/)."""
-    return f"pip install --no-deps -r requirements/{extra}.txt (after torch; tools/install.sh does it)"
+    """How to install an engine's package into this environment: tools/install.sh, which installs
+    requirements/<extra>.txt and the other engines without pip's resolver, under constraints
+    that keep every installed package at its version (a bare `pip install -r` could move one)."""
+    return (f"tools/install.sh --engines {sys.executable}, from the Mizuoto folder: every engine, "
+            f"requirements/{extra}.txt among them, without changing any installed package")
 
 
 def engine_class(engine_id: str) -> type[Engine]:

@@ -50,7 +50,7 @@ from ..errors import CheckpointError, MizuotoError
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
 from ..tiling import tiled_1d
-from .base import Codes, Engine, Sampling, Voice, element_size
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .checkpoint_files import read_yaml
 from .f5tts_upstream import import_upstream, package_config, vocos_classes
 
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
 HOP = 256
 VOCODER_FOLDER = "vocos-mel-24khz"
+DEFAULT_CONFIG = "F5TTS_v1_Base"  # the package's config of the published checkpoint
 EMA_PREFIX = "ema_model."
 TARGET_RMS = 0.1  # upstream's loudness normalization of the reference (and back, of the output)
 CFG_STRENGTH = 2.0
@@ -105,10 +106,10 @@ def model_config(folder: Path) -> dict[str, Any]:
     configs = sorted(folder.glob("*.yaml"))
     if len(configs) > 1:
         raise CheckpointError(f"{folder}: several model configs ({', '.join(p.name for p in configs)}); keep one")
-    config = read_yaml(configs[0]) if configs else package_config("F5TTS_v1_Base")
+    config = read_yaml(configs[0]) if configs else package_config(DEFAULT_CONFIG)
     model = config.get("model")
     if not isinstance(model, dict) or model.get("backbone") != "DiT" or not isinstance(model.get("arch"), dict):
-        where = configs[0] if configs else "F5TTS_v1_Base.yaml"
+        where = configs[0] if configs else f"{DEFAULT_CONFIG}.yaml"
         raise CheckpointError(f"{where}: expected an F5-TTS model config with model.backbone DiT and model.arch")
     if model.get("mel_spec", {}).get("mel_spec_type", "vocos") != "vocos":
         raise CheckpointError(f"{folder}: only the Vocos mel (mel_spec_type: vocos) is supported")
@@ -208,9 +209,25 @@ class F5TTSEngine(Engine):
     """F5-TTS in three phases: voice prompt, flow, vocoder (M1)."""
 
     id = "f5tts"
+    title = "F5-TTS"
     PHASED = True
     sample_rate = SAMPLE_RATE
     steps = DEFAULT_STEPS  # ODE steps (F5-TTS's nfe_step); tests and benches set fewer
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """A folder in the published layout (weights, vocab.txt, the Vocos folder) with at most one
+        model config, labelled with the config's name as the loader picks it (the folder's
+        ``*.yaml``, else the package's F5TTS_v1_Base); None otherwise. No built-in speakers,
+        and no language setting (the vocabulary decides what it speaks): "auto" only."""
+        try:
+            check_layout(folder)
+        except CheckpointError:
+            return None
+        configs = sorted(folder.glob("*.yaml"))
+        if len(configs) > 1:
+            return None
+        return CheckpointInfo(configs[0].stem if configs else DEFAULT_CONFIG, [], ["auto"])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:

@@ -33,6 +33,8 @@ would make it part of the llm component).
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from ..errors import CheckpointError, MizuotoError
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
 from ..tiling import tiled_1d
-from .base import Codes, Engine, Sampling, Voice, element_size
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .checkpoint_files import config_from, read_json
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,25 @@ def check_layout(folder: Path) -> None:
 def import_upstream() -> None:
     """Import `omnivoice` (an optional extra; needs transformers >= 5.3)."""
     import omnivoice  # noqa: F401
+
+
+@functools.cache
+def package_languages() -> tuple[str, ...]:
+    """The language names the package resolves (`omnivoice.utils.lang_map.LANG_NAMES`, lower
+    case; what the loaded model's `supported_language_names()` returns), read from that file
+    without importing the package: its `__init__` imports the model code and transformers,
+    while the map is a data module that imports nothing. Empty where the package is not
+    installed."""
+    spec = importlib.util.find_spec("omnivoice")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    path = Path(list(spec.submodule_search_locations)[0]) / "utils" / "lang_map.py"
+    lang_map = importlib.util.spec_from_file_location("mizuoto_omnivoice_lang_map", path) if path.is_file() else None
+    if lang_map is None or lang_map.loader is None:
+        return ()
+    module = importlib.util.module_from_spec(lang_map)
+    lang_map.loader.exec_module(module)
+    return tuple(sorted(module.LANG_NAMES))
 
 
 def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
@@ -128,9 +149,20 @@ class OmniVoiceEngine(Engine):
     """OmniVoice in three phases: voice prompt, llm, codec decoder (M1)."""
 
     id = "omnivoice"
+    title = "OmniVoice"
     PHASED = True
     sample_rate = 24000
     steps = DEFAULT_STEPS  # masked-diffusion steps (upstream's num_step); tests and benches set fewer
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """A k2-fsa/OmniVoice folder (both configs' model types); None otherwise. No built-in
+        speakers; the languages the package resolves by name, "auto" (it detects) first."""
+        try:
+            check_layout(folder)
+        except CheckpointError:
+            return None
+        return CheckpointInfo("OmniVoice", [], ["auto", *package_languages()])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:

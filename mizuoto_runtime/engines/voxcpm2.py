@@ -88,7 +88,7 @@ from ..loading import load_safetensors, parameters_on_meta
 from ..phases import RequestContext
 from ..tiling import tiled_1d
 from ..units import plan_units
-from .base import Codes, Engine, Sampling, Voice
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice
 from .checkpoint_files import read_json
 
 log = logging.getLogger(__name__)
@@ -285,6 +285,18 @@ class VoxCPM2Engine(Engine):
     reference + transcript continuation; 48 kHz output."""
 
     id = "voxcpm2"
+    title = "VoxCPM 2"
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """An official VoxCPM 2 folder (its files, config.json's architecture); None otherwise,
+        VoxCPM 1.x folders included. No built-in speakers, and no language setting (the model
+        reads the language from the text): "auto" only."""
+        try:
+            check_layout(folder)
+        except CheckpointError:
+            return None
+        return CheckpointInfo("VoxCPM2", [], ["auto"])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:

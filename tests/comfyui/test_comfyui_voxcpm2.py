@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server, ui_to_api
+from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
+                             ui_to_api)
 from test_comfyui_qwen3tts import flac_stream_info, messages
 
 pytestmark = requires_comfyui
@@ -49,6 +50,7 @@ def clone_prompt(server: ComfyServer, *, seed: int, prefix: str) -> dict[str, An
     nodes = {n["class_type"]: n["inputs"] for n in prompt.values()}
     nodes["MizuotoMemorySettings"]["simulate_vram_mb"] = SIMULATED_MB
     nodes["MizuotoEngineLoader"].update(checkpoint=CHECKPOINT, dtype="float32")
+    nodes["LoadAudio"]["audio"] = REFERENCE_WAV  # the harness's reference, in the server's input folder
     nodes["MizuotoTalker"].update(text="Hello from the tiny model.", seed=seed, max_new_tokens=PATCHES)
     nodes["SaveAudio"]["filename_prefix"] = prefix
     return prompt
