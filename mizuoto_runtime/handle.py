@@ -425,6 +425,9 @@ class ModelHandle:
             elif id(unit) not in streamed and hooked:
                 for h in self._hooks.pop(id(unit)):
                     h.remove()
+            elif hooked:
+                for pre, post in zip(self._hooks[id(unit)][::2], self._hooks[id(unit)][1::2]):
+                    _order(pre, post)
         # M21–M23: pin host copies, size copy buffers, run compiled parents eagerly.
         self.streamer.placed(self, self.module, self.streamed_units, self._kept_host_slots(),
                              self.policy.pinned_budget_bytes())
@@ -559,3 +562,11 @@ class ModelHandle:
         return (f"ModelHandle({self.engine}:{self.name}, {self.kind}, {self.loaded_bytes}/{self.size_bytes} B, "
                 f"{len(self._resident)}/{len(self.plan.units)} units)")
 
+
+def _order(pre: RemovableHandle, post: RemovableHandle) -> None:
+    """Our pre-hook first and our post-hook last on their module, whatever was added since."""
+    pres, posts = pre.hooks_dict_ref(), post.hooks_dict_ref()
+    if pres is not None and pre.id in pres:
+        pres.move_to_end(pre.id, last=False)  # type: ignore[attr-defined]
+    if posts is not None and post.id in posts:
+        posts.move_to_end(post.id)  # type: ignore[attr-defined]

@@ -37,8 +37,9 @@ WHY_ANCHOR = "the first parameter of a model (code finds the model's device and 
 WHY_MARKED = "marked fixed"
 WHY_SHARED = "shared with modules outside its unit (e.g. a tied embedding and head)"
 WHY_SMALL = "in units under 64 KB"
-WHY_LAYER = ("read by {cls} layers, which are not a streamable type (a layer that reads its weights only "
-             "inside its own forward may declare STREAMABLE = True)")
+WHY_LAYER = "read by {cls} layers (only Linear and Conv layers stream; embeddings and norms stay)"
+WHY_CUSTOM_LAYER = ("read by {cls} layers, which do not declare STREAMABLE = True (a layer that reads its "
+                    "weights only inside its own forward may declare it, as GPT-2's Conv1D can)")
 
 
 def is_streamable(module: nn.Module) -> bool:
@@ -280,9 +281,10 @@ class _Rules:
         if any(id(m) in self.fixed_ids for m in readers):
             return WHY_MARKED
         layer = next((m for m in readers if not is_streamable(m)), None)
-        if layer is not None:
-            return WHY_LAYER.format(cls=type(layer).__name__)
-        return None
+        if layer is None:
+            return None
+        builtin = type(layer).__module__.startswith("torch.nn.")
+        return (WHY_LAYER if builtin else WHY_CUSTOM_LAYER).format(cls=type(layer).__name__)
 
 
 def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPlan:
