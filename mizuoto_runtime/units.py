@@ -283,8 +283,10 @@ class _Rules:
         layer = next((m for m in readers if not is_streamable(m)), None)
         if layer is None:
             return None
-        builtin = type(layer).__module__.startswith("torch.nn.")
-        return (WHY_LAYER if builtin else WHY_CUSTOM_LAYER).format(cls=type(layer).__name__)
+        # torch's own layers, and norms and scales (1-D weights) anywhere, stay as they are;
+        # another class may be a layer that could declare itself streamable.
+        plain = type(layer).__module__.startswith("torch.nn.") or all(p.dim() <= 1 for p in layer.parameters())
+        return (WHY_LAYER if plain else WHY_CUSTOM_LAYER).format(cls=type(layer).__name__)
 
 
 def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPlan:

@@ -15,6 +15,7 @@ import torch
 
 from conftest import make_manager
 from models import TinyLM
+from threads import run_on_threads
 from mizuoto_runtime import CancelledError, MizuotoError, ModelHandle, ModelManager
 
 CPU = torch.device("cpu")
@@ -114,22 +115,15 @@ def test_two_threads_with_one_job_never_run_out_of_memory() -> None:
     prompt = torch.tensor([[1, 2]])
     expected = plain.generate(prompt, 3, torch.Generator().manual_seed(0))
     handles = [m.register(copy.deepcopy(plain), engine=f"e{i}", name="lm", kind="sequence") for i in range(2)]
-    outcomes: list[object] = []
+    outcomes: list[tuple[bool, int]] = []
 
     def run(h: ModelHandle) -> None:
-        try:
-            for _ in range(6):
-                ctx = m.request()
-                got = ctx.run("gen", [h], lambda: h.module.generate(prompt, 3, torch.Generator().manual_seed(0)))
-                outcomes.append((torch.equal(got, expected), ctx.meta["applied"]["oom_retries"]))
-        except BaseException as exc:  # noqa: BLE001 - the test reports any failure of the thread
-            outcomes.append(exc)
+        for _ in range(6):
+            ctx = m.request()
+            got = ctx.run("gen", [h], lambda: h.module.generate(prompt, 3, torch.Generator().manual_seed(0)))
+            outcomes.append((torch.equal(got, expected), ctx.meta["applied"]["oom_retries"]))
 
-    threads = [threading.Thread(target=run, args=(h,)) for h in handles]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    assert run_on_threads([lambda h=h: run(h) for h in handles]) == []
     assert outcomes == [(True, 0)] * 12
     assert m.devices.peak_counted_bytes(CPU) <= 14 << 20
 
@@ -169,23 +163,8 @@ def test_exclusive_gives_up_with_an_error_naming_the_holders() -> None:
                 pass
     m.wait_timeout_s = 0.3
     with m.exclusive(CPU):  # nothing runs now: taken at once; a request gives up, naming the job
-        assert isinstance(on_another_thread(lambda: hold_once(m, first, [])), MizuotoError)
-
-
-def on_another_thread(fn: Callable[[], None]) -> BaseException | None:
-    """Run `fn` on a new thread; what it raised, or None."""
-    raised: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            raised.append(exc)
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join(10)
-    return raised[0] if raised else None
+        raised = run_on_threads([lambda: hold_once(m, first, [])])
+        assert len(raised) == 1 and isinstance(raised[0], MizuotoError)
 
 
 def test_exclusive_is_refused_inside_a_phase_and_is_cancellable() -> None:

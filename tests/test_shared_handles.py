@@ -8,12 +8,12 @@ minimum working set. Threads on the simulated strict device (M55, M56).
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
 import torch
 
+from threads import run_on_threads
 from mizuoto_runtime import CancelledError, DeviceService, ModelManager, VramPolicy
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.demo import DemoEngine
@@ -49,21 +49,7 @@ def plain() -> dict[str, torch.Tensor]:
 
 def threads(target: Callable[[str], None]) -> list[BaseException]:
     """Run `target(name)` for both requests on two threads; what they raised."""
-    raised: list[BaseException] = []
-
-    def body(name: str) -> None:
-        try:
-            target(name)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            raised.append(exc)
-
-    workers = [threading.Thread(target=body, args=(name,)) for name in REQUESTS]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(300)
-    assert not any(w.is_alive() for w in workers), "a request thread hung"
-    return raised
+    return run_on_threads([lambda name=name: target(name) for name in REQUESTS])
 
 
 def assert_nothing_held(m: ModelManager, engine: DemoEngine) -> None:
