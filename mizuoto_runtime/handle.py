@@ -96,6 +96,7 @@ class ModelHandle:
     def _set_module(self, module: nn.Module) -> None:
         self.module = module
         self.plan: UnitPlan = plan_units(module, self._marked(self._fixed))
+        self._derived.clear()
         absent = [s.name for s in self._all_slots() if isinstance(s.current(), (AbsentParameter, AbsentTensor))]
         if absent:
             raise MizuotoError(f"handle {self.name!r}: {absent[0]} (and {len(absent) - 1} more) hold no weights: the "
@@ -107,8 +108,7 @@ class ModelHandle:
         if self.devices.strict:
             for slot in self._all_slots():
                 slot.hold_absent(slot.host, self._label(slot))
-            for unit in self.plan.units:
-                self._drop_derived(unit)
+            self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
         if self.plan.size_bytes and self.plan.fixed_bytes * 2 > self.plan.size_bytes:
             log.info("%s: %d units stream; %s", self.name, len(self.plan.units), self.plan.describe_fixed())
 
@@ -295,8 +295,7 @@ class ModelHandle:
                 freed += slot.nbytes
             slot.hold_absent(None, self._label(slot))
             slot.host = None
-        for unit in self.plan.units:
-            self._drop_derived(unit)
+        self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
         self._remove_hooks()
         self._fixed_placed = False
         self._resident.clear()
@@ -360,21 +359,25 @@ class ModelHandle:
         else:
             slot.hold(slot.host)  # type: ignore[arg-type]
 
-    def _drop_derived(self, unit: Unit) -> None:
-        """Legacy weight norm leaves the weight it computed from the unit's copies on the layer:
-        replace it by a stand-in (strict: one that names it), so no copy outlives the unit."""
-        for module, attr in unit.derived:
+    def _drop_derived(self, derived: list[tuple[nn.Module, str]]) -> None:
+        """Legacy weight norm leaves the weight it computed from placed or streamed tensors on the
+        layer: once those leave, it becomes a stand-in (strict: one that names it), so no device
+        tensor outlives its placement or its unit."""
+        for module, attr in derived:
             current = module.__dict__.get(attr)
             if not isinstance(current, torch.Tensor):
                 continue
             key = (id(module), attr)
             standin = self._derived.get(key)
             if standin is None or standin.shape != current.shape or standin.dtype != current.dtype:
-                label = f"{self.name}.{unit.name}.{attr} (computed by weight_norm)"
+                label = f"{self.name}.{self._module_path(module)}.{attr} (computed by weight_norm)"
                 standin = (absent_like(current, label, False) if self.devices.strict
                            else torch.empty_like(current, device="meta"))
                 self._derived[key] = standin
             module.__dict__[attr] = standin
+
+    def _module_path(self, module: nn.Module) -> str:
+        return next((n for n, m in self.module.named_modules() if m is module), type(module).__name__)
 
     def _restore_rest_state(self) -> None:
         """Give the module its host tensors back (before re-planning its units)."""
@@ -394,6 +397,7 @@ class ModelHandle:
     def _unplace_fixed(self) -> int:
         freed = sum(self._unplace_slot(s) for s in self.plan.fixed)
         freed += sum(self._unplace_unit(u) for u in list(reversed(self._resident)))
+        self._drop_derived(self.plan.derived)
         self._fixed_placed = False
         self.cap_bytes = None  # M40: the cap lasts until the component leaves the device
         self.partial_reason = None
@@ -412,6 +416,7 @@ class ModelHandle:
     def _unplace_unit(self, unit: Unit) -> int:
         freed = sum(self._unplace_slot(s) for s in unit.slots)
         self._resident.remove(unit)
+        self._drop_derived(unit.derived)
         return freed
 
     # ---- hooks (M17) ---------------------------------------------------------------------
@@ -528,7 +533,7 @@ class ModelHandle:
             if self.streamer.users(self, unit) == 1:  # the last thread inside: swap back
                 for slot in unit.slots:
                     self._hold_rest(slot)
-                self._drop_derived(unit)
+                self._drop_derived(unit.derived)
             self.streamer.release(self, unit)
 
     def _check_between_calls(self, what: str) -> None:

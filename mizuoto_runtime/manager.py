@@ -116,6 +116,8 @@ class ModelManager:
     def _check_unregistered(self, module: nn.Module, label: str) -> None:
         inside = {id(m) for m in module.modules()}
         for h in self.handles:
+            if h.unloaded:
+                continue  # its module holds no weights: the handle says so if used again
             if id(h.module) in inside or any(m is module for m in h.module.modules()):
                 raise MizuotoError(f"{label}: the module is already registered as {self.key(h)}; "
                                    f"use that handle, or unregister it first")

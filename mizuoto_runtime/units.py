@@ -131,6 +131,7 @@ class UnitPlan:
     units: list[Unit]
     fixed: list[Slot]
     pinned: list[Slot]
+    derived: list[tuple[nn.Module, str]] = dataclasses.field(default_factory=list)  # legacy weight norm, fixed part
 
     @property
     def fixed_bytes(self) -> int:
@@ -323,7 +324,9 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
     fixed = [s for s in slots.values() if id(s) not in taken]
     for slot in fixed:
         slot.why_fixed = why.get(id(slot), WHY_BUFFER if slot.is_buffer else WHY_OUTSIDE)
-    return UnitPlan(units, fixed, pinned)
+    streamed = {id(m) for u in units for m in u.leaves} | pinned_ids
+    derived = [(m, attr) for m in root.modules() if id(m) not in streamed for attr in _legacy_weight_norm(m)]
+    return UnitPlan(units, fixed, pinned, derived)
 
 
 def _device_anchors(root: nn.Module) -> set[int]:

@@ -208,6 +208,14 @@ def test_legacy_weight_norm_keeps_no_computed_weight_after_the_unit() -> None:
         model(torch.randn(1, 80, 8))
     with pytest.raises(StrictDeviceError, match=r"ups\.0\.weight \(computed by weight_norm\)"):
         model.ups[0].weight.sum()
+    h.load(None)  # whole: the layers compute their weights from resident tensors
+    with torch.no_grad():
+        model(torch.randn(1, 80, 8))
+    assert not model.pre.weight.is_meta
+    h.offload()  # and once those leave, so does what was computed from them
+    for layer in (model.pre, model.ups[0]):
+        with pytest.raises(StrictDeviceError, match=r"weight \(computed by weight_norm\)"):
+            layer.weight.sum()
 
 
 def test_the_plan_says_why_weights_are_fixed(caplog: pytest.LogCaptureFixture) -> None:
