@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from .audio import Audio, read_wav, write_wav
 from .devices import DeviceService, OomInjector
-from .errors import CancelledError, CheckpointError, MizuotoError, SettingError, StrictDeviceError
+from .errors import (
+    ArgumentError, CancelledError, CheckpointError, DeviceTooSmallError, MizuotoError, SettingError, StrictDeviceError,
+)
 from .handle import ModelHandle
 from .loading import build_on_meta, load_safetensors
 from .manager import ModelManager
@@ -20,7 +22,7 @@ from .tiling import tiled_1d
 from .units import plan_units
 
 __all__ = [
-    "Audio", "CancelledError", "CheckpointError", "DeviceService", "MizuotoError", "ModelHandle",
+    "ArgumentError", "Audio", "CancelledError", "CheckpointError", "DeviceService", "DeviceTooSmallError", "MizuotoError", "ModelHandle",
     "ModelManager", "OomInjector", "RequestContext", "Runtime", "SettingError", "StrictDeviceError",
     "VramPolicy", "build_on_meta", "load_safetensors", "plan_units", "read_wav", "tiled_1d", "write_wav",
 ]

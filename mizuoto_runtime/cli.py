@@ -5,14 +5,15 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .audio import read_wav, write_wav
-from .engines import ENGINES, Sampling, install_hint
-from .errors import MizuotoError
+from .audio import Audio, read_wav, write_wav
+from .engines import ENGINES, Sampling, check_request, install_hint
+from .errors import ArgumentError, MizuotoError
 from .runtime import DTYPES, Runtime
 
 log = logging.getLogger("mizuoto")
@@ -68,13 +69,42 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
-    engine = rt.engine(args.engine, args.model, args.dtype, args.device)
-    reference = read_wav(args.voice) if args.voice else None
+    # Everything the request names is checked before the engine loads (a load can take minutes).
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
+    check_request(args.text, sampling)
+    output = _output_file(Path(args.output))
+    reference = _reference(Path(args.voice)) if args.voice else None
+    engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
                          sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct)
-    path = write_wav(args.output, audio)
+    try:
+        path = write_wav(output, audio)
+    except OSError as exc:
+        raise ArgumentError(f"cannot write the output file {output}: {exc}") from exc
     return {"output": str(path), "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate, **meta}
+
+
+def _output_file(path: Path) -> Path:
+    """`--output`: a file name in a folder that exists and can be written."""
+    if path.is_dir():
+        raise ArgumentError(f"output {path} is a folder; give a file name, e.g. {path / 'out.wav'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ArgumentError(f"output folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ArgumentError(f"output folder {folder} cannot be written")
+    return path
+
+
+def _reference(path: Path) -> Audio:
+    """`--voice`: a WAV file that exists and can be read."""
+    if not path.is_file():
+        raise ArgumentError(f"reference file {path} does not exist" if not path.exists()
+                            else f"reference {path} is not a file")
+    try:
+        return read_wav(path)
+    except OSError as exc:
+        raise ArgumentError(f"cannot read the reference file {path}: {exc}") from exc
 
 
 def cmd_runtime(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,6 +10,7 @@ raises `StrictDeviceError`, naming the tensor, when anything but its metadata is
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -19,7 +20,7 @@ import psutil
 import torch
 from torch import nn
 
-from .errors import StrictDeviceError
+from .errors import ArgumentError, StrictDeviceError
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +105,34 @@ def _accelerator() -> torch.device | None:
     return None
 
 
+def _simulated_sizes(simulate: object) -> dict[str, int]:
+    """`simulate` checked: {"cpu": a whole number of bytes > 0}, else an error naming it (M55)."""
+    if simulate is None:
+        return {}
+    if not isinstance(simulate, Mapping):
+        raise ArgumentError(f"simulate must map a device to its size in bytes, e.g. {{'cpu': 64 << 20}}; "
+                            f"got {simulate!r}")
+    sizes: dict[str, int] = {}
+    for name, nbytes in simulate.items():
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError) as exc:
+            raise ArgumentError(f"simulate: {name!r} is not a device name ({exc})") from exc
+        if device.type != "cpu":
+            raise ArgumentError(f"simulate: only the CPU can act as a GPU, got device {name!r}")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
+            raise ArgumentError(f"simulate: size of {name!r} must be a whole number of bytes, got {nbytes!r}")
+        if nbytes <= 0:
+            raise ArgumentError(f"simulate: size of {name!r} must be > 0 bytes, got {nbytes!r}")
+        sizes["cpu"] = int(nbytes)
+    return sizes
+
+
 class DeviceService:
     """Devices, free memory, counted copies, `pin_to_cpu`, simulation and strict mode."""
 
     def __init__(self, simulate: Mapping[str, int] | None = None, strict: bool = False) -> None:
-        self._simulated: dict[str, int] = {}
-        for name, nbytes in (simulate or {}).items():
-            if torch.device(name).type != "cpu":
-                raise ValueError(f"simulate: only the CPU can act as a GPU, got device {name!r}")
-            if int(nbytes) <= 0:
-                raise ValueError(f"simulate: size of {name!r} must be > 0 bytes, got {nbytes!r}")
-            self._simulated["cpu"] = int(nbytes)
+        self._simulated: dict[str, int] = _simulated_sizes(simulate)
         self.strict = bool(strict and self._simulated)
         self.fault_hook: FaultHook | None = None
         self._counted: dict[str, int] = {}

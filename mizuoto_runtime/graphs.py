@@ -8,9 +8,15 @@ Rules:
 * `placement_refusal(handle)`: a component fully on the device may be captured; a partly
   placed one only if it is a `graphable` `sequence` handle whose streamed weights are all
   pinned — a graph's copy node reads a fixed host address, asynchronously.
-* `eligible(handle)`: both, on a real CUDA device.
+* `host_refusal()`: a host may forbid capture for the whole process while its own memory
+  manager could move memory under a graph — ComfyUI's dynamic VRAM, whose allocator evicts and
+  re-faults weight pages behind PyTorch's back. The pack's ComfyUI side calls
+  `refuse_capture(reason)` when it finds dynamic VRAM active, `refuse_capture(None)` to lift it.
+* `eligible(handle)`: all of them, on a real CUDA device.
 
-`capture(handle, fn)` records `fn()` into a graph. During capture the handle's hooks do not
+`capture(handle, fn, keep_rng=...)` records `fn()` into a graph. With `keep_rng`, the
+warm-up runs' random draws are undone (the device generator's state is put back before
+capture), so a graph that samples draws, at its first replay, what an eager run would have. During capture the handle's hooks do not
 use the streamer: each leaf module's streamed weights are copied, when the leaf is entered,
 from their fixed (pinned) host tensors into memory allocated inside the capture — the graph's
 own pool, not the eager run's copy buffers, which are reused — and released when the leaf
@@ -50,7 +56,20 @@ class GraphStale(MizuotoError):
     """The handle's weights moved since capture; the graph would read stale addresses."""
 
 
+_HOST_REFUSAL: list[str] = []  # at most one reason; a list so the setter needs no `global`
+
+
 # ---- rules -----------------------------------------------------------------------------------
+def refuse_capture(reason: str | None) -> None:
+    """A host forbids CUDA Graph capture in this process (`reason`), or lifts it (None)."""
+    _HOST_REFUSAL[:] = [reason] if reason else []
+
+
+def host_refusal() -> str | None:
+    """Why the host forbids capture now, or None."""
+    return _HOST_REFUSAL[0] if _HOST_REFUSAL else None
+
+
 def usable(policy: VramPolicy, environ: Mapping[str, str] | None = None) -> bool:
     """Whether CUDA Graphs may be captured under the allocator in force (M54): the one CUDA
     runs with once initialized, else the one the environment (which wins) or the policy picks."""
@@ -78,6 +97,9 @@ def eligible(handle: ModelHandle) -> tuple[bool, str]:
     """Whether `handle` may be captured now, and if not, why (M24, M54)."""
     if not usable(handle.policy):
         return False, "compute.cuda_allocator is async (cudaMallocAsync): no CUDA Graphs (M54)"
+    refused = host_refusal()
+    if refused is not None:
+        return False, refused
     if handle.device.type != "cuda" or handle.devices.is_simulated(handle.device):
         return False, f"{handle.device} is not a CUDA device"
     reason = placement_refusal(handle)
@@ -168,20 +190,24 @@ def _addresses(module: nn.Module) -> tuple[int, ...]:
 
 
 def capture(handle: ModelHandle, fn: Callable[[], Any], *, warmup: int = 2,
-            pool: Any = None) -> CapturedGraph:
+            pool: Any = None, keep_rng: bool = False) -> CapturedGraph:
     """Capture `fn()` (which reads static inputs) over `handle`'s placement (M24).
 
     Refuses with `GraphRefused`, before touching the device, when `eligible` says no.
+    `keep_rng`: undo the warm-up's random draws, so replays draw what eager runs would.
     """
     ok, reason = eligible(handle)
     if not ok:
         raise GraphRefused(f"{handle.name}: no CUDA Graph: {reason}")
+    rng = torch.cuda.get_rng_state(handle.device) if keep_rng else None
     side = torch.cuda.Stream(handle.device)
     side.wait_stream(torch.cuda.current_stream(handle.device))
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch recommends
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream(handle.device).wait_stream(side)
+    if rng is not None:
+        torch.cuda.set_rng_state(rng, handle.device)  # capture itself does not advance it
     graph = torch.cuda.CUDAGraph()
     leaves = LeafCopies(handle)
     handle.graph_capture = leaves

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import mmap
+import os
 import struct
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, json_kind
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -27,35 +30,107 @@ _DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 _PAGE = mmap.PAGESIZE
+# The safetensors library's own bound on the JSON header (100 MB).
+MAX_HEADER_BYTES = 100_000_000
+# dtype, shape, begin and end of a tensor's bytes in the data section
+_Entry = tuple[torch.dtype, tuple[int, ...], int, int]
+
+
+def _is_count(value: Any) -> bool:
+    """A JSON integer >= 0 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class SafetensorsFile:
-    """A memory-mapped safetensors file: names, dtypes, shapes, and zero-copy views."""
+    """A memory-mapped safetensors file: names, dtypes, shapes, and zero-copy views.
+
+    The header is untrusted input: its length is checked against the file's size before
+    anything is read or allocated, and every entry is checked (an object with a known `dtype`,
+    a `shape` of non-negative integers, `data_offsets` that tile the data section in order and
+    whose length matches the shape, as the safetensors format requires). Any fault is one
+    `CheckpointError` naming the file and what is wrong.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise CheckpointError(f"checkpoint file not found: {self.path}")
-        with open(self.path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise CheckpointError(f"{self.path}: not a safetensors file (too short)")
-            (size,) = struct.unpack("<Q", head)
-            try:
-                header = json.loads(f.read(size))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise CheckpointError(f"{self.path}: not a safetensors file ({exc})") from exc
-        self.data_start = 8 + size
-        header.pop("__metadata__", None)
-        self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
-        for name, info in header.items():
-            if info["dtype"] not in _DTYPES:
-                raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-            start, end = info["data_offsets"]
-            self.entries[name] = (_DTYPES[info["dtype"]], tuple(info["shape"]), start, end)
-        self._file = open(self.path, "rb")
-        length = self._file.seek(0, 2)
-        self._map = mmap.mmap(self._file.fileno(), length, access=mmap.ACCESS_READ) if length else None
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as exc:
+            raise CheckpointError(f"{self.path}: cannot be read ({exc})") from exc
+        try:
+            self.entries, self.data_start, data_bytes = self._read_header()
+            length = self.data_start + data_bytes
+            self._map = mmap.mmap(self._file.fileno(), length, access=mmap.ACCESS_READ) if length else None
+        except OSError as exc:
+            self._file.close()
+            raise CheckpointError(f"{self.path}: cannot be read ({exc})") from exc
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _fault(self, what: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: not a valid safetensors file: {what}")
+
+    def _read_header(self) -> tuple[dict[str, _Entry], int, int]:
+        """The entries, where the data section starts, and how many of its bytes they use."""
+        file_size = os.fstat(self._file.fileno()).st_size
+        head = self._file.read(8)
+        if len(head) != 8:
+            raise self._fault(f"{file_size} bytes, shorter than the 8-byte header length")
+        (size,) = struct.unpack("<Q", head)
+        # Checked before reading: an untrusted length never sizes an allocation.
+        if size > min(file_size - 8, MAX_HEADER_BYTES):
+            raise self._fault(f"header length {size} does not fit in the file's {file_size} bytes"
+                              if size > file_size - 8 else f"header length {size} exceeds {MAX_HEADER_BYTES}")
+        raw = self._file.read(size)
+        if len(raw) != size:
+            raise self._fault(f"cut short in the header ({len(raw)} of {size} bytes)")
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # JSON, UTF-8, and int-size faults are all ValueError
+            raise self._fault(f"header is not JSON ({exc})") from exc
+        if not isinstance(header, dict):
+            raise self._fault(f"header is {json_kind(header)}, not a JSON object")
+        header.pop("__metadata__", None)  # free-form strings; nothing here reads them
+        entries = {name: self._entry(name, info) for name, info in header.items()}
+        return entries, 8 + size, self._check_offsets(entries, file_size - 8 - size)
+
+    def _entry(self, name: str, info: Any) -> _Entry:
+        if not isinstance(info, dict):
+            raise self._fault(f"entry {name!r} is {json_kind(info)}, not a JSON object")
+        missing = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
+        if missing:
+            raise self._fault(f"tensor {name!r} has no {', '.join(missing)}")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
+            raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype!r}; "
+                                  f"known: {', '.join(_DTYPES)}")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise self._fault(f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise self._fault(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end] with begin <= end")
+        torch_dtype = _DTYPES[dtype]
+        nbytes = math.prod(shape) * torch_dtype.itemsize
+        if offsets[1] - offsets[0] != nbytes:
+            raise self._fault(f"tensor {name!r} of shape {tuple(shape)} {dtype} needs {nbytes} bytes; "
+                              f"its data_offsets {offsets} span {offsets[1] - offsets[0]}")
+        return torch_dtype, tuple(shape), offsets[0], offsets[1]
+
+    def _check_offsets(self, entries: dict[str, _Entry], data_bytes: int) -> int:
+        """The tensors tile the data section in order, with no gap or overlap, and fit the file;
+        returns the bytes they span."""
+        end = 0
+        for name, (_, _, start, stop) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
+            if start != end:
+                raise self._fault(f"tensor {name!r} starts at byte {start} of the data, expected {end} "
+                                  "(tensors overlap or leave a gap)")
+            end = stop
+        if end > data_bytes:
+            raise self._fault(f"cut short: its tensors need {end} bytes of data, the file has {data_bytes}")
+        return end
 
     def view(self, name: str) -> torch.Tensor:
         """A read-only tensor viewing the mapped bytes (no copy)."""

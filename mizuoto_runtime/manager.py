@@ -30,7 +30,7 @@ from torch import nn
 
 from .calibration import Calibration
 from .devices import DeviceService
-from .errors import MizuotoError
+from .errors import DeviceTooSmallError, MizuotoError
 from .handle import Kind, ModelHandle
 from .policy import VramPolicy
 from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement
@@ -48,6 +48,19 @@ GPU_JOB_WAIT_S = 600.0
 LOW_MODE_RESIDENT_SHARE = 0.25
 # The placement log keeps the latest entries only: a server runs for weeks.
 EVENTS_KEPT = 1000
+
+
+def _check_device_size(total: int, handles: Sequence[ModelHandle]) -> None:
+    """M7's one refusal before trying: an estimate never refuses, but a device whose whole size is
+    below the phase's minimum working set (M16) can never run it — say so in one line."""
+    need = sum(h.min_working_set for h in handles)
+    if need <= total:
+        return
+    what = handles[0].name if len(handles) == 1 else " and ".join(h.name for h in handles)
+    parts = "" if len(handles) == 1 else " (" + ", ".join(f"{h.name} {h.min_working_set / 2**20:.1f} MB"
+                                                       for h in handles) + ")"
+    raise DeviceTooSmallError(f"{what} needs at least {need / 2**20:.1f} MB on the device{parts}; "
+                              f"the device has {total / 2**20:.1f} MB")
 
 
 class ExternalAccounting(Protocol):
@@ -222,6 +235,7 @@ class ModelManager:
             # M5: nothing moves and nothing is counted; the report says the weights are all where
             # the model runs (host RAM is the device).
             return [Placement(self.key(h), phase, h.size_bytes, h.size_bytes) for h in handles]
+        _check_device_size(self.devices.total_bytes(device), handles)
         with self._cond:
             working = int(memory * self._factor(handles, phase))
             reserve = self.policy.reserve_bytes(self.devices.is_simulated(device))
@@ -255,10 +269,10 @@ class ModelManager:
     def _factor(self, handles: Sequence[ModelHandle], phase: str) -> float:
         return self.calibration.factor(self.phase_key(handles, phase))
 
-    @staticmethod
-    def phase_key(handles: Sequence[ModelHandle], phase: str) -> str:
-        """M47's key: engine and phase (`qwen3tts:talker`)."""
-        return f"{handles[0].engine}:{phase}" if handles else phase
+    def phase_key(self, handles: Sequence[ModelHandle], phase: str) -> str:
+        """M47's key: engine and component (`qwen3tts:codec_encoder`), not the phase's name — two
+        components may run in phases of one name (Qwen3-TTS's two "voice prompt" encoders)."""
+        return "+".join(sorted({self.key(h) for h in handles})) or phase
 
     def calibrate(self, handles: Sequence[ModelHandle], phase: str, estimate: int, measured: int) -> None:
         """M47: remember how far a phase's working memory went above its estimate."""

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from .calibration import PhaseMeter
+from .errors import ArgumentError, DeviceTooSmallError
 from .report import MemoryReport, Placement
 from .streamer import StreamCharge, charging
 
@@ -51,6 +54,17 @@ class _RngState:
             torch.cuda.set_rng_state_all(self.cuda)
         for g, s in zip(self.generators, self.states):
             g.set_state(s)
+
+
+def _check_memory(memory: object, phase: str) -> None:
+    """A working-memory estimate is a finite number of bytes >= 0 (M10: bad input is named)."""
+    if isinstance(memory, bool) or not isinstance(memory, numbers.Real) or not math.isfinite(memory) or memory < 0:
+        raise ArgumentError(f"phase {phase!r}: memory must be a finite number of bytes >= 0, got {memory!r}")
+
+
+def _held_copies(handles: Sequence[ModelHandle]) -> int:
+    """Device bytes the streamer holds for `handles` (live copies and copy buffers kept for reuse)."""
+    return sum(h.streamer.cached_bytes(h) for h in dict.fromkeys(handles))
 
 
 class RequestContext:
@@ -95,6 +109,7 @@ class RequestContext:
     @contextlib.contextmanager
     def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:
         """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends."""
+        _check_memory(memory, name)
         self.check_cancelled()
         placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check)
         try:
@@ -106,7 +121,7 @@ class RequestContext:
                 yield placements
             if meter is not None:
                 copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
-                self.manager.calibrate(handles, name, memory, meter.working_bytes(copies))
+                self.manager.calibrate(handles, name, memory, meter.working_bytes(copies, _held_copies(handles)))
         finally:
             self.manager.release(handles)
 
@@ -116,7 +131,7 @@ class RequestContext:
         device = handles[0].device
         meter = PhaseMeter.for_device(device, self.manager.devices.is_simulated(device))
         if meter is not None:
-            meter.placed_now()
+            meter.placed_now(_held_copies(handles))
         return meter
 
     def run(self, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int = 0,
@@ -138,6 +153,8 @@ class RequestContext:
             try:
                 with self.use(handles, memory, name):
                     return fn()
+            except DeviceTooSmallError:
+                raise  # no retry makes the device larger (M7)
             except torch.OutOfMemoryError:
                 if attempt >= retries and not use_fallback:
                     raise  # the original error, with its traceback

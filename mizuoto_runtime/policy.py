@@ -7,6 +7,7 @@ bad key or value raises one `SettingError` that names the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import platform
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +55,12 @@ _SETTINGS: dict[str, _Setting] = {
     "cpu_allocator": _Setting("auto", str, CPU_ALLOCATORS),
 }
 
+# Settings whose non-default values have no behaviour yet, and why: such a value is refused
+# rather than silently accepted. A setting leaves this table when its behaviour lands.
+_NOT_YET: dict[str, str] = {
+    "cpu_allocator": "it applies to training, which this version does not run",
+}
+
 # ComfyUI's extra reserved VRAM on a real GPU; a simulated device reserves nothing unless told.
 _DEFAULT_REAL_RESERVE_MB = 400
 
@@ -82,10 +89,15 @@ def _parse_value(key: str, spec: _Setting, value: Any) -> Any:
         raise SettingError(f"setting 'compute.{key}' must be {_kind_name(spec)}, got {value!r}")
     if not isinstance(value, kinds):
         raise SettingError(f"setting 'compute.{key}' must be {_kind_name(spec)}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SettingError(f"setting 'compute.{key}' must be a finite number, got {value!r}")
     if spec.choices and value not in spec.choices:
         raise SettingError(f"setting 'compute.{key}' must be one of {', '.join(spec.choices)}; got {value!r}")
     if spec.minimum is not None and value < spec.minimum:
         raise SettingError(f"setting 'compute.{key}' must be >= {spec.minimum:g}, got {value!r}")
+    if key in _NOT_YET and value != spec.default:
+        raise SettingError(f"setting 'compute.{key}' has no effect yet ({_NOT_YET[key]}); "
+                           f"leave it at {spec.default!r}")
     return value
 
 

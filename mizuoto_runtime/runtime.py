@@ -11,8 +11,8 @@ import torch
 from .audio import Audio
 from .calibration import Calibration, default_path
 from .devices import DeviceService, apply_allocator_env
-from .engines import Engine, Sampling, Voice, engine_class
-from .errors import MizuotoError
+from .engines import Engine, Sampling, Voice, check_request, engine_class
+from .errors import DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
 from .phases import RequestContext
 from .policy import MB, VramPolicy
@@ -98,6 +98,7 @@ class Runtime:
             instruct: str | None = None) -> tuple[Audio, dict[str, Any]]:
         """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4)."""
         sampling = sampling or Sampling()
+        check_request(text, sampling)  # before the voice prompt runs
         ctx = self.request(sampling.seed, cancel_check, on_progress)
         try:
             if engine.PHASED:
@@ -107,6 +108,8 @@ class Runtime:
                 with ctx.use(engine.handles(), engine.memory_required(text), name="all"):
                     voice = Voice("", {}, engine.id)
                     audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
+        except DeviceTooSmallError:
+            raise  # nothing freed elsewhere makes the device larger
         except torch.OutOfMemoryError:
             self.service.release_after_oom()  # M34: the next job starts from an empty device
             raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mizuoto_runtime import SettingError, VramPolicy
-from mizuoto_runtime.policy import GB, MB
+from mizuoto_runtime.policy import _SETTINGS, GB, MB
 
 M10_KEYS = [
     "vram_mode", "vram_reserve_mb", "vram_limit_mb", "gpu_jobs", "async_offload", "max_pinned_mb",
@@ -66,3 +66,29 @@ def test_describe_lists_the_memory_policy() -> None:
         "mode", "reserve_mb", "limit_mb", "ram_reserve_mb", "host_copies", "pinned_budget_mb",
         "copy_streams", "oom_retry", "oom_fallback",
     }
+
+
+NUMERIC_KEYS = [k for k, spec in _SETTINGS.items()
+                if set(spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)) & {int, float}]
+
+
+@pytest.mark.parametrize("key", NUMERIC_KEYS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "nan", "inf", "Infinity"])
+def test_non_finite_numbers_are_refused_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(SettingError, match=rf"'compute\.{key}'"):
+        VramPolicy({f"compute.{key}": value})
+
+
+def test_numeric_settings_are_all_checked() -> None:
+    assert {"vram_reserve_mb", "vram_limit_mb", "gpu_jobs", "max_pinned_mb", "unload_after_minutes",
+            "simulate_vram_mb"} <= set(NUMERIC_KEYS)
+
+
+@pytest.mark.parametrize("value", ["hugepages", "no_hugepages"])
+def test_a_setting_with_no_behaviour_yet_is_refused_naming_it(value: str) -> None:
+    """M10, M62: compute.cpu_allocator acts only on training phases, which do not exist yet."""
+    with pytest.raises(SettingError, match=r"'compute\.cpu_allocator' has no effect yet"):
+        VramPolicy({"compute.cpu_allocator": value})
+    with pytest.raises(SettingError, match=r"compute\.cpu_allocator"):
+        VramPolicy().update({"compute": {"cpu_allocator": value}})
+    assert VramPolicy({"compute.cpu_allocator": "auto"}).cpu_allocator == "auto"  # its default stays accepted

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import MizuotoError
-from .base import Codes, Engine, Sampling, Voice
+from .base import Codes, Engine, Sampling, Voice, check_request
 
 # id -> (module, class, requirements file under requirements/ that provides its upstream package)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
@@ -31,4 +31,4 @@ def engine_class(engine_id: str) -> type[Engine]:
     return getattr(module, cls_name)
 
 
-__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "engine_class", "install_hint"]
+__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class", "install_hint"]

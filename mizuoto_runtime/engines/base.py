@@ -5,18 +5,26 @@ An engine owns components (registered `ModelHandle`s) and runs a TTS request in 
 `decode` (codes → audio), each wrapping its work in ``ctx.run`` / ``ctx.use`` with its own
 working-memory estimate (M45). Unphased engines (`PHASED = False`, e.g. the dummy engine)
 get all their handles for the whole call, with `memory_required(text)` (M4, M48).
+
+Every request is checked before any work (`check_request`): `Runtime.say` checks it first, and
+every engine's `generate` checks it on entry (the base class wraps each subclass's own), so the
+CLI, the runtime and every node refuse bad input with the same one-line error.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ..audio import Audio
+from ..errors import ArgumentError
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
@@ -42,6 +50,34 @@ class Sampling:
     subtalker_temperature: float | None = None
     subtalker_top_k: int | None = None
     subtalker_top_p: float | None = None
+
+
+    def check(self) -> None:
+        """Values no engine can use are refused, naming the setting."""
+        _whole("max_new_tokens", self.max_new_tokens, 1)
+        _whole("top_k", self.top_k, 0)
+        _finite("temperature", self.temperature, "a finite number >= 0", lambda v: v >= 0)
+        _finite("top_p", self.top_p, "a finite number from 0 to 1", lambda v: 0 <= v <= 1)
+        _finite("repetition_penalty", self.repetition_penalty, "a finite number > 0", lambda v: v > 0)
+
+
+def _whole(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ArgumentError(f"{name} must be a whole number >= {least}, got {value!r}")
+
+
+def _finite(name: str, value: object, what: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ArgumentError(f"{name} must be {what}, got {value!r}")
+
+
+def check_request(text: object, sampling: Sampling) -> None:
+    """What every request is checked for before any work: text to speak, and usable sampling."""
+    if not isinstance(text, str):
+        raise ArgumentError(f"text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ArgumentError("text is empty: give the words to speak")
+    sampling.check()
 
 
 @dataclasses.dataclass
@@ -81,6 +117,21 @@ class Engine(ABC):
     id: ClassVar[str]
     PHASED: ClassVar[bool] = True
     sample_rate: int = 24000
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each engine's own `generate` checks its request first (nodes call it directly)."""
+        super().__init_subclass__(**kwargs)
+        generate = cls.__dict__.get("generate")
+        if generate is None or getattr(generate, "__isabstractmethod__", False):
+            return
+
+        @functools.wraps(generate)
+        def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
+                    *args: Any, **kwargs: Any) -> Codes:
+            check_request(text, sampling)
+            return generate(self, ctx, text, voice, sampling, *args, **kwargs)
+
+        cls.generate = checked  # type: ignore[method-assign]
 
     def __init__(self, manager: ModelManager, model_dir: str | Path | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:

@@ -18,6 +18,13 @@ Components and phases (M1), each a handle registered with the manager:
 * ``codec decoder`` — the speech tokenizer's decoder, `oneshot`. It already decodes in chunks
   of 300 frames with 25 of left context, so no tiled fallback (M43: it would change samples).
 
+The talker loop. By default the talker phase runs our lean per-frame loop over the package's
+talker and code-predictor modules (`qwen3tts_loop`: no generic ``generate`` machinery, no host
+sync per token, the static KV cache of M53 and CUDA Graphs of M24 where they apply), which
+gives the same codes as the package's own loop; ``engine.talker_loop = "upstream"`` runs the
+package's loop instead (the reference the tests hold it equal to). What ran is named in
+``meta.applied``: ``talker_loop``, ``kv_cache``, ``cuda_graphs``.
+
 Exactness (M40, M57). The package samples from torch's global RNG and takes no generator, so
 the talker phase seeds it itself inside a `fork_rng`: a retried phase and every placement draw
 the same numbers, and the caller's RNG is left as it was. The runtime's hooks swap `param.data`;
@@ -40,7 +47,6 @@ import json
 import logging
 import math
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +60,7 @@ from ..errors import CheckpointError, MizuotoError
 from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
+from . import qwen3tts_loop
 from .base import Codes, Engine, Sampling, Voice
 
 log = logging.getLogger(__name__)
@@ -90,6 +97,7 @@ SPEAKER_ACTIVATION_COPIES = 2
 SPEAKER_BYTES_PER_SAMPLE = 16
 MEL_HOP = 256
 MEL_BINS = 128
+TALKER_LOOPS = ("lean", "upstream")
 
 
 # ---- the upstream package ------------------------------------------------------------------
@@ -210,6 +218,9 @@ class Qwen3TTSEngine(Engine):
         codec = model.speech_tokenizer.model
         self.talker = self.register(model.talker, "talker", kind="sequence", graphable=True)
         self.talker.mark(model.talker.code_predictor, "hot")
+        qwen3tts_loop.install(model.talker)
+        self.talker_loop = "lean"  # or "upstream": the package's own loop (the reference)
+        self.cuda_graphs = True  # M24: capture where `graphs.eligible` allows (benchmarks turn it off)
         self.speaker_encoder = None
         self.codec_encoder = None
         if self.model_type == "base":
@@ -358,24 +369,32 @@ class Qwen3TTSEngine(Engine):
         """M46: 16 frames per text token, capped by max_new_tokens (N new tokens give N-1 frames)."""
         return max(1, min(FRAMES_PER_TEXT_TOKEN * text_tokens, sampling.max_new_tokens - 1))
 
-    def generation_memory(self, prompt_len: int, frames: int, rows: int = 1) -> int:
+    def generation_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str | None = None,
+                          loop: str | None = None) -> int:
         """M45/M46: the talker phase's working memory, from the request.
 
-        The talker's KV cache (dynamic, at the KV width and precision it computes in), the
-        hidden states of every layer and step that `generate` keeps (it asks for them, to read
-        the codes back), the code predictor's per-frame cache (16 positions), and the prefill's
-        activations (MLP, attention scores, logits over the codec vocabulary).
+        `loop` and `kv_cache`: the talker loop that will run and ``compute.kv_cache`` (None:
+        what the engine and the policy say now). The talker's KV cache (the static
+        `BufferCache` only under the lean loop, at the KV width and precision it computes in),
+        the hidden states kept per step (the upstream loop's `generate` keeps every layer's, to
+        read the codes back; the lean loop only the last), the code predictor's per-frame cache
+        (16 positions), and the prefill's activations (MLP, attention scores, logits over the
+        codec vocabulary).
         """
+        loop = loop or self._loop_that_runs()
+        kv_cache = kv_cache or self.manager.policy.kv_cache
         tc = self.tts.model.config.talker_config
         cp = tc.code_predictor_config
         elem = _element(self.dtype)
         positions = prompt_len + frames
+        kind = "static" if kv_cache == "static" and loop == "lean" else "dynamic"
         kv = peak_bytes(2 * tc.num_key_value_heads * tc.head_dim * elem, tc.num_hidden_layers, positions,
-                        "dynamic", rows)
-        hidden = rows * (tc.num_hidden_layers + 1) * positions * tc.hidden_size * elem
+                        kind, rows)
+        kept = 1 if loop == "lean" else tc.num_hidden_layers + 1
+        hidden = rows * kept * positions * tc.hidden_size * elem
         cp_positions = tc.num_code_groups
         cp_kv = peak_bytes(2 * cp.num_key_value_heads * cp.head_dim * elem, cp.num_hidden_layers, cp_positions,
-                           "dynamic", rows)
+                           kind, rows)
         cp_hidden = rows * (cp.num_hidden_layers + 1) * cp_positions * cp.hidden_size * elem
         prefill = rows * prompt_len * elem * (
             4 * tc.hidden_size + 3 * tc.intermediate_size + tc.vocab_size + tc.num_attention_heads * prompt_len
@@ -385,13 +404,20 @@ class Qwen3TTSEngine(Engine):
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         inputs = self._prompt(text, voice, sampling.language or "Auto")
         settings = self._sampling(sampling)
+        if self.talker_loop not in TALKER_LOOPS:
+            raise MizuotoError(f"qwen3tts: talker_loop must be one of {', '.join(TALKER_LOOPS)}, "
+                               f"got {self.talker_loop!r}")
+        kv_cache = self.manager.policy.kv_cache
         text_tokens = max(1, inputs["input_ids"][0].shape[-1] - 8)  # minus the chat template's 8 tokens
-        memory = self.generation_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling))
+        memory = self.generation_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling),
+                                        kv_cache=kv_cache)
         total = int(settings["max_new_tokens"])
         model = self.tts.model
+        reports: list[qwen3tts_loop.LoopReport] = []
 
         def talk() -> torch.Tensor:
-            with self._talker_progress(ctx, total), self._seeded(sampling.seed):
+            tick = self._progress_tick(ctx, total)
+            with self._seeded(sampling.seed), self._loop(kv_cache, tick, reports):
                 try:
                     codes, _hidden = model.generate(**inputs, **settings)
                 except (ValueError, NotImplementedError) as exc:
@@ -400,7 +426,36 @@ class Qwen3TTSEngine(Engine):
 
         tokens = ctx.run("talker", [self.talker], talk, memory)
         ctx.progress(total, total)
+        self._applied(ctx, reports[-1] if reports else None)
         return Codes(tokens, self.id, {"ref_code": voice.data.get("ref_code")})
+
+    def _loop_that_runs(self) -> str:
+        """The talker loop that will run: the lean one, unless the package's is asked for or
+        the talker has a setting the lean loop does not reproduce."""
+        if self.talker_loop == "upstream" or qwen3tts_loop.unsupported(self.tts.model.talker) is not None:
+            return "upstream"
+        return "lean"
+
+    @contextlib.contextmanager
+    def _loop(self, kv_cache: str, tick: Any, reports: list[qwen3tts_loop.LoopReport]) -> Iterator[None]:
+        """This thread's talker loop for the block: the lean one, or the package's (the
+        progress hook `tick` is then called by the talker's forward)."""
+        if self.talker_loop == "upstream":
+            with qwen3tts_loop.forward_ticks(self.tts.model.talker, tick):
+                yield
+            return
+        loop = qwen3tts_loop.LeanLoop(self.talker, kv_cache=kv_cache, graphs_wanted=self.cuda_graphs, on_step=tick)
+        reports.append(loop.report)
+        with qwen3tts_loop.loop_in_this_thread(self.tts.model.talker, loop):
+            yield
+
+    def _applied(self, ctx: RequestContext, report: qwen3tts_loop.LoopReport | None) -> None:
+        """`meta.applied`: which talker loop ran, with which KV cache and CUDA Graphs (M50, M53)."""
+        if report is None:
+            ctx.applied.update(talker_loop="upstream", kv_cache="dynamic",
+                               cuda_graphs="off: the upstream loop runs")
+            return
+        ctx.applied.update(talker_loop=report.loop, kv_cache=report.kv_cache, cuda_graphs=report.cuda_graphs)
 
     @contextlib.contextmanager
     def _seeded(self, seed: int) -> Iterator[None]:
@@ -412,22 +467,16 @@ class Qwen3TTSEngine(Engine):
             torch.manual_seed(seed)
             yield
 
-    @contextlib.contextmanager
-    def _talker_progress(self, ctx: RequestContext, total: int) -> Iterator[None]:
-        """Progress and interrupt once per talker step (prefill, then one per frame). The hook
-        sits on the shared module: it reports only this request's thread."""
+    @staticmethod
+    def _progress_tick(ctx: RequestContext, total: int) -> Any:
+        """Progress and interrupt once per talker step (prefill, then one per frame): the
+        callable the talker loop calls at each step."""
         steps = iter(range(total + 1))
-        thread = threading.get_ident()
 
-        def pre(_module: nn.Module, _args: Any) -> None:
-            if threading.get_ident() == thread:
-                ctx.progress(next(steps, total), total)
+        def tick() -> None:
+            ctx.progress(next(steps, total), total)
 
-        hook = self.tts.model.talker.register_forward_pre_hook(pre)
-        try:
-            yield
-        finally:
-            hook.remove()
+        return tick
 
     # ---- codec decoder ---------------------------------------------------------------------
     def decoder_memory(self, frames: int) -> int:

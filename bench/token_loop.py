@@ -1,0 +1,284 @@
+"""Benchmark (not a test) of the token loop (issue 13; M18-M20, M24, M53).
+
+Side by side, in one run, every variant timed in turn (best of `--repeat`), so load on the
+machine affects them alike:
+
+1. Qwen3-TTS, a tiny random CustomVoice checkpoint in the official layout: the talker phase's
+   ms per frame with the package's own loop (``upstream``) and our lean loop (``lean``, with
+   the dynamic and the static KV cache), plain (CPU, nothing moved) and with every unit
+   streamed on the simulated device (``compute.vram_mode = none``); on a CUDA GPU also
+   resident and streamed with CUDA Graphs on and off. Per variant: streamed MB per frame, and
+   ``vs_bound`` = time per frame / (compute + streamed bytes / measured bandwidth), where
+   compute is the same loop's resident time per frame and the bandwidth is measured here
+   (CPU: a host-to-host copy, which is what the simulated device does; GPU: pinned
+   host-to-device). Codes of every variant are compared with ``torch.equal`` to the
+   upstream loop's.
+2. A generic token-by-token LM (the tests' TinyLM, a `sequence` handle): plain vs every unit
+   streamed on the simulated device, and a profile of the streamed run (where its time goes).
+
+    .venv/bin/python bench/token_loop.py [--frames 48 --repeat 5 --threads 1]
+    .venv/bin/python bench/token_loop.py --only lm        # skip Qwen3-TTS (no qwen_tts needed)
+
+Writes ``bench/out/token_loop.json`` (``--out`` elsewhere). Exit status 1 if any codes differ.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from mizuoto_runtime import DeviceService, ModelHandle, Runtime  # noqa: E402
+from mizuoto_runtime.engines import Sampling  # noqa: E402
+
+MB = 1 << 20
+TEXT = "Hello from the tiny talker, one frame at a time."
+
+
+def bandwidth_gbps(device: torch.device, nbytes: int = 256 * MB) -> float:
+    """Copy bandwidth into `device`: host-to-host on CPU (what the simulated device's copies
+    are), pinned host-to-device on CUDA. Best of three."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(3):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+# ---- Qwen3-TTS -------------------------------------------------------------------------------
+class Variant:
+    """One way of running the talker phase: a runtime, a loop, graphs on or off."""
+
+    def __init__(self, name: str, folder: Path, settings: dict[str, Any], loop: str, graphs: bool,
+                 frames: int, resident: str | None = None) -> None:
+        self.name, self.resident = name, resident
+        self.rt = Runtime(settings)
+        self.engine = self.rt.engine("qwen3tts", folder)
+        self.engine.talker_loop = loop
+        self.engine.cuda_graphs = graphs
+        self.sampling = Sampling(seed=3, max_new_tokens=frames + 1, language="english")
+        ctx = self.rt.request(3)
+        self.voice = self.engine.voice_prompt(ctx, speaker="bob")
+        self.best = float("inf")
+        self.codes: torch.Tensor | None = None
+        self.meta: dict[str, Any] = {}
+
+    def run(self) -> None:
+        ctx = self.rt.request(3)
+        device = self.engine.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        codes = self.engine.generate(ctx, TEXT, self.voice, self.sampling)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed < self.best:
+            self.best, self.meta = elapsed, ctx.meta
+        self.codes = codes.tokens
+
+
+def qwen3tts_variants(folder: Path, frames: int) -> list[Variant]:
+    cpu_sim = {"compute.simulate_vram_mb": 1024, "compute.vram_mode": "none"}
+    variants = [
+        Variant("cpu plain / upstream loop", folder, {}, "upstream", False, frames),
+        Variant("cpu plain / lean", folder, {}, "lean", True, frames),
+        Variant("cpu plain / lean, static kv", folder, {"compute.kv_cache": "static"}, "lean", True, frames),
+        Variant("simulated, all streamed / upstream loop", folder, cpu_sim, "upstream", False, frames,
+                resident="cpu plain / upstream loop"),
+        Variant("simulated, all streamed / lean", folder, cpu_sim, "lean", True, frames,
+                resident="cpu plain / lean"),
+    ]
+    if torch.cuda.is_available():
+        gpu_none = {"compute.vram_mode": "none"}
+        static = {"compute.kv_cache": "static"}
+        variants += [
+            Variant("gpu resident / upstream loop", folder, {}, "upstream", False, frames),
+            Variant("gpu resident / lean, graphs off", folder, {}, "lean", False, frames),
+            Variant("gpu resident / lean, graphs on", folder, {}, "lean", True, frames),
+            Variant("gpu resident / lean, static kv, graphs on", folder, static, "lean", True, frames),
+            Variant("gpu all streamed / lean, graphs off", folder, gpu_none, "lean", False, frames,
+                    resident="gpu resident / lean, graphs off"),
+            Variant("gpu all streamed / lean, graphs on", folder, gpu_none, "lean", True, frames,
+                    resident="gpu resident / lean, graphs on"),
+        ]
+    return variants
+
+
+def bench_qwen3tts(frames: int, repeat: int) -> tuple[list[dict[str, Any]], bool]:
+    from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_tiny_checkpoint(Path(tmp) / "custom_voice", "custom_voice")
+        variants = qwen3tts_variants(folder, frames)
+        for v in variants:
+            v.run()  # warm-up: placement, first-call costs
+        for _ in range(repeat):
+            for v in variants:
+                v.run()
+    bw = {d: bandwidth_gbps(torch.device(d)) for d in ("cpu", "cuda") if d == "cpu" or torch.cuda.is_available()}
+    by_name = {v.name: v for v in variants}
+    reference = {"cpu": by_name["cpu plain / upstream loop"].codes}
+    if "gpu resident / upstream loop" in by_name:
+        reference["cuda"] = by_name["gpu resident / upstream loop"].codes
+    rows, all_equal = [], True
+    for v in variants:
+        device = "cuda" if v.name.startswith("gpu") else "cpu"
+        n = v.codes.shape[0] if v.codes is not None else 0
+        ms = v.best / max(n, 1) * 1e3
+        streamed = v.meta.get("memory", {}).get("streamed_mb", 0.0) / max(n, 1)
+        equal = bool(v.codes is not None and torch.equal(v.codes, reference[device]))
+        all_equal &= equal
+        row = {"variant": v.name, "frames": n, "ms_per_frame": round(ms, 3), "streamed_mb_per_frame": round(streamed, 2),
+               "equal_to_upstream": equal, "applied": {k: v.meta.get("applied", {}).get(k)
+                                                       for k in ("talker_loop", "kv_cache", "cuda_graphs")}}
+        if v.resident is not None:
+            resident = by_name[v.resident]
+            compute_ms = resident.best / max(n, 1) * 1e3
+            link_ms = streamed * MB / (bw[device] * 1e9) * 1e3
+            row["vs_resident"] = round(ms / compute_ms, 3)
+            row["vs_bound"] = round(ms / (compute_ms + link_ms), 3)
+        rows.append(row)
+    plain = {r["variant"]: r["ms_per_frame"] for r in rows}
+    rows.append({"variant": "ratio: cpu plain lean / upstream loop",
+                 "ratio": round(plain["cpu plain / lean"] / plain["cpu plain / upstream loop"], 3)})
+    rows.append({"bandwidth_gbps": {d: round(b, 2) for d, b in bw.items()}})
+    return rows, all_equal
+
+
+# ---- the generic LM -------------------------------------------------------------------------
+def bench_lm(repeat: int, steps: int = 64, dim: int = 512, layers: int = 8) -> dict[str, Any]:
+    from models import TinyLM
+
+    torch.manual_seed(0)
+    plain = TinyLM(vocab=512, dim=dim, layers=layers).eval()
+    streamed = copy.deepcopy(plain)
+    handle = ModelHandle(streamed, devices=DeviceService(simulate={"cpu": 1 << 30}, strict=True), kind="sequence",
+                         name="tiny_lm")
+    handle.load(0)  # below the minimum working set: every unit streams (M7)
+    prompt = torch.tensor([[5, 7, 11, 13]])
+
+    def run(model: torch.nn.Module) -> torch.Tensor:
+        return model.generate(prompt, steps=steps, generator=torch.Generator().manual_seed(3))
+
+    expected, got = run(plain), run(streamed)
+    best = {"plain": float("inf"), "streamed": float("inf")}
+    before = handle.streamer.streamed_bytes_of(handle)
+    for _ in range(repeat):
+        for name, model in (("plain", plain), ("streamed", streamed)):
+            start = time.perf_counter()
+            run(model)
+            best[name] = min(best[name], time.perf_counter() - start)
+    per_step_bytes = (handle.streamer.streamed_bytes_of(handle) - before) / repeat / steps
+    bw = bandwidth_gbps(torch.device("cpu"))
+    plain_ms, streamed_ms = best["plain"] / steps * 1e3, best["streamed"] / steps * 1e3
+    link_ms = per_step_bytes / (bw * 1e9) * 1e3
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run(streamed)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+    return {
+        "model": f"TinyLM dim {dim}, {layers} layers, {steps} tokens, all {len(handle.units)} units streamed",
+        "equal": bool(torch.equal(expected, got)),
+        "plain_ms_per_token": round(plain_ms, 3), "streamed_ms_per_token": round(streamed_ms, 3),
+        "vs_plain": round(streamed_ms / plain_ms, 3), "streamed_mb_per_token": round(per_step_bytes / MB, 2),
+        "vs_bound": round(streamed_ms / (plain_ms + link_ms), 3), "cpu_copy_gbps": round(bw, 2),
+        "profile_streamed": _trim_profile(text.getvalue()),
+    }
+
+
+def _trim_profile(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.splitlines()]
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("ncalls")), 0)
+    return [line for line in lines[start:] if line.strip()]
+
+
+# ---- report ----------------------------------------------------------------------------------
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| variant | frames | ms/frame | streamed MB/frame | vs resident | vs bound | codes equal | applied |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "ms_per_frame" not in r:
+            continue
+        applied = ", ".join(f"{k}={v}" for k, v in r["applied"].items() if v is not None)
+        out.append(f"| {r['variant']} | {r['frames']} | {r['ms_per_frame']} | {r['streamed_mb_per_frame']} | "
+                   f"{r.get('vs_resident', '')} | {r.get('vs_bound', '')} | {r['equal_to_upstream']} | {applied} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=48)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: results compare across runs)")
+    ap.add_argument("--only", choices=("qwen3tts", "lm"), default=None)
+    ap.add_argument("--lm-steps", type=int, default=64, help="tokens the generic LM generates")
+    ap.add_argument("--lm-dim", type=int, default=512)
+    ap.add_argument("--lm-layers", type=int, default=8)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "token_loop.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    result: dict[str, Any] = {"machine": {"threads": args.threads, "cuda": torch.cuda.is_available()}}
+    ok = True
+    sections: list[tuple[str, Callable[[], None]]] = []
+
+    def qwen() -> None:
+        nonlocal ok
+        rows, equal = bench_qwen3tts(args.frames, args.repeat)
+        ok &= equal
+        result["qwen3tts"] = rows
+        print(table(rows))
+        for r in rows:
+            if "ms_per_frame" not in r:
+                print(json.dumps(r))
+
+    def lm() -> None:
+        nonlocal ok
+        result["generic_lm"] = r = bench_lm(args.repeat, args.lm_steps, args.lm_dim, args.lm_layers)
+        ok &= r["equal"]
+        print(f"\ngeneric LM ({r['model']}): plain {r['plain_ms_per_token']} ms/token, streamed "
+              f"{r['streamed_ms_per_token']} ms/token = {r['vs_plain']}x plain (target <= 1.3x); "
+              f"{r['streamed_mb_per_token']} MB/token streamed, {r['vs_bound']}x the bound at "
+              f"{r['cpu_copy_gbps']} GB/s; equal: {r['equal']}")
+        print("profile of the streamed run (by own time):")
+        print("\n".join(r["profile_streamed"]))
+
+    if args.only in (None, "qwen3tts"):
+        sections.append(("qwen3tts", qwen))
+    if args.only in (None, "lm"):
+        sections.append(("lm", lm))
+    for _name, section in sections:
+        section()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwritten: {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
