@@ -17,7 +17,6 @@ it releases it; then its copies are dropped, so an idle component holds only its
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import threading
@@ -63,6 +62,15 @@ def _check_device_size(total: int, handles: Sequence[ModelHandle]) -> None:
                               f"the device has {total / 2**20:.1f} MB")
 
 
+class EventLog(list[tuple[str, str, int]]):
+    """The placement log, (action, component, bytes): a list keeping the latest EVENTS_KEPT."""
+
+    def append(self, event: tuple[str, str, int]) -> None:
+        super().append(event)
+        if len(self) > EVENTS_KEPT:
+            del self[: len(self) - EVENTS_KEPT]
+
+
 class ExternalAccounting(Protocol):
     """Another memory manager on the same device (ComfyUI, M35)."""
 
@@ -87,8 +95,7 @@ class ModelManager:
         self.handles: list[ModelHandle] = []
         self.external: ExternalAccounting | None = None
         self.calibration = calibration or Calibration()  # M47: factors on working-memory estimates
-        # The placement log: (action, component, bytes), the latest EVENTS_KEPT entries.
-        self.events: collections.deque[tuple[str, str, int]] = collections.deque(maxlen=EVENTS_KEPT)
+        self.events = EventLog()  # the placement log: (action, component, bytes)
         self._streamers: dict[str, Streamer] = {}
         self._slots: dict[str, DeviceSlots] = {}
         self._unload_pending: list[ModelHandle] = []  # unregistered while in use (M31)

@@ -30,7 +30,7 @@ def say(manager: ModelManager, engine: DemoEngine, text: str) -> tuple[torch.Ten
     def logged_run(name, handles, fn, memory=0, **kw):  # type: ignore[no-untyped-def]
         before = len(manager.events)
         out = run(name, handles, fn, memory, **kw)
-        placed = {n for a, n, _ in list(manager.events)[before:] if a == "place"}
+        placed = {n for a, n, _ in manager.events[before:] if a == "place"}
         assert placed == {manager.key(h) for h in handles}, f"{name} placed {placed}"  # M1: only its own
         return out
 
