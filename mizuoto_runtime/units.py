@@ -91,7 +91,8 @@ class Slot:
     def hold_absent(self, backing: torch.Tensor | None, label: str) -> None:
         """M56: every owner holds the strict stand-in (named `label`); the parameter object itself
         points at `backing` (the host tensor, or an empty one), so no device copy outlives its use."""
-        stale = self.standin is None or (backing is not None and (
+        # A buffer may come back with another shape (model code rebinds it); a parameter cannot.
+        stale = self.standin is None or (self.param is None and backing is not None and (
             self.standin.shape != backing.shape or self.standin.dtype != backing.dtype))
         if stale:
             like = backing if backing is not None else self.current()
