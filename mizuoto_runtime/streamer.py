@@ -135,6 +135,7 @@ class Streamer:
         self.streamed_bytes = 0  # every byte copied from host RAM on this device, all requests together
         # The handles' hooks and the copy engine run under it; waiting for a copy releases it.
         self.lock = threading.Condition(threading.RLock())
+        self._waiting = 0  # threads waiting in `_copy_for` for a copy to be released
         self._handles: dict[int, _HandleCopies] = {}
 
     # ---- registration --------------------------------------------------------------------
@@ -187,9 +188,13 @@ class Streamer:
             copy = self._copy_for(state, unit)
             copy.refs += 1
             _inside.units += 1
-            self.engine.wait(copy.lease)
-            if state.prefetch:
-                self._prefetch(state, unit)
+            try:
+                self.engine.wait(copy.lease)
+                if state.prefetch:
+                    self._prefetch(state, unit)  # its copies check for cancellation too
+            except BaseException:
+                self.release(owner, unit)
+                raise
             return copy.tensors
 
     def users(self, owner: object, unit: Unit) -> int:
@@ -209,7 +214,8 @@ class Streamer:
             self.engine.record_use(copy.lease)
             if copy.refs == 0 and not self._may_run_again(state, unit):
                 self._evict(state, unit.index)
-            self.lock.notify_all()
+            if self._waiting:
+                self.lock.notify_all()
 
     def end_call(self, owner: object) -> None:
         """The calling thread's phase with `owner` ended: its learned order starts afresh (M19)."""
@@ -231,7 +237,8 @@ class Streamer:
                     self._evict(state, index)
                 self.engine.trim(state.key)  # copy buffers kept for reuse go too
                 freed += held - self.engine.held_bytes(state.key)
-            self.lock.notify_all()
+            if self._waiting:
+                self.lock.notify_all()
             return freed
 
     def cached_bytes(self, owner: object) -> int:
@@ -291,7 +298,11 @@ class Streamer:
                 log.warning("waited %.0f s for another request to release a streamed copy; copying anyway",
                             COPY_WAIT_S)
                 return self._make(state, unit)
-            self.lock.wait(timeout=min(remaining, _POLL_S))
+            self._waiting += 1
+            try:
+                self.lock.wait(timeout=min(remaining, _POLL_S))
+            finally:
+                self._waiting -= 1
 
     @staticmethod
     def _has_room(state: _HandleCopies) -> bool:

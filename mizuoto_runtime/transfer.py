@@ -154,6 +154,7 @@ class _Buffer:
     done: Any  # event: at allocation, then after each write (copy stream) or use (compute stream)
     stream: Any  # the stream it was allocated on (where the allocator reuses it)
     busy: bool = False
+    views: dict[_Layout, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # made once per layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +220,9 @@ class BufferedCopyEngine:
         buffer = self._take(self._pools.setdefault(key, _Pool()), layout.nbytes)
         try:
             with torch.inference_mode(False):  # M23: normal tensors, the resident kernels
-                views = _views(buffer.data, layout)
+                views = buffer.views.get(layout)
+                if views is None:  # units of one shape share them: nothing is made per step
+                    views = buffer.views[layout] = _views(buffer.data, layout)
                 ready = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout, ahead)
         except BaseException:
             buffer.busy = False
@@ -254,7 +257,7 @@ class BufferedCopyEngine:
             self.streams.record(lease.buffer.done, self.streams.current())
 
     def free(self, key: int, lease: Lease) -> None:
-        lease.tensors.clear()
+        lease.tensors = []  # the views stay with their buffer
         if lease.buffer is not None:
             lease.buffer.busy = False  # stays allocated for the next unit: reuse, not release
 

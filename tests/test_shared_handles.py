@@ -99,22 +99,27 @@ def test_an_interrupted_request_leaves_the_other_exact(plain: dict[str, torch.Te
     engine = DemoEngine(m)
     cancelled = [0]
 
-    def cancel_after(calls: int) -> Callable[[], None]:
-        count = [0]
+    def interrupt_at(step: int) -> tuple[Callable[[], None], Callable[[int, int], None]]:
+        """A cancel check that raises once the talker passed `step`: at its next streamed copy
+        or step, whichever comes first (how many copies it makes itself depends on sharing)."""
+        interrupted = [False]
 
         def check() -> None:
-            count[0] += 1
-            if count[0] == calls:
+            if interrupted[0]:
                 raise CancelledError("interrupted mid-stream")
 
-        return check
+        def progress(done: int, total: int) -> None:
+            interrupted[0] = interrupted[0] or done >= step
+
+        return check, progress
 
     def run(name: str) -> None:
         text, seed = REQUESTS[name]
         for i in range(10):
             if name == "left":
+                check, progress = interrupt_at(i % 6)
                 with pytest.raises(CancelledError):
-                    say(m, engine, text, seed, cancel_check=cancel_after(5 + i))
+                    say(m, engine, text, seed, cancel_check=check, on_progress=progress)
                 cancelled[0] += 1
             else:
                 got, _ = say(m, engine, text, seed)
