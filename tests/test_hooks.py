@@ -14,9 +14,10 @@ from torch import nn
 
 from conftest import make_manager
 from models import BufferModel, LegacyWeightNormVocoder, TinyDiT, TinyLM, UnmarkedGPT2, WeightNormVocoder
-from mizuoto_runtime import DeviceService, MizuotoError, ModelHandle, OomInjector, StrictDeviceError, plan_units
+from mizuoto_runtime import (CancelledError, DeviceService, MizuotoError, ModelHandle, OomInjector, StrictDeviceError,
+                             plan_units)
 from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
-from mizuoto_runtime.streamer import Streamer
+from mizuoto_runtime.streamer import StreamCharge, Streamer, charging
 from mizuoto_runtime.transfer import BufferedCopyEngine, SimulatedStreams
 
 MB = 1 << 20
@@ -114,6 +115,26 @@ def test_a_copy_that_fails_leaves_the_unit_unentered() -> None:
     assert_at_rest(h)
     with torch.no_grad():
         h.module.layers[0](X, [])
+
+
+def test_a_cancelled_prefetch_leaves_the_running_unit_unentered() -> None:
+    """The copy made ahead checks for cancellation too; the unit entered before it is left."""
+    m, h = pinned_manager()
+    x, t = torch.randn(2, 8, 192), torch.randn(2, 192)
+    with m.request().use([h], 0, "warm"), torch.no_grad():  # type: ignore[attr-defined]
+        for block in h.module.blocks:
+            block(x, t)  # learns the order: entering a block now copies the next one ahead
+    calls = [0]
+
+    def check() -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the first block's copy passes, the copy ahead is cancelled
+            raise CancelledError("interrupted")
+
+    with pytest.raises(CancelledError), charging(StreamCharge(check)), torch.no_grad():
+        h.module.blocks[0](x, t)
+    assert all(h.streamer.users(h, u) == 0 for u in h.units)
+    h.load(h.min_working_set)  # nothing runs: the placement may change
 
 
 # ---- issue 13, item 1: streamer hygiene -----------------------------------------------------
