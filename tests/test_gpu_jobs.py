@@ -8,7 +8,7 @@ import contextlib
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
