@@ -104,3 +104,32 @@ def test_transformers_lm_under_torch_compile(placement: str) -> None:
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0 if placement == "whole" else graphs == 0  # compiled only when nothing streams
     torch._dynamo.reset()
+
+
+def gpt2() -> nn.Module:
+    config = transformers.GPT2Config(vocab_size=512, n_positions=64, n_embd=256, n_layer=4, n_head=4)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_gpt2_conv1d_is_fixed_and_the_plan_says_why() -> None:
+    """transformers' GPT-2 `Conv1D` does not declare STREAMABLE: nothing streams, and the plan
+    says which layers and what they would need (issue 10, item 2)."""
+    h = ModelHandle(gpt2(), devices=DeviceService(simulate={"cpu": 256 * MB}, strict=True), name="gpt2")
+    assert h.units == []
+    top_reason, nbytes = h.plan.why_fixed()[0]
+    assert "Conv1D" in top_reason and "STREAMABLE = True" in top_reason and nbytes > h.size_bytes // 2
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_gpt2_streams_exactly_once_conv1d_declares_itself_streamable(placement: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """M13: `Conv1D` reads its weight only inside its forward, so declaring it streamable is all
+    it takes; then GPT-2 streams none / half / whole, exactly."""
+    from transformers.pytorch_utils import Conv1D
+
+    monkeypatch.setattr(Conv1D, "STREAMABLE", True, raising=False)
+    plain, placed = twins(gpt2)
+    expected = run(plain)
+    place(placed, placement)
+    got = run(placed)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
