@@ -2,6 +2,12 @@
 routes under `/mizuoto/`. ComfyUI imports this folder as a package named after its path; the
 runtime inside it is imported by its own top-level name (see `_import_runtime`).
 
+A second copy of the pack in `custom_nodes` (a clone beside a Manager install) is loaded by
+ComfyUI too, under another name. Only the first copy registers anything; later ones log one
+line and load as an empty pack (`NODE_CLASS_MAPPINGS = {}`, no web directory). Registering the
+routes twice would stop ComfyUI's startup ("Added route will never be executed, method HEAD is
+already registered"), and the nodes and web extension would clash.
+
 Outside ComfyUI importing it does nothing: pytest imports it as the package that holds
 `tests/` (the repository root has this `__init__.py`), so it must not need ComfyUI.
 """
@@ -16,6 +22,8 @@ from typing import Any
 log = logging.getLogger("mizuoto")
 
 RUNTIME_PACKAGE = "mizuoto_runtime"
+#: Where the first copy of the pack loaded in this process leaves its module (`_claim`).
+ACTIVE_PACK_KEY = "mizuoto_runtime:active_comfyui_pack"
 
 
 def _import_runtime() -> None:
@@ -53,7 +61,16 @@ def _inside_comfyui() -> bool:
     return "folder_paths" in sys.modules
 
 
-WEB_DIRECTORY = "./web"
+def _claim() -> Path | None:
+    """Make this copy of the pack the active one; the folder of the copy already active, if any."""
+    this = sys.modules[__name__]
+    active = sys.modules.setdefault(ACTIVE_PACK_KEY, this)
+    if active is this:
+        return None
+    return Path(active.__file__ or "").resolve().parent
+
+
+WEB_DIRECTORY: str | None = "./web"
 
 
 async def comfy_entrypoint() -> Any:
@@ -74,7 +91,7 @@ def _add_routes() -> None:
     from aiohttp import web
     from server import PromptServer
 
-    from mizuoto_runtime.comfy_bridge import PROCESS
+    from mizuoto_runtime.host import PROCESS
 
     instance = getattr(PromptServer, "instance", None)
     if instance is None:
@@ -86,11 +103,31 @@ def _add_routes() -> None:
         """M51: per model loaded, streamed and host bytes."""
         return web.json_response(PROCESS.runtime().describe())
 
+    @instance.routes.get("/mizuoto/checkpoints")
+    async def checkpoints_route(request: web.Request) -> web.Response:
+        """Per engine, the checkpoints it can load with their speakers and languages (the
+        dropdowns of the web extension); no input, no absolute path."""
+        from .nodes import paths
+
+        return web.json_response(paths.catalog().as_dict())
+
 
 if _inside_comfyui():
-    _import_runtime()
-    from .nodes import NODES  # noqa: F401  (registers models/mizuoto before ComfyUI lists folders)
+    _active = _claim()
+    if _active is None:
+        try:
+            _import_runtime()
+            from .nodes import NODES  # noqa: F401  (registers models/mizuoto before ComfyUI lists folders)
 
-    _add_routes()
+            _add_routes()
+        except BaseException:
+            sys.modules.pop(ACTIVE_PACK_KEY, None)  # a copy that failed to load is not the active one
+            raise
+    else:
+        log.warning("Mizuoto: another copy of this pack is already loaded from %s; skipping the copy at %s "
+                    "(remove one of the two folders from custom_nodes)",
+                    _active, Path(__file__).resolve().parent)
+        WEB_DIRECTORY = None
+        NODE_CLASS_MAPPINGS: dict[str, Any] = {}  # ComfyUI loads this copy as a pack without nodes
 
 __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]

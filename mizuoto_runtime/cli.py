@@ -1,4 +1,4 @@
-"""`mizuoto say | runtime | doctor | tiny-checkpoint` — the runtime without ComfyUI."""
+"""`mizuoto say | runtime | doctor | tiny-checkpoint | train` — the runtime without ComfyUI."""
 from __future__ import annotations
 
 import argparse
@@ -7,11 +7,14 @@ import json
 import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .audio import Audio, read_wav, write_wav
+from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, check_request, install_hint
 from .errors import ArgumentError, MizuotoError
 from .runtime import DTYPES, Runtime
@@ -22,6 +25,9 @@ log = logging.getLogger("mizuoto")
 TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "demo": ("mizuoto_runtime.engines.demo", "save_checkpoint", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts_tiny", "write_tiny_checkpoint", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2_tiny", "write_tiny_checkpoint", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts_tiny", "write_tiny_checkpoint", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice_tiny", "write_tiny_checkpoint", "omnivoice"),
 }
 
 
@@ -52,11 +58,20 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--language", help="the text's language (default: the engine detects it)")
     say.add_argument("--seed", type=int, default=0)
     say.add_argument("--max-new-tokens", type=int, default=2048)
-    say.add_argument("--allow-fallback", action="store_true", help="allow the decoder's tiled fallback (M42)")
-    for name in ("say", "runtime", "doctor"):
-        target = say if name == "say" else sub.add_parser(name, help=f"{name} report")
+    say.add_argument("--chunk-chars", type=int, default=DEFAULT_CHUNK_CHARS, metavar="N",
+                     help=f"long text is cut at sentence ends into chunks of at most N characters, each "
+                          f"synthesized in turn and joined with a {CROSSFADE_MS:g} ms crossfade "
+                          f"(default {DEFAULT_CHUNK_CHARS}, at least {MIN_CHUNK_CHARS})")
+    say.add_argument("--no-chunking", action="store_true", help="synthesize the whole text in one go")
+    say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
+    train = _train_parser(sub)
+    for name in ("say", "runtime", "doctor", "train"):
+        target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                             help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
+    runtime = sub.choices["runtime"]
+    runtime.add_argument("--url", help="a running ComfyUI with the pack (http://127.0.0.1:8188): show its "
+                                       "models instead of a fresh process's")
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
@@ -67,16 +82,69 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _train_parser(sub: Any) -> argparse.ArgumentParser:
+    from .training.memory import PRESET_NAMES
+    from .training.methods import METHODS
+
+    train = sub.add_parser("train", help="fine-tune a model in its own process (prints the result as JSON)")
+    train.add_argument("--method", default="qwen3tts_lora", choices=sorted(METHODS))
+    train.add_argument("--model", required=True, help="the base checkpoint folder (qwen3tts_lora: a Base checkpoint)")
+    train.add_argument("--data", required=True, help="a folder of audio clips, each with a .txt transcript beside it")
+    train.add_argument("-o", "--output", required=True, help="the LoRA file to write (.safetensors)")
+    train.add_argument("--memory", default="default", choices=PRESET_NAMES,
+                       help="training.memory: default (fastest), low, lowest (least device memory)")
+    train.add_argument("--device", default="auto", help="where to train: auto, cpu, cuda:0, ...")
+    for flag, kind in (("steps", int), ("batch-size", int), ("lr", float), ("rank", int), ("alpha", float),
+                       ("seed", int)):
+        train.add_argument(f"--{flag}", type=kind, help="default: the method's")
+    train.add_argument("--language", help="the clips' language (default: auto)")
+    train.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other method parameter, e.g. targets=talker (values are JSON or text)")
+    return train
+
+
+def _train_params(args: argparse.Namespace) -> dict[str, Any]:
+    params: dict[str, Any] = {"model": args.model, "data": args.data, "output": args.output, "steps": args.steps,
+                              "batch_size": args.batch_size, "lr": args.lr, "rank": args.rank, "alpha": args.alpha,
+                              "seed": args.seed, "language": args.language}
+    for pair in args.param:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise MizuotoError(f"--param expects KEY=VALUE, got {pair!r}")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value.strip()
+    return params
+
+
+def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    """M60: a training job in its own process; progress and loss go to the log."""
+    from .training.job import TrainingJob
+
+    def show(event: dict[str, Any]) -> None:
+        if event.get("event") == "step":
+            log.info("step %d/%d  loss %.4f", event["step"], event["steps"], event["loss"])
+        elif event.get("event") == "phase":
+            log.info("%s: peak %.1f MB", event["name"], event["memory/peak_mb"])
+
+    job = TrainingJob(Runtime(_settings(args.setting)), args.method, _train_params(args), memory=args.memory,
+                      device=args.device, on_event=show)
+    return job.run()
+
+
 def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     # Everything the request names is checked before the engine loads (a load can take minutes).
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
     check_request(args.text, sampling)
+    chunking = TextChunking(enabled=not args.no_chunking, max_chars=args.chunk_chars)
     output = _output_file(Path(args.output))
     reference = _reference(Path(args.voice)) if args.voice else None
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct)
+                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
+                         chunking=chunking)
     try:
         path = write_wav(output, audio)
     except OSError as exc:
@@ -107,8 +175,37 @@ def _reference(path: Path) -> Audio:
         raise ArgumentError(f"cannot read the reference file {path}: {exc}") from exc
 
 
+#: The pack's read-only route (M51): no input, no paths.
+RUNTIME_ROUTE = "/mizuoto/runtime"
+URL_TIMEOUT_S = 10.0
+
+
 def cmd_runtime(args: argparse.Namespace) -> dict[str, Any]:
+    if args.url:
+        if args.setting:
+            raise MizuotoError("--setting applies to a fresh runtime; a running host keeps its own (drop --url)")
+        return remote_runtime(args.url)
     return Runtime(_settings(args.setting)).describe()
+
+
+def remote_runtime(url: str) -> dict[str, Any]:
+    """M51 of a running host: GET its `/mizuoto/runtime` route."""
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise MizuotoError(f"--url must start with http:// or https://, got {url!r}")
+    try:
+        with urllib.request.urlopen(base + RUNTIME_ROUTE, timeout=URL_TIMEOUT_S) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} answered HTTP {exc.code}: is the Mizuoto pack installed "
+                           "in that ComfyUI?") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise MizuotoError(f"cannot reach {base}: {getattr(exc, 'reason', exc)}") from exc
+    except json.JSONDecodeError as exc:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} did not answer JSON ({exc})") from exc
+    if not isinstance(answer, dict) or "models" not in answer:
+        raise MizuotoError(f"{base}{RUNTIME_ROUTE} did not answer a Mizuoto runtime report")
+    return {"url": base, **answer}
 
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,7 +213,7 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts"}.get(engine_id)
+        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
@@ -143,11 +240,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         commands = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor,
-                    "tiny-checkpoint": cmd_tiny_checkpoint}
+                    "tiny-checkpoint": cmd_tiny_checkpoint, "train": cmd_train}
         result = commands[args.command](args)
     except MizuotoError as exc:
         log.error("%s", exc)
         return 2
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -1,24 +1,53 @@
-"""ComfyUI bridge: one memory accounting for Mizuoto and ComfyUI (M35), and the process runtime
-the pack's nodes share. The only runtime module that imports `comfy` — always inside a function,
-so `import mizuoto_runtime` (and this module) never imports ComfyUI.
+"""ComfyUI accounting adapter: one memory accounting for Mizuoto and ComfyUI (M35). The only
+runtime module that imports `comfy` — always inside a function, so importing it never imports
+ComfyUI. The host the nodes share (`ProcessRuntime`, `EngineRef`) is `host.py`; this file is
+what changes when a ComfyUI release changes its protocol.
 
-**Accounting.** ComfyUI keeps `comfy.model_management.current_loaded_models`, a list of
-`LoadedModel` entries (newest first), each holding a *weak* reference to a patcher. Every
-Mizuoto handle on a device that moves weights (a GPU, or the simulated device of M55) gets a
-`HandleAdapter` that speaks that patcher protocol, for the October 2025 ComfyUI (v0.3.64) and
-the newest (dynamic VRAM: `is_dynamic()` is False, so core never reads the fields only its own
-dynamic patcher has). Then:
+**The protocol, release by release** (read from ComfyUI's `comfy/model_management.py`,
+`model_patcher.py`, `multigpu.py`, `controlnet.py`, `execution.py` and `comfy_execution/
+caching.py` from v0.3.64, Oct 2025, to 0.38.1, Nov 2026; the versions the harness runs are
+listed in `tests/comfyui/versions/VERSIONS.txt`). What ComfyUI calls or reads on the patcher of
+every `LoadedModel` entry, and what the adapter answers:
 
-* ComfyUI's `free_memory` / `unload_all_models` / "Unload models" evict our components: a
-  request smaller than what the handle holds calls `partially_unload`, which gives back units
-  in reverse placement order (M32) and keeps the entry; a larger one calls `detach(True)`,
-  which moves the whole component off the device (host copies make that free, M25).
-* When our manager needs room (`ExternalAccounting.free_for`), ComfyUI frees its own models
-  first: `free_memory(get_free_memory(dev) + N, dev, keep_loaded=...)`, where `keep_loaded`
-  lists the entries of the handles being placed and of every handle in use.
-* Neither side evicts what the other uses: our handles in use are in `keep_loaded` when we
-  ask, and the adapter refuses to unload one when ComfyUI asks; ComfyUI's models are only ever
-  in use by the node ComfyUI is running, and our requests run inside our own nodes.
+* every release: `load_device`, `offload_device`, `parent` (None), `model` (the handle:
+  ComfyUI finalizes its entry on it), `model_size`, `loaded_size`, `current_loaded_device`,
+  `model_dtype`, `model_patches_models`, `model_patches_to`, `is_clone`, `partially_load`,
+  `partially_unload`, `detach(unpatch_all)`, `lowvram_patch_counter`; `model.__class__` in
+  log lines; `sys.getrefcount(patcher)` in `free_memory`'s sort.
+* 0.11–0.20: `is_dynamic()` on every entry in `load_models_gpu` and `free_memory`;
+  `partially_unload_ram(n)` on every eviction candidate when RAM or pins are short.
+* 0.17–0.20: `model_mmap_residency(free=...)` (a pair: resident bytes, model bytes) on every
+  entry, and `pinned_memory_size()` in `load_models_gpu`.
+* 0.22 on: `clone_base_uuid` on every entry (`unload_model_and_clones`, `multigpu`), with
+  `get_nested_additional_models()` on the model unloaded; `multigpu` also reads
+  `is_multigpu_base_clone` (absent = False) on every `loaded_models()` patcher.
+* dynamic-only paths (`dynamic_pins`, `unregister_inactive_pins`, `loaded_ram_size`,
+  `reset_cast_buffers`' pin reset, the cache's `all_outputs_dynamic`) are guarded by
+  `is_dynamic()`, which is False here: aimdo's allocator cannot evict our units.
+* `loaded_models(only_currently_used=True)` then `load_models_gpu(those)` (ControlNet and model
+  patches reload "the models in use" in the middle of sampling): our entries leave
+  `currently_used` when their phase ends (`on_released`), so they are never pulled back.
+
+**Eviction.** ComfyUI's `free_memory` / `unload_all_models` / "Unload models" evict our
+components: a request smaller than what the handle holds calls `partially_unload`, which gives
+back units in reverse placement order (M32) and keeps the entry; a larger one calls
+`detach(True)`, which moves the whole component off the device (host copies make that free,
+M25). Either way the manager records the yield (`ModelManager.record_yield`, one place).
+
+**Asking ComfyUI for room** (`free_for`): `free_memory(get_free_memory(dev) + N, dev,
+keep_loaded=...)` where `keep_loaded` lists *every* Mizuoto entry, so ComfyUI frees only its
+own models; our manager then yields ours in M30 order with `engines.<id>.pinned_models`
+honoured (issue 17, item 4). Under dynamic VRAM (comfy-aimdo active) the call passes
+`for_dynamic=True` where the release takes it: ComfyUI then unloads only its non-dynamic
+models and leaves dynamic ones (and their pinned host buffers) in place — aimdo gives their
+pages up on demand when our allocations need them.
+
+**Budgets** (issue 17, item 2): the default VRAM reserve is ComfyUI's `extra_reserved_memory()`
+(which honours `--reserve-vram`); under aimdo the free memory we measure adds what aimdo would
+give up (`vbars_analyze`, as ComfyUI's `ModelPatcher.get_free_memory` counts it); an
+out-of-memory is whatever ComfyUI's `is_oom` accepts; pinned host memory shares ComfyUI's
+budget (`ComfyPins`). CUDA Graphs are refused while aimdo is active: its allocation hooks may
+evict or remap memory while a graph is being captured, and a replay would read stale pages.
 
 **Registration** (`on_placed`, called by the manager after each placement, i.e. before every
 phase). The entry is inserted directly, not through `load_models_gpu`: that function would
@@ -35,32 +64,33 @@ in the machine: on the simulated device `free_for` is approximate and may evict 
 candidates than asked. The bytes it reports are measured on our own device service, so the
 manager's arithmetic stays right; exact arithmetic is tested with `get_free_memory` patched to
 the simulated budget. Under `--cpu` ComfyUI's device is the CPU, so "Unload models" reaches
-simulated entries; under a GPU ComfyUI it frees the GPU only.
+simulated entries; under a GPU ComfyUI it frees the GPU only. ComfyUI's own reserve is for
+real devices: a simulated device keeps the policy's (0 unless set).
 
 `model_management` has no lock: everything here runs on the thread that executes nodes.
 
-**Node logic without ComfyUI.** The nodes' fallback switch (M44, `fallback_switch`) and the
-loader's checkpoint-folder listing (`checkpoint_folders`) live here, not in `nodes/` (which
-imports ComfyUI), so the contract tests check them in CI.
+**Node logic without ComfyUI** lives beside this module, not in `nodes/` (which imports
+ComfyUI), so the contract tests check it in CI: the host the nodes share (`host.py`) and the
+checkpoint listing (`checkpoints.py`).
 """
 from __future__ import annotations
 
-import collections
+import inspect
 import logging
-import threading
+import sys
+import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from .engines import Engine
+from . import graphs, pinning
 from .handle import ModelHandle
 from .manager import ModelManager
 from .phases import RequestContext
-from .report import REASON_YIELDED
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -86,6 +116,43 @@ def comfy_device(device: torch.device) -> torch.device:
     return device
 
 
+# ---- dynamic VRAM (comfy-aimdo) ------------------------------------------------------------
+def aimdo_active() -> bool:
+    """Whether ComfyUI runs with dynamic VRAM: `comfy.memory_management.aimdo_enabled` (set by
+    ComfyUI once comfy-aimdo initialized; releases before dynamic VRAM have no such flag)."""
+    memory_management = sys.modules.get("comfy.memory_management")
+    return bool(getattr(memory_management, "aimdo_enabled", False))
+
+
+def aimdo_reclaimable(device: torch.device) -> int:
+    """VRAM aimdo would give up on demand on `device`: the pages of ComfyUI's dynamic models
+    (`comfy_aimdo.model_vbar.vbars_analyze(index)`, what ComfyUI's own dynamic patcher adds
+    to free memory). 0 when aimdo is inactive or not on this device."""
+    if device.type != "cuda" or not aimdo_active():
+        return 0
+    import comfy_aimdo.model_vbar
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        return int(comfy_aimdo.model_vbar.vbars_analyze(index))
+    except RuntimeError as exc:  # the device was never initialized for aimdo
+        log.debug("comfy-aimdo has no context on %s (%s): nothing to reclaim there", device, exc)
+        return 0
+
+
+#: Why no CUDA Graph is captured inside a ComfyUI running dynamic VRAM (M24; `meta.applied` says it).
+AIMDO_GRAPH_REFUSAL = ("ComfyUI's dynamic VRAM (comfy-aimdo) is active: its allocation hooks may evict or "
+                       "remap memory during capture")
+
+
+def _accepts(function: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ---- the adapter ---------------------------------------------------------------------------
 class HandleAdapter:
     """A Mizuoto handle as ComfyUI's `model_management` sees a `ModelPatcher` (M35).
 
@@ -95,12 +162,15 @@ class HandleAdapter:
     """
 
     parent = None  # not a clone of another patcher
+    is_multigpu_base_clone = False
 
     def __init__(self, handle: ModelHandle, manager: ModelManager, load_device: torch.device) -> None:
         self._handle = weakref.ref(handle)
         self._manager = manager
         self.load_device = load_device
         self.offload_device = handle.devices.offload_device
+        # Never equal to a ComfyUI model's: `unload_model_and_clones` unloads by this id.
+        self.clone_base_uuid = uuid.uuid4()
 
     @property
     def model(self) -> ModelHandle | None:
@@ -128,6 +198,21 @@ class HandleAdapter:
         param = next(iter(self.handle.module.parameters()), None)
         return None if param is None else param.dtype
 
+    def loaded_ram_size(self) -> int:
+        """Host RAM the component holds (its host copies)."""
+        return sum(t.nbytes for t in self.handle.host_tensors())
+
+    def pinned_memory_size(self) -> int:
+        """Host bytes of the component in page-locked memory (M22)."""
+        handle = self.handle
+        return sum(t.nbytes for t in handle.host_tensors() if handle.streamer.is_pinned(t))
+
+    def model_mmap_residency(self, free: bool = False) -> tuple[int, int]:
+        """(host bytes resident in RAM, model bytes). Our host copies are ordinary RAM (or
+        safetensors pages we already read), so nothing is released for `free=True`: dropping
+        host copies is RAM relief (`partially_unload_ram`, M29), not an mmap's pages."""
+        return self.loaded_ram_size(), self.model_size()
+
     # ---- the parts of the patcher protocol that have nothing to do for us ----------------
     def model_patches_models(self) -> list[Any]:
         return []
@@ -142,11 +227,14 @@ class HandleAdapter:
         """Never ComfyUI's dynamic-VRAM patcher: its allocator cannot evict our units."""
         return False
 
-    def loaded_ram_size(self) -> int:
-        return 0
+    def get_nested_additional_models(self) -> list[Any]:
+        return []
 
-    def partially_unload_ram(self, *args: Any, **kwargs: Any) -> int:
-        return 0
+    def get_additional_models(self) -> list[Any]:
+        return []
+
+    def get_additional_models_with_key(self, key: str) -> list[Any]:
+        return []
 
     def is_clone(self, other: Any) -> bool:
         """True for itself (ComfyUI re-registers an entry by removing its clones first)."""
@@ -173,10 +261,18 @@ class HandleAdapter:
         A handle in use gives nothing (M35), and ComfyUI then detaches it instead."""
         handle = self.handle
         if handle.in_use:
-            log.info("ComfyUI asked %s for %.1f MB while a phase uses it; it keeps its units (M35)",
+            log.info("ComfyUI asked %s for %.1f MB while a phase uses it; it keeps its units",
                      self._manager.key(handle), memory_to_free / 2**20)
             return 0
-        return self._yielded(handle, handle.partially_unload(int(memory_to_free)))
+        return self._manager.record_yield(handle, handle.partially_unload(int(memory_to_free)), [COMFYUI])
+
+    def partially_unload_ram(self, ram_to_free: float = 0, *args: Any, **kwargs: Any) -> int:
+        """ComfyUI is short of host RAM (0.11–0.20 ask every candidate): an idle whole-loaded
+        component drops its host copies, the first step of M29. Bytes of RAM released."""
+        handle = self._handle()
+        if handle is None or ram_to_free <= 0 or kwargs.get("subsets") is not None:
+            return 0  # `subsets` name a dynamic model's pin pools; we have none
+        return handle.drop_host_copies()
 
     def detach(self, unpatch_all: bool = True) -> ModelHandle | None:
         """`False`: ComfyUI re-registers the entry, units stay. `True`: the component leaves the
@@ -186,26 +282,43 @@ class HandleAdapter:
         if handle is None or not unpatch_all:
             return handle
         if handle.in_use:
-            log.warning("ComfyUI unloaded %s while a phase uses it; it stays on the device (M35)",
+            log.warning("ComfyUI unloaded %s while a phase uses it; it stays on the device",
                         self._manager.key(handle))
             return handle
-        self._yielded(handle, handle.offload())
+        self._manager.record_yield(handle, handle.offload(), [COMFYUI])
         return handle
-
-    def _yielded(self, handle: ModelHandle, freed: int) -> int:
-        """Record an eviction by ComfyUI the way the manager records a yield (M50)."""
-        if freed:
-            handle.partial_reason = REASON_YIELDED if handle.loaded_bytes else None
-            handle.gave_up_for = sorted(set(handle.gave_up_for) | {COMFYUI})
-            self._manager.events.append(("yield", self._manager.key(handle), freed))
-            log.info("%s gave ComfyUI %.1f MB", self._manager.key(handle), freed / 2**20)
-        return freed
 
     def __repr__(self) -> str:
         handle = self._handle()
         return f"HandleAdapter({self._manager.key(handle) if handle else 'released'})"
 
 
+# ---- pinned memory -------------------------------------------------------------------------
+class ComfyPins:
+    """ComfyUI's pinned-memory accounting as the outside share of our pinned budget (M21).
+
+    ComfyUI (from Oct 2025) pins within `MAX_PINNED_MEMORY` and counts what it pinned in
+    `TOTAL_PINNED_MEMORY`, a module global its `pin_memory` and `ensure_pin_registerable` read.
+    Our pinner takes a region only if it also fits in what ComfyUI has left, and adds it to
+    ComfyUI's total while held (and takes it off when released), so each side sees the other's
+    pins and together they never go past ComfyUI's limit. Releases without pinned-memory
+    accounting, and ComfyUI with pinning off (`MAX_PINNED_MEMORY <= 0`), leave our own budget alone.
+    """
+
+    def free(self) -> int | None:
+        mm = _model_management()
+        limit = getattr(mm, "MAX_PINNED_MEMORY", None)
+        if limit is None or limit <= 0:
+            return None
+        return max(0, int(limit - mm.TOTAL_PINNED_MEMORY))
+
+    def add(self, nbytes: int) -> None:
+        mm = _model_management()
+        if getattr(mm, "MAX_PINNED_MEMORY", 0) > 0:
+            mm.TOTAL_PINNED_MEMORY += nbytes
+
+
+# ---- the accounting ------------------------------------------------------------------------
 class ComfyAccounting:
     """`ExternalAccounting` (manager.py) over ComfyUI's `current_loaded_models` (M35)."""
 
@@ -250,24 +363,49 @@ class ComfyAccounting:
                 self.register(handle)
         self.prune()
 
+    def on_released(self, handles: Sequence[ModelHandle]) -> None:
+        """A phase ended: its entries are no longer "currently used" (see the module doc)."""
+        for handle in handles:
+            entry = self.entry(handle)
+            if entry is not None and not handle.in_use:
+                entry.currently_used = False
+
     def free_for(self, device: torch.device, nbytes: int, keep: Sequence[ModelHandle]) -> int:
-        """Ask ComfyUI to free `nbytes` on `device` (its models first, then our idle handles in
-        its order); never an entry of `keep` or of a handle in use. Bytes gained on our device."""
+        """Ask ComfyUI to free `nbytes` on `device` from its own models only (every Mizuoto
+        entry is kept: the manager yields ours in M30 order). Bytes gained on our device,
+        counting what aimdo would give up on demand."""
         mm = _model_management()
         self.prune()
         target = comfy_device(device)
-        protected = [e for e in mm.current_loaded_models if self._protects(e, keep)]
-        before = self.manager.devices.free_bytes(device)
-        mm.free_memory(mm.get_free_memory(target) + nbytes, target, keep_loaded=protected)
-        return max(0, self.manager.devices.free_bytes(device) - before)
+        ours = [e for e in mm.current_loaded_models if isinstance(e.model, HandleAdapter)]
+        before = self.free_bytes(device)
+        options: dict[str, Any] = {}
+        if aimdo_active() and _accepts(mm.free_memory, "for_dynamic"):
+            options["for_dynamic"] = True  # dynamic models keep their pages and pinned buffers
+        mm.free_memory(mm.get_free_memory(target) + nbytes, target, keep_loaded=ours, **options)
+        return max(0, self.free_bytes(device) - before)
 
-    @staticmethod
-    def _protects(entry: Any, keep: Sequence[ModelHandle]) -> bool:
-        adapter = entry.model
-        if not isinstance(adapter, HandleAdapter):
-            return False
-        handle = adapter.model
-        return handle is not None and (bool(handle.in_use) or any(handle is k for k in keep))
+    def free_bytes(self, device: torch.device) -> int:
+        return self.manager.devices.free_bytes(device) + self.reclaimable_bytes(device)
+
+    def reclaimable_bytes(self, device: torch.device) -> int:
+        """VRAM that is used but that aimdo gives up on demand (counted as free, M6.2)."""
+        return aimdo_reclaimable(device) if not self.manager.devices.is_simulated(device) else 0
+
+    def reserve_bytes(self, device: torch.device) -> int | None:
+        """ComfyUI's own reserve (`extra_reserved_memory()`: ~400 MB on Linux, 600–700 MB on
+        Windows, or the user's `--reserve-vram`) for a real device; None on the simulated one."""
+        if self.manager.devices.is_simulated(device):
+            return None
+        return int(_model_management().extra_reserved_memory())
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """ComfyUI's `is_oom` (newer releases also accept `torch.AcceleratorError` OOMs)."""
+        mm = _model_management()
+        check = getattr(mm, "is_oom", None)
+        if check is not None:
+            return bool(check(exc))
+        return isinstance(exc, getattr(mm, "OOM_EXCEPTION", torch.OutOfMemoryError))
 
     # ---- housekeeping --------------------------------------------------------------------
     def prune(self) -> None:
@@ -305,9 +443,12 @@ def _remove(entries: list[Any], entry: Any) -> None:
 
 
 def install(runtime: Runtime) -> ComfyAccounting:
-    """Join `runtime`'s manager to ComfyUI's accounting (M35)."""
+    """Join `runtime`'s manager to ComfyUI's accounting (M35), its pinned budget to ComfyUI's
+    (M21), and refuse CUDA Graphs while dynamic VRAM is active (M24)."""
     accounting = ComfyAccounting(runtime.manager)
     runtime.manager.external = accounting
+    pinning.share_budget(ComfyPins())
+    graphs.refuse_capture(AIMDO_GRAPH_REFUSAL if aimdo_active() else None)
     return accounting
 
 
@@ -339,155 +480,7 @@ def node_request(runtime: Runtime, seed: int = 0) -> RequestContext:
     return runtime.request(seed, cancel_check=interrupt_check, on_progress=ProgressReporter())
 
 
-def fallback_switch(toggle: bool) -> bool | None:
-    """M44: a node's `allow_fallback` toggle as the runtime's switch (`ctx.run(allow_fallback=)`).
-
-    On: the engine's cheaper fallback is allowed whatever `compute.oom_fallback` says. Off: None,
-    so that setting decides — a toggle left at its default never refuses what Memory Settings
-    allow for the whole process."""
-    return True if toggle else None
-
-
-# ---- checkpoint folders ----------------------------------------------------------------------
-#: A folder with this file or a `*.safetensors` file at its top level is a checkpoint root
-#: (the official Qwen3-TTS layout has a config.json; the demo engine writes bare safetensors).
-CHECKPOINT_CONFIG = "config.json"
-CHECKPOINT_WEIGHTS = "*.safetensors"
-
-
-def is_checkpoint_root(folder: Path) -> bool:
-    return (folder / CHECKPOINT_CONFIG).is_file() or any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS))
-
-
-def _subfolders(folder: Path) -> list[Path]:
-    try:
-        return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    except OSError as exc:
-        # ComfyUI asks for the loader's choices when it lists nodes: one unreadable folder must
-        # not take the node list down with it.
-        log.warning("Mizuoto: cannot list checkpoint folder %s (%s)", folder, exc)
-        return []
-
-
-def checkpoint_folders(root: Path, max_depth: int = 2) -> list[str]:
-    """The checkpoint roots under `root`, as POSIX paths relative to it, at most `max_depth`
-    levels down (`qwen3tts/Qwen3-TTS-12Hz-0.6B-Base`), in sorted order.
-
-    The search stops at a root: a checkpoint's own subfolders (Qwen's `speech_tokenizer/`, which
-    has a config.json of its own) are part of it, never a choice. Folders that are not roots
-    (grouping folders, half-copied downloads) are searched but not listed; hidden ones are skipped.
-    """
-    found: list[str] = []
-    for child in _subfolders(root):
-        if is_checkpoint_root(child):
-            found.append(child.name)
-        elif max_depth > 1:
-            found.extend(f"{child.name}/{name}" for name in checkpoint_folders(child, max_depth - 1))
-    return found
-
-
-# ---- the process runtime ---------------------------------------------------------------------
-EngineKey = tuple[str, str | None, str, str]  # engine, folder, dtype, device
-
-
-class EngineRef:
-    """The value of a `MIZUOTO_ENGINE` socket: which engine, resolved in the process runtime.
-
-    The engine lives as long as any reference to it lives — ComfyUI's node cache holds the
-    loader's output — so "Free model and node cache" (or removing the loader from the graph)
-    unloads it from RAM too, like ComfyUI's own models.
-    """
-
-    def __init__(self, owner: ProcessRuntime, engine_id: str, model_dir: str | Path | None, dtype: str,
-                 device: str = "auto") -> None:
-        self.owner = owner
-        self.key: EngineKey = (engine_id, str(model_dir) if model_dir else None, dtype, device)
-        owner._acquire(self.key)
-        weakref.finalize(self, owner._release, self.key).atexit = False
-
-    @property
-    def engine(self) -> Engine:
-        """The engine, loaded in the current runtime (again, after the runtime was replaced);
-        `Runtime.engine` builds it outside ComfyUI's inference mode."""
-        return self.owner.runtime().engine(*self.key)
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.owner.runtime()
-
-    def __repr__(self) -> str:
-        engine_id, model_dir, dtype, device = self.key
-        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype}, {device})"
-
-
-class ProcessRuntime:
-    """The one `Runtime` of a ComfyUI process, joined to ComfyUI's accounting."""
-
-    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
-        self._settings = dict(settings or {})
-        self._runtime: Runtime | None = None
-        self._accounting: ComfyAccounting | None = None
-        self._refs: collections.Counter[EngineKey] = collections.Counter()
-        self._lock = threading.RLock()
-
-    def runtime(self) -> Runtime:
-        with self._lock:
-            if self._runtime is None:
-                self._runtime = Runtime(self._settings)
-                self._accounting = install(self._runtime)
-            return self._runtime
-
-    def configure(self, settings: Mapping[str, Any]) -> Runtime:
-        """Apply `compute.*` settings (`VramPolicy.update`: all validated before any applies).
-        A new `compute.simulate_vram_mb` needs a new device service: the runtime is rebuilt
-        with the same policy and its engines load again on next use."""
-        with self._lock:
-            runtime = self.runtime()
-            simulate = runtime.policy.simulate_vram_mb
-            runtime.policy.update(settings)
-            if runtime.policy.simulate_vram_mb != simulate:
-                self._replace(runtime.policy.as_dict())
-            return self.runtime()
-
-    def _replace(self, settings: Mapping[str, Any]) -> None:
-        old, accounting = self._runtime, self._accounting
-        assert old is not None and accounting is not None
-        old.unload_engines()
-        accounting.forget_all()
-        log.info("Mizuoto runtime rebuilt for compute.simulate_vram_mb=%s", settings.get("compute.simulate_vram_mb"))
-        self._settings = dict(settings)
-        self._runtime = None
-        self.runtime()
-
-    def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str = "float32",
-               device: str = "auto") -> EngineRef:
-        """Load an engine now (errors surface at the loader node) and return a reference to it."""
-        ref = EngineRef(self, engine_id, model_dir, dtype, device)
-        _ = ref.engine
-        return ref
-
-    def _acquire(self, key: EngineKey) -> None:
-        with self._lock:
-            self._refs[key] += 1
-
-    def _release(self, key: EngineKey) -> None:
-        with self._lock:
-            self._refs[key] -= 1
-            if self._refs[key] > 0:
-                return
-            del self._refs[key]
-            if self._runtime is not None and self._runtime.unload_engine(*key):
-                log.info("Mizuoto engine %s unloaded: ComfyUI no longer holds it", key[0])
-                assert self._accounting is not None
-                self._accounting.prune()
-
-
-#: The process runtime of the ComfyUI pack (nodes and routes use it).
-PROCESS = ProcessRuntime()
-
-
 __all__ = [
-    "COMFYUI", "PROCESS", "ComfyAccounting", "EngineRef", "HandleAdapter", "ProcessRuntime", "ProgressReporter",
-    "checkpoint_folders", "comfy_device", "fallback_switch", "install", "interrupt_check", "is_checkpoint_root",
-    "node_request",
+    "COMFYUI", "ComfyAccounting", "ComfyPins", "HandleAdapter", "ProgressReporter", "aimdo_active",
+    "aimdo_reclaimable", "comfy_device", "install", "interrupt_check", "node_request",
 ]

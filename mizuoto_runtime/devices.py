@@ -52,7 +52,7 @@ def _absent_torch_function(cls: type, func: Any, types: Any, args: Any = (), kwa
     shapes = [tuple(a.shape) for a in _walk(args, kwargs) if isinstance(a, (AbsentParameter, AbsentTensor))]
     raise StrictDeviceError(
         f"{', '.join(names)} (shape {', '.join(map(str, shapes))}) is not on the device: "
-        f"used by {getattr(func, '__name__', func)!s} outside its placement (M56). "
+        f"used by {getattr(func, '__name__', func)!s} outside its placement on the strict simulated device. "
         "Use the component inside a phase (ctx.use / ctx.run) that lists its handle; "
         "a streamed unit's weights exist only during its forward."
     )

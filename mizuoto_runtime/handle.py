@@ -226,7 +226,7 @@ class ModelHandle:
             return list(self.plan.units)
         if budget < self.min_working_set:
             log.warning(
-                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum (M7); %s",
+                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum; %s",
                 self.name, budget / 2**20, self.min_working_set / 2**20, self.plan.describe_fixed(),
             )
             budget = self.min_working_set
@@ -548,6 +548,10 @@ class ModelHandle:
     def _check_alive(self) -> None:
         if self.unloaded:
             raise MizuotoError(f"handle {self.name!r} was unloaded; load the model again")
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The host copies this handle holds now (weights in RAM: streamed units, kept copies)."""
+        return [s.host for s in self._all_slots() if s.host is not None]
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -212,7 +212,7 @@ def build_on_meta(factory: Callable[[], nn.Module], dtype: torch.dtype | None = 
 
 
 def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path], *, prefix: str = "",
-                     strict: bool = True) -> nn.Module:
+                     strict: bool = True, rename: Callable[[str], str] | None = None) -> nn.Module:
     """Fill `model` (built on `meta` or on the CPU) from memory-mapped safetensors files.
 
     Each parameter keeps the dtype the model has (the run precision); tensors are converted
@@ -225,7 +225,8 @@ def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path],
         for f in files:
             for key in f.entries:
                 if key.startswith(prefix):
-                    found[key[len(prefix):]] = (f, key)
+                    name = key[len(prefix):]
+                    found[rename(name) if rename else name] = (f, key)
         targets = _targets(model)
         _check(model, targets, found, files, strict)
         for name, (owners, tensor) in targets.items():

@@ -1,8 +1,12 @@
 """ModelManager: budgets, yielding and placement for every component on a device (M6–M9, M30–M33).
 
 `load(handles, memory)` (M6):
-1. needed = bytes of the handles not on the device + working memory × calibration + reserve;
-2. free = the device service's free memory (capped by `compute.vram_limit_mb`);
+1. needed = what the mode will put on the device for the handles (whole, or for `low`/`none`
+   and capped handles what that placement holds, issue 17 item 5) + working memory ×
+   calibration + reserve (`compute.vram_reserve_mb`, else the external accounting's own, else
+   the default), counted against what the handles already hold;
+2. free = the device service's free memory plus what an external accounting would give up on
+   demand (ComfyUI's dynamic VRAM), capped by `compute.vram_limit_mb`;
 3. if short, idle components yield (M30 order, unit by unit in reverse placement order, M32),
    after asking an external accounting (ComfyUI, M35) to free its own models first;
 4. load whole if it fits, else split the budget (M33) and load partially.
@@ -22,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -72,7 +76,11 @@ class EventLog(list[tuple[str, str, int]]):
 
 
 class ExternalAccounting(Protocol):
-    """Another memory manager on the same device (ComfyUI, M35)."""
+    """Another memory manager on the same device (ComfyUI, M35). `free_for` and `on_placed` are
+    required; an accounting may also define (`ModelManager._ask` calls them where present):
+    `on_released(handles)` (a phase ended), `reserve_bytes(device) -> int | None` (its own VRAM
+    reserve), `reclaimable_bytes(device) -> int` (used VRAM it gives up on demand) and
+    `is_oom(exc) -> bool` (what it counts as out of memory, M40)."""
 
     def free_for(self, device: torch.device, nbytes: int, keep: Sequence[ModelHandle]) -> int: ...
     def on_placed(self, handles: Sequence[ModelHandle]) -> None: ...
@@ -212,6 +220,7 @@ class ModelManager:
                 for h in dict.fromkeys(handles):
                     if not h.in_use:
                         self._idle(h)
+                self._ask("on_released", None, handles)
                 self._cond.notify_all()
         finally:
             slots = self._phase_slots(handles)
@@ -245,7 +254,7 @@ class ModelManager:
         _check_device_size(self.devices.total_bytes(device), handles)
         with self._cond:
             working = int(memory * self._factor(handles, phase))
-            reserve = self.policy.reserve_bytes(self.devices.is_simulated(device))
+            reserve = self.reserve_bytes(device)
             # M6.1, counted against what the handles already hold (see `_available`).
             self._make_room(device, working + reserve, handles, cancel_check)
             # In use by another request (maybe since `_make_room` waited): its placement stays (M31).
@@ -268,10 +277,48 @@ class ModelManager:
                 self.external.on_placed(handles)
             return placements
 
+    def _weights_needed(self, handles: Sequence[ModelHandle]) -> int:
+        """The most the mode puts on the device for the handles that may be placed (`_ceiling`),
+        and what the others hold (in use by another request: their placement stays, M31)."""
+        return sum(_footprint(h) if h.in_use else self._ceiling(h) for h in handles)
+
+    def reserve_bytes(self, device: torch.device) -> int:
+        """M6.1's reserve: `compute.vram_reserve_mb` when set; else, inside another manager's
+        accounting, that manager's own (ComfyUI's `--reserve-vram`); else the default."""
+        if self.policy.vram_reserve_mb is None:
+            theirs = self._ask("reserve_bytes", None, device)
+            if theirs is not None:
+                return int(theirs)
+        return self.policy.reserve_bytes(self.devices.is_simulated(device))
+
+    def _ceiling(self, handle: ModelHandle) -> int:
+        """The most the mode will put on the device for `handle` (issue 17, item 5): `none`
+        places the minimum working set, `low` its small resident share, a capped handle at
+        most its cap (never below the minimum, M7); otherwise the whole component."""
+        mode = self.policy.vram_mode
+        if mode == "none":
+            ceiling = handle.min_working_set
+        elif mode == "low":
+            ceiling = self._low_share(handle)
+        else:
+            ceiling = handle.size_bytes
+        if handle.cap_bytes is not None:
+            ceiling = min(ceiling, max(handle.cap_bytes, handle.min_working_set))
+        return min(ceiling, handle.size_bytes)
+
     @staticmethod
-    def _weights_needed(handles: Sequence[ModelHandle]) -> int:
-        """Whole sizes of the handles that may be placed; what the others hold (in use, M31)."""
-        return sum(_footprint(h) if h.in_use else h.size_bytes for h in handles)
+    def _low_share(handle: ModelHandle) -> int:
+        return handle.min_working_set + int(LOW_MODE_RESIDENT_SHARE * (handle.size_bytes - handle.min_working_set))
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether `exc` is an out-of-memory error (M40): torch's, or whatever the external
+        accounting counts as one (ComfyUI's `is_oom` accepts `torch.AcceleratorError` OOMs)."""
+        return isinstance(exc, torch.OutOfMemoryError) or bool(self._ask("is_oom", False, exc))
+
+    def _ask(self, hook: str, default: Any, *args: Any) -> Any:
+        """Call the external accounting's optional `hook` (see `ExternalAccounting`), else `default`."""
+        method = getattr(self.external, hook, None) if self.external is not None else None
+        return default if method is None else method(*args)
 
     def _factor(self, handles: Sequence[ModelHandle], phase: str) -> float:
         return self.calibration.factor(self.phase_key(handles, phase))
@@ -287,7 +334,7 @@ class ModelManager:
 
     def _available(self, device: torch.device, handles: Sequence[ModelHandle]) -> int:
         """Free bytes for `handles`' weights: free memory plus what they already hold."""
-        free = self.devices.free_bytes(device)
+        free = self.devices.free_bytes(device) + int(self._ask("reclaimable_bytes", 0, device))
         limit = self.policy.limit_bytes()
         if limit is not None:
             free = min(free, limit - self.devices.process_bytes(device))
@@ -304,7 +351,7 @@ class ModelManager:
                 cancel_check()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("waited %.1f s for another request to release the device; trying anyway (M8)",
+                log.warning("waited %.1f s for another request to release the device; trying anyway",
                             self.wait_timeout_s)
                 break
             self._cond.wait(timeout=min(remaining, 0.5))
@@ -336,16 +383,22 @@ class ModelManager:
             if freed_total >= deficit:
                 break
             whole = self.policy.vram_mode in ("high", "shared")
-            freed = h.offload() if whole else h.partially_unload(deficit - freed_total)
-            if freed:
-                freed_total += freed
-                h.partial_reason = REASON_YIELDED if h.loaded_bytes else None
-                h.gave_up_for = sorted(set(h.gave_up_for) | set(for_))
-                self.events.append(("yield", self.key(h), freed))
-                log.info("%s yielded %.1f MB of VRAM", self.key(h), freed / 2**20)
+            freed_total += self.record_yield(h, h.offload() if whole else h.partially_unload(deficit - freed_total),
+                                             for_)
         if freed_total:
             self.devices.empty_cache(device)  # M32: only after yielding
         return freed_total
+
+    def record_yield(self, handle: ModelHandle, freed: int, for_: Sequence[str]) -> int:
+        """The one place a yield is recorded, whoever asked for it (our manager, an OOM, ComfyUI):
+        the placement log, M50's reason and `gave_up_for`, and the log line. Returns `freed`."""
+        if freed:
+            handle.partial_reason = REASON_YIELDED if handle.loaded_bytes else None
+            handle.gave_up_for = sorted(set(handle.gave_up_for) | set(for_))
+            self.events.append(("yield", self.key(handle), freed))
+            log.info("%s yielded %.1f MB of VRAM%s", self.key(handle), freed / 2**20,
+                     f" for {', '.join(for_)}" if for_ else "")
+        return freed
 
     def _yield_order(self, device: torch.device, keep: Sequence[ModelHandle]) -> list[ModelHandle]:
         """M30: partially loaded first, unpinned before pinned, least recently used first; never
@@ -364,7 +417,7 @@ class ModelManager:
         budgets, reasons = self._split(handles, room)
         if mode == "low":
             for h in handles:
-                low = h.min_working_set + int(LOW_MODE_RESIDENT_SHARE * (h.size_bytes - h.min_working_set))
+                low = self._low_share(h)
                 if budgets[h] is None or low < budgets[h]:  # type: ignore[operator]
                     budgets[h], reasons[h] = low, REASON_MODE.format(mode=mode)
         return budgets, reasons
@@ -413,12 +466,11 @@ class ModelManager:
         """Move every idle component (not in use, not in `keep`) off `device`, or off every
         device when None (M34, M40). Returns the bytes freed."""
         freed = 0
+        for_ = [self.key(h) for h in keep]
         with self._cond:
             for h in self.handles:
                 if (device is None or h.device == device) and h not in keep and not h.in_use and h.device_bytes:
-                    gave = h.offload()
-                    self.events.append(("yield", self.key(h), gave))
-                    freed += gave
+                    freed += self.record_yield(h, h.offload(), for_)
         return freed
 
 

@@ -155,7 +155,10 @@ class RequestContext:
                     return fn()
             except DeviceTooSmallError:
                 raise  # no retry makes the device larger (M7)
-            except torch.OutOfMemoryError:
+            except Exception as exc:
+                # Whatever the host counts as out of memory (ComfyUI: `AcceleratorError` OOMs too).
+                if not self.manager.is_oom(exc):
+                    raise
                 if attempt >= retries and not use_fallback:
                     raise  # the original error, with its traceback
                 if attempt >= retries:

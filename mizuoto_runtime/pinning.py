@@ -3,7 +3,8 @@
 A copy from page-locked ("pinned") host memory runs asynchronously at full link speed; a
 copy from pageable memory is staged by the driver, about half as fast, and blocks the host.
 `Pinner` decides, within `compute.max_pinned_mb` (`PinnedBudget`, ComfyUI's default formula in
-`VramPolicy.pinned_budget_bytes`), which host tensors become pinned and how:
+`VramPolicy.pinned_budget_bytes`; inside ComfyUI also within what ComfyUI's own pinned-memory
+accounting has left, `share_budget`), which host tensors become pinned and how:
 
 * ``register`` (NVIDIA): whole storages of at least 1 MB are registered in place with
   `cudaHostRegister` — no data copied (~14 GB/s against ~1.5 GB/s for `Tensor.pin_memory()`).
@@ -70,12 +71,24 @@ def releases_deferred() -> Iterator[None]:
             _captures -= 1
 
 
-class PinnedBudget:
-    """Bytes of page-locked host memory the process may hold (`compute.max_pinned_mb`, M21)."""
+class OutsidePins(Protocol):
+    """Another pinned-memory accountant in the process (ComfyUI's, `comfy_bridge.ComfyPins`)."""
 
-    def __init__(self, limit: int) -> None:
+    def free(self) -> int | None: ...  # bytes it still allows; None: it sets no limit now
+    def add(self, nbytes: int) -> None: ...  # count our pins (negative: released) in its total
+
+
+class PinnedBudget:
+    """Bytes of page-locked host memory the process may hold (`compute.max_pinned_mb`, M21).
+
+    With an `outside` accountant (inside ComfyUI), a region is taken only if it fits both our
+    limit and what the outside one has left, and every byte we hold is counted in its total
+    too, so the two never oversubscribe host RAM together (issue 17, item 2)."""
+
+    def __init__(self, limit: int, outside: OutsidePins | None = None) -> None:
         self.limit = max(0, int(limit))
         self.used = 0
+        self.outside = outside
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> bool:
@@ -83,12 +96,20 @@ class PinnedBudget:
         with self._lock:
             if self.used + nbytes > self.limit:
                 return False
+            outside = self.outside.free() if self.outside is not None else None
+            if outside is not None and nbytes > outside:
+                return False
             self.used += nbytes
+            if self.outside is not None:
+                self.outside.add(nbytes)
             return True
 
     def give(self, nbytes: int) -> None:
         with self._lock:
-            self.used = max(0, self.used - nbytes)
+            given = min(nbytes, self.used)
+            self.used -= given
+            if self.outside is not None:
+                self.outside.add(-given)
 
     @property
     def free(self) -> int:
@@ -313,7 +334,7 @@ class Pinner:
         if not self.registrar.register(ptr, nbytes):
             self.registrar.clear_error()
             self.budget.give(nbytes)
-            log.info("cudaHostRegister of %.1f MB failed; that storage stays pageable (M22)", nbytes / 2**20)
+            log.info("cudaHostRegister of %.1f MB failed; that storage stays pageable", nbytes / 2**20)
             return None
         return self._anchor(tensor, "registered", ptr, nbytes)
 
@@ -390,6 +411,28 @@ def _rehome(tensor: torch.Tensor, anchor: np.ndarray) -> torch.Tensor:
 
 _SHARED: dict[str, Pinner] = {}
 _SHARED_LOCK = threading.Lock()
+_OUTSIDE: list[OutsidePins] = []  # the process's other accountant, once a host shares one
+
+
+def share_budget(outside: OutsidePins | None) -> None:
+    """Make the process-wide pinners share their budget with `outside` (a host calls it once
+    it knows another accountant pins in this process; ComfyUI: `comfy_bridge.install`), or
+    stop sharing (None). Bytes already pinned move to the new outside total now."""
+    with _SHARED_LOCK:
+        _OUTSIDE[:] = [] if outside is None else [outside]
+        for pinner in _SHARED.values():
+            _attach(pinner.budget, outside)
+
+
+def _attach(budget: PinnedBudget, outside: OutsidePins | None) -> None:
+    with budget._lock:
+        if budget.outside is outside:
+            return
+        if budget.outside is not None:
+            budget.outside.add(-budget.used)
+        budget.outside = outside
+        if outside is not None:
+            outside.add(budget.used)
 
 
 def shared_pinner(device: torch.device, simulated: bool) -> Pinner | None:
@@ -403,7 +446,7 @@ def shared_pinner(device: torch.device, simulated: bool) -> Pinner | None:
     mode: PinMode = "copy" if torch.version.hip else "register"
     with _SHARED_LOCK:
         if mode not in _SHARED:
-            _SHARED[mode] = Pinner(mode, CudaRegistrar())
+            _SHARED[mode] = Pinner(mode, CudaRegistrar(), PinnedBudget(0, _OUTSIDE[0] if _OUTSIDE else None))
         pinner = _SHARED[mode]
     if isinstance(pinner.registrar, CudaRegistrar):
         pinner.registrar.devices.add(device.index if device.index is not None else torch.cuda.current_device())

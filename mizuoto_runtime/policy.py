@@ -57,9 +57,7 @@ _SETTINGS: dict[str, _Setting] = {
 
 # Settings whose non-default values have no behaviour yet, and why: such a value is refused
 # rather than silently accepted. A setting leaves this table when its behaviour lands.
-_NOT_YET: dict[str, str] = {
-    "cpu_allocator": "it applies to training, which this version does not run",
-}
+_NOT_YET: dict[str, str] = {}  # compute.cpu_allocator left it: training processes apply it (M62)
 
 # ComfyUI's extra reserved VRAM on a real GPU; a simulated device reserves nothing unless told.
 _DEFAULT_REAL_RESERVE_MB = 400

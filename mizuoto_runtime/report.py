@@ -75,6 +75,12 @@ class MemoryReport:
     def __init__(self) -> None:
         self.streamed_bytes = 0
         self.components: dict[str, Placement] = {}
+        self.phases: dict[str, dict[str, float | int]] = {}
+
+    def add_phase(self, phase: str, **figures: float | int) -> None:
+        """What a phase reserved, as its engine breaks the working memory down (e.g. the KV
+        positions and bytes a generate phase sized from its request)."""
+        self.phases[phase] = dict(figures)
 
     def add(self, placement: Placement) -> None:
         placement.log()
@@ -91,4 +97,5 @@ class MemoryReport:
                 for p in comps
             },
             "partial": {p.component: p.as_partial() for p in comps if p.partial},
+            "phases": {name: dict(figures) for name, figures in self.phases.items()},
         }

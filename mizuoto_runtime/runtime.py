@@ -1,6 +1,8 @@
 """Runtime: the one object a host (CLI, ComfyUI nodes) holds — policy, devices, manager, engines."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -10,6 +12,7 @@ import torch
 
 from .audio import Audio
 from .calibration import Calibration, default_path
+from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join_chunks
 from .devices import DeviceService, apply_allocator_env
 from .engines import Engine, Sampling, Voice, check_request, engine_class
 from .errors import DeviceTooSmallError, MizuotoError
@@ -58,6 +61,11 @@ class Runtime:
             self.service.add(key, engine)
         return engine
 
+    def loaded_engine(self, engine_id: str, model_dir: str | Path | None = None,
+                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None) -> Engine | None:
+        """The engine `engine` would return if it is loaded now; None (nothing loads) otherwise."""
+        return self.service.loaded(self._engine_key(engine_id, model_dir, dtype, device))
+
     def device(self, name: str | torch.device | None) -> torch.device:
         """The device a host names ("auto"/None: the compute device); an unknown one is an error."""
         if name is None or name == "auto":
@@ -95,27 +103,40 @@ class Runtime:
             speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool | None = None,
             cancel_check: Callable[[], None] | None = None,
             on_progress: Callable[[int, int], None] | None = None,
-            instruct: str | None = None) -> tuple[Audio, dict[str, Any]]:
-        """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4)."""
+            instruct: str | None = None, chunking: TextChunking = NO_CHUNKING) -> tuple[Audio, dict[str, Any]]:
+        """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4).
+
+        Long text is cut as `chunking` says: the voice is prompted once, then each chunk runs
+        its own talker and decoder phases with seed + its index, and the chunks are joined by
+        a crossfade; `meta["chunks"]` counts them. One chunk is exactly the unchunked run."""
         sampling = sampling or Sampling()
         check_request(text, sampling)  # before the voice prompt runs
-        ctx = self.request(sampling.seed, cancel_check, on_progress)
+        chunks = chunking.split(text)
+        progress = ChunkProgress(on_progress, len(chunks))
+        ctx = self.request(sampling.seed, cancel_check, progress if on_progress else None)
+        pieces: list[Audio] = []
         try:
-            if engine.PHASED:
-                voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
-                audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
-            else:
-                with ctx.use(engine.handles(), engine.memory_required(text), name="all"):
+            with contextlib.ExitStack() as whole:
+                if engine.PHASED:
+                    voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
+                else:
+                    whole.enter_context(ctx.use(engine.handles(), engine.memory_required(text), name="all"))
                     voice = Voice("", {}, engine.id)
-                    audio = engine.synthesize(ctx, text, voice, sampling, allow_fallback)
+                for index, chunk in enumerate(chunks):
+                    progress.index = index
+                    seeded = dataclasses.replace(sampling, seed=chunk_seed(sampling.seed, index))
+                    if ctx.generator is not None:
+                        ctx.generator.manual_seed(seeded.seed)
+                    pieces.append(engine.synthesize(ctx, chunk, voice, seeded, allow_fallback))
         except DeviceTooSmallError:
             raise  # nothing freed elsewhere makes the device larger
-        except torch.OutOfMemoryError:
-            self.service.release_after_oom()  # M34: the next job starts from an empty device
+        except Exception as exc:
+            if self.manager.is_oom(exc):
+                self.service.release_after_oom()  # M34: the next job starts from an empty device
             raise
         finally:
             self.service.relieve_ram()  # M29
-        return audio, ctx.meta
+        return join_chunks(pieces, chunking.crossfade_ms), {**ctx.meta, "chunks": len(chunks)}
 
     def describe(self) -> dict[str, Any]:
         """M51: per model loaded, streamed and host bytes."""

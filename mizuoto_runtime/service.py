@@ -50,6 +50,10 @@ class RuntimeService:
             self.touch(key)
         return engine
 
+    def loaded(self, key: Hashable) -> Engine | None:
+        """The engine under `key`, without counting it as used."""
+        return self._engines.get(key)
+
     def add(self, key: Hashable, engine: Engine) -> None:
         self._engines[key] = engine
         self.touch(key)

@@ -415,7 +415,7 @@ def run_compiled_eagerly(root: nn.Module, streamed: Sequence[Unit]) -> list[_Res
             module._compiled_call_impl = None
             restores.append(_setter(module, "_compiled_call_impl", compiled_call))
     if restores:
-        log.info("%d compiled module(s) above streamed units run eagerly while they stream (M23)", len(restores))
+        log.info("%d compiled module(s) above streamed units run eagerly while they stream", len(restores))
     return restores
 
 

@@ -9,20 +9,22 @@ from comfy_api.latest import io
 
 from mizuoto_runtime import write_wav
 
-from .common import CATEGORY, audio_in
+from .common import CATEGORY, audio_in, schema
 
 
 class MizuotoSaveWav(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoSaveWav",
-            display_name="Mizuoto Save Audio (WAV)",
+            display_name="Save Audio (WAV)",
             category=CATEGORY,
+            search_aliases=["save wav", "wav", "export audio", "write audio"],
             description="Saves each item of an AUDIO batch as a 16-bit PCM WAV file in ComfyUI's output folder.",
             inputs=[
                 io.Audio.Input("audio"),
-                io.String.Input("filename_prefix", default="audio/mizuoto"),
+                io.String.Input("filename_prefix", default="audio/mizuoto",
+                                tooltip="Folder and file name start under ComfyUI's output folder"),
             ],
             outputs=[],
             is_output_node=True,

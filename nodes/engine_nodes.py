@@ -1,4 +1,5 @@
-"""Memory Settings and Engine Loader: the process runtime's policy, and engines loaded into it."""
+"""Memory Settings and Load TTS Engine: the process runtime's policy, and engines loaded into it;
+the engine, checkpoint and precision inputs that the loader and the Text to Speech node share."""
 from __future__ import annotations
 
 import json
@@ -7,15 +8,55 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import DeviceService
-from mizuoto_runtime.comfy_bridge import PROCESS
+from mizuoto_runtime.checkpoints import NONE, Catalog
 from mizuoto_runtime.engines import ENGINES
+from mizuoto_runtime.errors import MizuotoError
+from mizuoto_runtime.host import PROCESS
 from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
 from mizuoto_runtime.runtime import DTYPES
 
 from . import paths
-from .common import CATEGORY, EngineSocket, MemorySocket
+from .common import AUTO_LANGUAGE, CATEGORY, EngineSocket, MemorySocket, schema, speaker_value
 
 MB = 1 << 20
+ENGINE_TOOLTIP = "Which TTS engine speaks. The checkpoint list shows the folders this engine can load."
+
+
+def engine_input(name: str, optional: bool = False) -> io.Input:
+    return io.Combo.Input(name, options=sorted(ENGINES), default="demo", display_name="engine", tooltip=ENGINE_TOOLTIP,
+                          optional=optional)
+
+
+def checkpoint_input(catalog: Catalog, optional: bool = False) -> io.Input:
+    """Every engine's checkpoints at definition time; the web extension shows the chosen
+    engine's only, and `check_choice` refuses another engine's at queue time."""
+    return io.Combo.Input("checkpoint", options=catalog.values() or [NONE], default=NONE, optional=optional,
+                          tooltip=f"A checkpoint folder under models/{paths.FOLDER} (its type in parentheses), "
+                                  "in the official layout; none = the engine's built-in weights (the demo engine's "
+                                  "random weights; its audio is noise)")
+
+
+def dtype_input(optional: bool = False) -> io.Input:
+    return io.Combo.Input("dtype", options=list(DTYPES), default="float32", optional=optional,
+                          tooltip="Precision the engine runs in: bfloat16 or float16 halve its memory")
+
+
+def check_choice(engine: str, checkpoint: str, speaker: str | None = None, language: str | None = None) -> bool | str:
+    """Queue-time check of an engine and checkpoint (and, when given, a speaker and language
+    of that checkpoint): True, or the one message ComfyUI shows on the node."""
+    if not isinstance(checkpoint, str):
+        return True  # linked from another node: checked when the node runs
+    try:
+        info = paths.catalog().find(engine, checkpoint).info
+    except MizuotoError as exc:
+        return str(exc)
+    speaker = speaker_value(speaker) if isinstance(speaker, str) else None
+    if speaker is not None and speaker.lower() not in info.speakers:
+        return (f"speaker {speaker!r}: checkpoint {checkpoint!r} has "
+                + (f"these speakers: {', '.join(info.speakers)}" if info.speakers else "no built-in speakers (none)"))
+    if isinstance(language, str) and language.strip().lower() not in ("", AUTO_LANGUAGE, *info.languages):
+        return f"language {language!r}: checkpoint {checkpoint!r} takes {', '.join(info.languages) or 'auto'}"
+    return True
 
 
 class MizuotoMemorySettings(io.ComfyNode):
@@ -23,17 +64,19 @@ class MizuotoMemorySettings(io.ComfyNode):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoMemorySettings",
-            display_name="Mizuoto Memory Settings",
+            display_name="TTS Memory Settings (VRAM)",
             category=CATEGORY,
-            description="Sets how Mizuoto places its models for the whole ComfyUI process. It runs on its own; "
-                        "connect its output to a Mizuoto Engine Loader to apply the settings before that loads.",
+            search_aliases=["vram", "low vram", "memory", "offload", "mizuoto settings"],
+            description="How Mizuoto's TTS models use VRAM, for the whole ComfyUI process: whole, partly, or "
+                        "streamed layer by layer from RAM when VRAM is short (slower, same audio). It runs on its "
+                        "own; connect its output to Load TTS Engine to apply it before that engine loads.",
             is_output_node=True,
             inputs=[
                 io.Combo.Input("vram_mode", options=list(VRAM_MODES), default="normal",
-                               tooltip="high: load whole; shared: move whole; normal: partial only when needed; "
-                                       "low: small resident share; none: stream everything (M9)"),
+                               tooltip="high: load whole; shared: move whole; normal: partly only when VRAM is "
+                                       "short; low: keep little on the GPU; none: stream every layer from RAM"),
                 io.Int.Input("vram_reserve_mb", default=-1, min=-1, max=1 << 20,
                              tooltip="VRAM kept free for others; -1 = automatic"),
                 io.Int.Input("vram_limit_mb", default=0, min=0, max=1 << 20,
@@ -43,13 +86,14 @@ class MizuotoMemorySettings(io.ComfyNode):
                 io.Combo.Input("host_copies", options=list(HOST_COPIES), default="auto",
                                tooltip="Keep host copies of placed weights (moving off the device is then free)"),
                 io.Boolean.Input("oom_retry", default=True,
-                                 tooltip="M40: on out-of-memory, retry exactly with more streamed"),
+                                 tooltip="On out-of-memory, run the step again with more streamed from RAM: "
+                                         "same audio, slower"),
                 io.Boolean.Input("oom_fallback", default=False,
-                                 tooltip="M42: after out-of-memory, let engines use cheaper fallbacks (output "
-                                         "differs slightly); a node's allow_fallback toggle allows them for "
-                                         "that node even when this is off"),
+                                 tooltip="When the retries still run out of memory, let engines use cheaper "
+                                         "fallbacks (the output differs slightly); a node's allow_fallback toggle "
+                                         "allows them for that node even when this is off"),
                 io.Int.Input("simulate_vram_mb", default=0, min=0, max=1 << 20,
-                             tooltip="Tests: make the CPU act as a GPU of this size (M55); 0 = off. "
+                             tooltip="Tests and demos: make the CPU act as a GPU of this many MB; 0 = off. "
                                      "Changing it reloads Mizuoto's engines."),
             ],
             outputs=[MemorySocket.Output(display_name="memory"), io.String.Output(display_name="policy")],
@@ -78,19 +122,19 @@ class MizuotoEngineLoader(io.ComfyNode):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoEngineLoader",
-            display_name="Mizuoto Engine Loader",
+            display_name="Load TTS Engine",
             category=CATEGORY,
-            description="Loads a TTS engine. Its components go to the device only for the phases that use them.",
+            search_aliases=["tts model", "load tts", "speech model", "qwen3-tts loader", "mizuoto loader"],
+            description="Loads a TTS engine and checkpoint for the step-by-step nodes (or a Text to Speech node's "
+                        "engine input). Its parts go to the GPU only while a step uses them.",
             inputs=[
-                io.Combo.Input("engine", options=sorted(ENGINES), default="demo"),
-                io.Combo.Input("checkpoint", options=paths.checkpoint_choices(), default=paths.NONE,
-                               tooltip=f"A folder under models/{paths.FOLDER}; 'none' = the engine's built-in "
-                                       "weights (the demo engine's random weights)"),
-                io.Combo.Input("dtype", options=list(DTYPES), default="float32"),
+                engine_input("engine"),
+                checkpoint_input(paths.catalog()),
+                dtype_input(),
                 MemorySocket.Input("memory", optional=True,
-                                   tooltip="From Mizuoto Memory Settings: applied before the engine loads"),
+                                   tooltip="From TTS Memory Settings: applied before the engine loads"),
                 # Optional, after the others: saved workflows and API prompts without it still load.
                 io.Combo.Input("device", options=device_choices(), default="auto", optional=True,
                                tooltip="Where the engine runs; auto = ComfyUI's device (or the simulated one)"),
@@ -99,11 +143,16 @@ class MizuotoEngineLoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, engine: str, checkpoint: str) -> bool | str:
+        return check_choice(engine, checkpoint)
+
+    @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None,
                 device: str = "auto") -> io.NodeOutput:
         if memory is not None:
             PROCESS.configure(memory)
-        ref = PROCESS.engine(engine, paths.resolve(checkpoint), dtype, device)
+        ref = PROCESS.engine(engine, paths.resolve(engine, checkpoint), dtype, device)
         components = ", ".join(f"{h.name} {h.size_bytes / MB:.1f} MB" for h in ref.engine.handles())
         return io.NodeOutput(ref, ui=ui.PreviewText(f"{engine} ({dtype}, {ref.engine.device}): {components}"))
 

@@ -1,23 +1,27 @@
-"""Checkpoint folders under ComfyUI's models directory: `models/mizuoto/<name>/`.
+"""Checkpoint folders under ComfyUI's models directory: `models/mizuoto/<name>/`, and extra roots
+from `extra_model_paths.yaml` under the key `mizuoto`; what each engine can load there is the
+runtime's `checkpoints.scan`.
 
-A Mizuoto checkpoint is a folder (safetensors files, configs), not a file, so the loader lists
-checkpoint roots, two levels deep (`qwen3tts/Qwen3-TTS-0.6B`), never a checkpoint's own
-subfolders (`comfy_bridge.checkpoint_folders`). Extra roots come from `extra_model_paths.yaml`
-under the key `mizuoto`.
+ComfyUI builds a node's definition on every `/object_info` and validates every prompt against
+it, so the scan is kept for a moment (`FRESH_S`): one request builds every node from one scan,
+and a folder copied in shows up at the next refresh.
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path, PurePosixPath
+import threading
+import time
+from pathlib import Path
 
 import folder_paths
 
-from mizuoto_runtime import MizuotoError
-from mizuoto_runtime.comfy_bridge import checkpoint_folders
+from mizuoto_runtime.checkpoints import Catalog, scan
 
 FOLDER = "mizuoto"
-NONE = "none"  # the engine's built-in weights (the demo engine) or its own default
-MAX_DEPTH = 2
+FRESH_S = 2.0
+
+_lock = threading.Lock()
+_cached: tuple[float, Catalog] | None = None
 
 
 def register_folder() -> None:
@@ -26,25 +30,19 @@ def register_folder() -> None:
 
 
 def roots() -> list[Path]:
-    return [Path(p) for p in folder_paths.get_folder_paths(FOLDER)]
+    return list(dict.fromkeys(Path(p) for p in folder_paths.get_folder_paths(FOLDER)))
 
 
-def checkpoint_choices() -> list[str]:
-    found: set[str] = set()
-    for root in roots():
-        if root.is_dir():
-            found.update(checkpoint_folders(root, MAX_DEPTH))
-    return [NONE, *sorted(found)]
+def catalog() -> Catalog:
+    """What every engine can load under the model roots (at most `FRESH_S` old)."""
+    global _cached
+    with _lock:
+        now = time.monotonic()
+        if _cached is None or now - _cached[0] > FRESH_S:
+            _cached = (now, scan(roots()))
+        return _cached[1]
 
 
-def resolve(name: str) -> Path | None:
-    """The folder a `checkpoint` choice names; None for `none`."""
-    if name == NONE:
-        return None
-    relative = PurePosixPath(name)
-    if relative.is_absolute() or ".." in relative.parts:
-        raise MizuotoError(f"checkpoint {name!r}: must be a folder name under models/{FOLDER}")
-    for root in roots():
-        if (root / relative).is_dir():
-            return root / relative
-    raise MizuotoError(f"checkpoint {name!r}: no such folder under {', '.join(map(str, roots()))}")
+def resolve(engine: str, value: str) -> Path | None:
+    """The folder a checkpoint choice names for `engine`; None for its built-in weights."""
+    return catalog().find(engine, value).folder

@@ -1,8 +1,17 @@
-"""One node per engine phase (M1) — voice prompt, talker, codec decoder — and the all-in-one TTS.
+"""Text to Speech (one node: engine, checkpoint, voice and long text on the node itself), and one
+node per engine phase (M1) for step-by-step graphs: Voice Clone / Voice Design (voice prompt),
+Text → Speech Codes (talker), Speech Codes → Audio (codec decoder).
 
-Each node runs its phase through the process runtime: only that phase's components are placed,
-ComfyUI's progress bar follows the tokens, `/interrupt` stops it between tokens and between
-streamed copies, and the node shows its `meta.memory` (M50).
+Each node runs its phases through the process runtime: only that phase's components are placed,
+ComfyUI's progress bar follows the tokens (and the chunks of a long text), `/interrupt` stops it
+between tokens and between streamed copies, and the node shows its `meta.memory` (M50).
+
+Text to Speech takes its engine from its own engine and checkpoint widgets, or from its optional
+engine input when that is connected; both run `Runtime.say`, the same phases. It outputs the
+engine it used, so ComfyUI's output cache keeps that engine loaded between runs.
+
+Node ids and the order of existing widgets never change (saved workflows keep their values):
+new inputs go last.
 """
 from __future__ import annotations
 
@@ -10,47 +19,78 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from mizuoto_runtime.comfy_bridge import EngineRef, ProgressReporter, fallback_switch, interrupt_check, node_request
+from mizuoto_runtime.chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
+from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check, node_request
 from mizuoto_runtime.engines import Codes, Voice
+from mizuoto_runtime.host import PROCESS, EngineRef, fallback_switch
 
+from . import paths
 from .common import (
-    CATEGORY, FALLBACK_TOOLTIP, CodesSocket, EngineSocket, VoiceSocket, audio_in, audio_out, check_made_by,
-    language_input, memory_json, memory_text, phased_engine, sampling_from, sampling_inputs,
+    CATEGORY, FALLBACK_TOOLTIP, NO_SPEAKER, STEPS_CATEGORY, CodesSocket, EngineSocket, VoiceSocket, audio_in,
+    audio_out, check_made_by, language_input, linked_type_errors, memory_json, memory_text, phased_engine,
+    sampling_from, sampling_inputs, schema, speaker_input, speaker_value,
 )
+from .engine_nodes import check_choice, checkpoint_input, dtype_input, engine_input
+
+VOICE_TOOLTIPS = {
+    "reference": "Speech to clone (Qwen3-TTS Base checkpoints); the first item of a batch",
+    "transcript": "What the reference says: a closer clone where the engine uses it (Qwen3-TTS Base); "
+                  "empty = clone the voice's timbre only",
+    "instruct": "Describe the voice or speaking style in words (Qwen3-TTS VoiceDesign, and the 1.7B "
+                "CustomVoice); empty = none",
+}
 
 
 def voice_inputs() -> list[io.Input]:
     """Optional inputs of a voice; new ones go last, so saved workflows keep their widget values."""
+    catalog = paths.catalog()
     return [
-        io.Audio.Input("reference", optional=True, tooltip="Reference speech to clone (first item of a batch)"),
-        io.String.Input("transcript", optional=True, multiline=True, default="",
-                        tooltip="What the reference says (engines that use it)"),
-        io.String.Input("speaker", optional=True, default="", tooltip="A built-in speaker (engines that have them)"),
-        io.String.Input("instruct", optional=True, multiline=True, default="",
-                        tooltip="A description of the voice or speaking style (Qwen3-TTS CustomVoice and "
-                                "VoiceDesign checkpoints); empty = none"),
+        io.Audio.Input("reference", optional=True, tooltip=VOICE_TOOLTIPS["reference"]),
+        io.String.Input("transcript", optional=True, multiline=True, default="", tooltip=VOICE_TOOLTIPS["transcript"]),
+        speaker_input(catalog.speakers()),
+        io.String.Input("instruct", optional=True, multiline=True, default="", tooltip=VOICE_TOOLTIPS["instruct"]),
+    ]
+
+
+def long_text_inputs() -> list[io.Input]:
+    return [
+        io.Boolean.Input("split_long_text", default=True, optional=True,
+                         tooltip=f"Cut long text at sentence ends into chunks of at most chunk_chars characters, "
+                                 f"speak them one after another and join them with a {CROSSFADE_MS:g} ms "
+                                 "crossfade (same seed, same audio). Off: the whole text in one go"),
+        io.Int.Input("chunk_chars", default=DEFAULT_CHUNK_CHARS, min=MIN_CHUNK_CHARS, max=10_000, optional=True,
+                     tooltip=f"Longest chunk, in characters (default {DEFAULT_CHUNK_CHARS}: about 12 s of English "
+                             "or 40 s of Chinese speech)"),
     ]
 
 
 class MizuotoVoicePrompt(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoVoicePrompt",
-            display_name="Mizuoto Voice Prompt",
-            category=CATEGORY,
-            description="Encodes a reference voice (voice-prompt phase). A voice seen before comes from the "
-                        "engine's cache without placing the encoder (M4).",
+            display_name="Voice Clone / Voice Design",
+            category=STEPS_CATEGORY,
+            search_aliases=["voice clone", "clone voice", "voice design", "reference audio", "speaker",
+                            "voice prompt"],
+            description="Makes the voice for Text → Speech Codes: clone it from reference speech (Qwen3-TTS Base), "
+                        "pick a built-in speaker (CustomVoice) or describe it in words (VoiceDesign). A voice "
+                        "used before comes from the engine's cache at once.",
             inputs=[EngineSocket.Input("engine"), *voice_inputs()],
             outputs=[VoiceSocket.Output(display_name="voice")],
         )
 
     @classmethod
+    def validate_inputs(cls, speaker: str = NO_SPEAKER) -> bool:
+        return True  # the engine behind the socket checks its speakers when the node runs
+
+    @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, reference: dict[str, Any] | None = None, transcript: str = "",
-                speaker: str = "", instruct: str = "") -> io.NodeOutput:
-        tts = phased_engine(engine, "Mizuoto Voice Prompt")
+                speaker: str = NO_SPEAKER, instruct: str = "") -> io.NodeOutput:
+        tts = phased_engine(engine, "Voice Clone / Voice Design")
         ctx = node_request(engine.runtime)
-        voice = tts.voice_prompt(ctx, audio_in(reference, "reference"), transcript or None, speaker or None,
+        voice = tts.voice_prompt(ctx, audio_in(reference, "reference"), transcript or None, speaker_value(speaker),
                                  instruct=instruct or None)
         return io.NodeOutput(voice, ui=ui.PreviewText(memory_text(ctx.meta)))
 
@@ -58,26 +98,34 @@ class MizuotoVoicePrompt(io.ComfyNode):
 class MizuotoTalker(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoTalker",
-            display_name="Mizuoto Talker",
-            category=CATEGORY,
-            description="Generates speech codes from text and a voice (talker phase).",
+            display_name="Text → Speech Codes",
+            category=STEPS_CATEGORY,
+            search_aliases=["text to speech", "tts", "talker", "speech codes", "generate speech"],
+            description="The first half of text to speech: the engine's language model turns text into speech "
+                        "codes in the given voice. Speech Codes → Audio makes them audible.",
             inputs=[
                 EngineSocket.Input("engine"),
-                io.String.Input("text", multiline=True, default="Hello from Mizuoto."),
-                VoiceSocket.Input("voice", optional=True, tooltip="From Mizuoto Voice Prompt; default: the engine's"),
+                io.String.Input("text", multiline=True, default="Hello from Mizuoto.", tooltip="What to say"),
+                VoiceSocket.Input("voice", optional=True,
+                                  tooltip="From Voice Clone / Voice Design; default: the engine's own voice"),
                 *sampling_inputs(),
-                language_input(),
+                language_input(paths.catalog().languages()),
             ],
             outputs=[CodesSocket.Output(display_name="codes")],
         )
 
     @classmethod
+    def validate_inputs(cls, language: str = "") -> bool:
+        return True  # the engine behind the socket checks its languages when the node runs
+
+    @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool,
                 voice: Voice | None = None, language: str = "") -> io.NodeOutput:
-        tts = phased_engine(engine, "Mizuoto Talker")
+        tts = phased_engine(engine, "Text → Speech Codes")
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
                                  language)
         ctx = node_request(engine.runtime, seed)
@@ -91,11 +139,13 @@ class MizuotoTalker(io.ComfyNode):
 class MizuotoDecoder(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoDecoder",
-            display_name="Mizuoto Codec Decoder",
-            category=CATEGORY,
-            description="Turns speech codes into audio (codec-decoder phase).",
+            display_name="Speech Codes → Audio",
+            category=STEPS_CATEGORY,
+            search_aliases=["codec decoder", "vocoder", "decode speech", "codes to audio"],
+            description="The second half of text to speech: the engine's codec decoder turns speech codes into "
+                        "audio.",
             inputs=[
                 EngineSocket.Input("engine"),
                 CodesSocket.Input("codes"),
@@ -105,8 +155,9 @@ class MizuotoDecoder(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, codes: Codes, allow_fallback: bool) -> io.NodeOutput:
-        tts = phased_engine(engine, "Mizuoto Codec Decoder")
+        tts = phased_engine(engine, "Speech Codes → Audio")
         check_made_by(codes, tts, "codes")
         ctx = node_request(engine.runtime)
         audio = tts.decode(ctx, codes, fallback_switch(allow_fallback))
@@ -117,36 +168,67 @@ class MizuotoDecoder(io.ComfyNode):
 class MizuotoTTS(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        catalog = paths.catalog()
+        return schema(
             node_id="MizuotoTTS",
-            display_name="Mizuoto TTS",
+            display_name="Text to Speech",
             category=CATEGORY,
-            description="Text to speech in one node: voice prompt, talker and decoder phases in turn.",
+            search_aliases=["tts", "text to speech", "speech synthesis", "say", "read aloud", "voice",
+                            "qwen3-tts", "voice clone", "mizuoto"],
+            description="Speaks text in one node: choose the engine and checkpoint below (or connect a Load TTS "
+                        "Engine), a speaker, reference speech to clone or a voice description. Long text is cut "
+                        "at sentence ends and joined. The demo engine needs no download; its audio is noise.",
             inputs=[
-                EngineSocket.Input("engine"),
-                io.String.Input("text", multiline=True, default="Hello from Mizuoto."),
+                EngineSocket.Input("engine", optional=True, display_name="loaded engine",
+                                   tooltip="Optional: an engine from Load TTS Engine; when connected it replaces "
+                                           "the engine, checkpoint and dtype chosen on this node"),
+                io.String.Input("text", multiline=True, default="Hello from Mizuoto.", tooltip="What to say"),
                 *sampling_inputs(),
                 io.Boolean.Input("allow_fallback", default=False, tooltip=FALLBACK_TOOLTIP),
                 *voice_inputs(),
-                language_input(),
+                language_input(catalog.languages()),
+                engine_input("engine_name", optional=True),
+                checkpoint_input(catalog, optional=True),
+                dtype_input(optional=True),
+                *long_text_inputs(),
             ],
-            outputs=[io.Audio.Output(display_name="audio"), io.String.Output(display_name="memory")],
+            outputs=[io.Audio.Output(display_name="audio"), io.String.Output(display_name="memory"),
+                     EngineSocket.Output(display_name="engine")],
         )
 
     @classmethod
-    def execute(cls, engine: EngineRef, text: str, seed: int, temperature: float, top_k: int, top_p: float,
+    def validate_inputs(cls, input_types: dict[str, Any], engine_name: str = "demo", checkpoint: str = "none",
+                        speaker: str = NO_SPEAKER, language: str = "") -> bool | str:
+        """The node's own engine and checkpoint, and its speaker and language against that
+        checkpoint, unless an engine is connected (then that engine checks them as it runs).
+        Declaring `input_types` tells which inputs are linked, and leaves the links' types to
+        this check."""
+        linked = linked_type_errors(cls, input_types)
+        if linked:
+            return linked
+        if "engine" in input_types:
+            return True
+        return check_choice(engine_name, checkpoint, speaker, language)
+
+    @classmethod
+    @PROCESS.around_node
+    def execute(cls, text: str, seed: int, temperature: float, top_k: int, top_p: float,
                 repetition_penalty: float, max_new_tokens: int, do_sample: bool, allow_fallback: bool,
-                reference: dict[str, Any] | None = None, transcript: str = "", speaker: str = "",
-                instruct: str = "", language: str = "") -> io.NodeOutput:
+                engine: EngineRef | None = None, reference: dict[str, Any] | None = None, transcript: str = "",
+                speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_name: str = "demo",
+                checkpoint: str = "none", dtype: str = "float32", split_long_text: bool = True,
+                chunk_chars: int = DEFAULT_CHUNK_CHARS) -> io.NodeOutput:
+        if engine is None:  # the node's own choice; the output keeps it loaded between runs
+            engine = PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
                                  language)
         audio, meta = engine.runtime.say(
             engine.engine, text, reference=audio_in(reference, "reference"), transcript=transcript or None,
-            speaker=speaker or None, instruct=instruct or None, sampling=sampling,
+            speaker=speaker_value(speaker), instruct=instruct or None, sampling=sampling,
             allow_fallback=fallback_switch(allow_fallback), cancel_check=interrupt_check,
-            on_progress=ProgressReporter(),
+            on_progress=ProgressReporter(), chunking=TextChunking(enabled=split_long_text, max_chars=chunk_chars),
         )
-        return io.NodeOutput(audio_out(audio), memory_json(meta), ui=ui.PreviewText(memory_text(meta)))
+        return io.NodeOutput(audio_out(audio), memory_json(meta), engine, ui=ui.PreviewText(memory_text(meta)))
 
 
 NODES: list[type[io.ComfyNode]] = [MizuotoVoicePrompt, MizuotoTalker, MizuotoDecoder, MizuotoTTS]

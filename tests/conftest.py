@@ -1,6 +1,7 @@
 """Shared fixtures: the simulated strict device of M55–M56."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -32,12 +33,33 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def link_checkpoint(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
+    """Link every file of checkpoint `folder` into `dest`, except `skip` (relative paths): a
+    copy to break one file of."""
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder)
+        if path.is_file() and str(rel) not in skip:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).symlink_to(path)
+    return dest
+
+
+def require_qwen_tts() -> None:
+    """Skip where the `qwen3tts` extra is not installed; else import it the engine's way (adapted
+    to the transformers installed: a bare `import qwen_tts` fails on transformers 5.x)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
+    if importlib.util.find_spec("qwen_tts") is None:
+        pytest.skip("qwen_tts is not installed (the qwen3tts extra)", allow_module_level=True)
+    from mizuoto_runtime.engines.qwen3tts import import_upstream
+
+    import_upstream()
+
+
 @pytest.fixture(scope="session")
 def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny Qwen3-TTS checkpoints in the official layout, each written once per session on first
     use (`model_type`: base, custom_voice, voice_design). Skips where `qwen_tts` is not installed."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
-    pytest.importorskip("qwen_tts")
+    require_qwen_tts()
     from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("qwen3tts")
@@ -49,6 +71,43 @@ def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
         return written[model_type]
 
     return checkpoint
+
+
+def _tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory, engine: str, package: str,
+                      writer_module: str) -> Callable[[str], Path]:
+    """Tiny checkpoints of `engine` in its published layout, each dtype written once per session
+    on first use; skips where the engine's upstream `package` is not installed."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (the {engine} extra)")
+    writer = importlib.import_module(writer_module).write_tiny_checkpoint
+    root = tmp_path_factory.mktemp(engine)
+    written: dict[str, Path] = {}
+
+    def checkpoint(dtype: str = "float32") -> Path:
+        if dtype not in written:
+            written[dtype] = writer(root / dtype, dtype=getattr(torch, dtype))
+        return written[dtype]
+
+    return checkpoint
+
+
+@pytest.fixture(scope="session")
+def f5tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny F5-TTS folders (`dtype` of the DiT weights: float32, bfloat16, float16)."""
+    return _tiny_checkpoints(tmp_path_factory, "f5tts", "f5_tts", "mizuoto_runtime.engines.f5tts_tiny")
+
+
+@pytest.fixture(scope="session")
+def omnivoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny OmniVoice folders (`dtype` of the LLM weights)."""
+    return _tiny_checkpoints(tmp_path_factory, "omnivoice", "omnivoice", "mizuoto_runtime.engines.omnivoice_tiny")
+
+
+@pytest.fixture(scope="session")
+def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny VoxCPM 2 folders (`dtype` of the main weights: float32 or bfloat16)."""
+    return _tiny_checkpoints(tmp_path_factory, "voxcpm2", "voxcpm", "mizuoto_runtime.engines.voxcpm2_tiny")
 
 
 @pytest.fixture

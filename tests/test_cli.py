@@ -1,6 +1,7 @@
 """`mizuoto say | runtime | doctor` (M50–M52)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import wave
 from pathlib import Path
@@ -52,6 +53,10 @@ def test_doctor_lists_the_memory_policy(capsys: pytest.CaptureFixture[str]) -> N
     assert {"mode", "reserve_mb", "limit_mb", "ram_reserve_mb", "host_copies", "pinned_budget_mb",
             "copy_streams", "oom_retry", "oom_fallback"} <= set(result["memory"])
     assert result["engines"]["demo"] == "ok"
+    for engine, package in (("qwen3tts", "qwen_tts"), ("f5tts", "f5_tts"), ("omnivoice", "omnivoice")):
+        installed = importlib.util.find_spec(package) is not None
+        assert (result["engines"][engine] == "ok") == installed, result["engines"]
+        assert installed or f"requirements/{engine}.txt" in result["engines"][engine]
 
 
 def test_runtime_report(capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,11 +25,11 @@ import pytest
 import torch
 from torch import nn
 
-from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, SettingError, VramPolicy
+from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, SettingError, VramPolicy, graphs, pinning
 from mizuoto_runtime.comfy_bridge import (
-    COMFYUI, ComfyAccounting, HandleAdapter, ProcessRuntime, checkpoint_folders, comfy_device, fallback_switch,
-    install, is_checkpoint_root, node_request,
+    COMFYUI, ComfyAccounting, HandleAdapter, comfy_device, install, node_request,
 )
+from mizuoto_runtime.host import ProcessRuntime, fallback_switch
 from mizuoto_runtime.engines import Codes, Sampling
 
 MB = 1 << 20
@@ -124,6 +124,10 @@ class StandInPatcher:
         return self.model
 
 
+class StandInAcceleratorError(RuntimeError):
+    """Stand-in for `torch.AcceleratorError` (what a CUDA OOM raises from some kernels)."""
+
+
 class StandInInterrupt(Exception):
     """Stand-in for ComfyUI's `InterruptProcessingException`."""
 
@@ -138,6 +142,16 @@ class StandIn:
         self.InterruptProcessingException = StandInInterrupt
         self.interrupted = False
         self.bars: list[StandInProgressBar] = []
+        self.free_calls: list[tuple[float, list[Any], bool]] = []  # what each free_memory was asked
+        self.reserved = 400 * MB  # `extra_reserved_memory()`: ComfyUI's, or `--reserve-vram`
+
+    def extra_reserved_memory(self) -> int:
+        return self.reserved
+
+    def is_oom(self, e: BaseException) -> bool:
+        """Like the newest ComfyUI: torch's OOM, or an accelerator error that says out of memory."""
+        return isinstance(e, torch.OutOfMemoryError) or (
+            isinstance(e, StandInAcceleratorError) and "out of memory" in str(e).lower())
 
     def get_torch_device(self) -> torch.device:
         return CPU
@@ -150,8 +164,11 @@ class StandIn:
         self.current_loaded_models[:] = [e for e in self.current_loaded_models
                                          if e.real_model is None or e.real_model() is not None]
 
-    def free_memory(self, memory_required: float, device: torch.device, keep_loaded: list[Any] = []) -> list[Any]:  # noqa: B006
-        """`memory_required` is the absolute free-memory target, re-measured before each candidate."""
+    def free_memory(self, memory_required: float, device: torch.device, keep_loaded: list[Any] = [],  # noqa: B006
+                    for_dynamic: bool = False) -> list[Any]:
+        """`memory_required` is the absolute free-memory target, re-measured before each candidate.
+        (Dynamic models, which `for_dynamic` spares in the newest releases, the stand-in has none.)"""
+        self.free_calls.append((memory_required, list(keep_loaded), for_dynamic))
         candidates = []
         for i, e in enumerate(self.current_loaded_models):
             if e.device == device and e not in keep_loaded and not e.is_dead():
@@ -205,6 +222,11 @@ class StandInProgressBar:
         self.values.append(min(value, self.total))
 
 
+def joined(settings: dict[str, Any]) -> ProcessRuntime:
+    """The pack's process runtime, joined to the stand-in's accounting."""
+    return ProcessRuntime(settings, join=install)
+
+
 @pytest.fixture
 def devices() -> DeviceService:
     return DeviceService(simulate={"cpu": 16 * MB}, strict=True)
@@ -217,8 +239,9 @@ def comfy(devices: DeviceService, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
     mm = types.ModuleType("comfy.model_management")
     for name in ("current_loaded_models", "LoadedModel", "InterruptProcessingException", "get_torch_device",
                  "get_free_memory", "cleanup_models", "free_memory", "load_models_gpu", "unload_all_models",
-                 "throw_exception_if_processing_interrupted"):
+                 "throw_exception_if_processing_interrupted", "extra_reserved_memory", "is_oom"):
         setattr(mm, name, getattr(stand_in, name))
+    mm.MAX_PINNED_MEMORY, mm.TOTAL_PINNED_MEMORY = -1, 0  # ComfyUI's pinned accounting (pinning off)
     utils = types.ModuleType("comfy.utils")
     utils.ProgressBar = stand_in.progress_bar  # type: ignore[attr-defined]
     package = types.ModuleType("comfy")
@@ -227,6 +250,7 @@ def comfy(devices: DeviceService, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
     monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
     monkeypatch.setitem(sys.modules, "comfy.utils", utils)
     yield stand_in
+    pinning.share_budget(None)  # `install` shared the process's pinned budget with the stand-in
 
 
 # ---- our side ---------------------------------------------------------------------------------
@@ -282,10 +306,19 @@ def test_adapter_speaks_the_patcher_protocol_of_old_and_new_comfyui(manager: Mod
     assert adapter.model_dtype() == torch.float32
     assert adapter.model_patches_models() == [] and adapter.model_patches_to(CPU) is None
     assert adapter.lowvram_patch_counter() == 0
-    assert adapter.is_clone(adapter) and not adapter.is_clone(accounting.adapter(place(manager, "b")))
-    # Newest ComfyUI (dynamic VRAM): never dynamic, no host-RAM pins to give back.
+    other = accounting.adapter(place(manager, "b"))
+    assert adapter.is_clone(adapter) and not adapter.is_clone(other)
+    # 0.11 on (dynamic VRAM): never dynamic; a dynamic model's pin pools (`subsets`) we have none of.
     assert adapter.is_dynamic() is False
-    assert adapter.partially_unload_ram(1 << 30, subsets=["weights"]) == 0 and adapter.loaded_ram_size() == 0
+    assert adapter.partially_unload_ram(1 << 30, subsets=["weights"]) == 0
+    # Honest host figures: the host copies are kept (M25), none of them pinned on the simulated device.
+    assert adapter.loaded_ram_size() == handle.size_bytes and adapter.pinned_memory_size() == 0
+    # 0.17–0.20: (resident host bytes, model bytes); nothing is released for free=True.
+    assert adapter.model_mmap_residency(free=True) == (handle.size_bytes, handle.size_bytes)
+    assert handle.describe()["host_bytes"] == handle.size_bytes
+    # 0.22 on: unload_model_and_clones and multigpu read these on every entry.
+    assert adapter.clone_base_uuid != other.clone_base_uuid and adapter.is_multigpu_base_clone is False
+    assert adapter.get_nested_additional_models() == [] and adapter.get_additional_models() == []
 
 
 def test_each_placement_registers_the_handle_once_at_the_front(manager: ModelManager, comfy: StandIn,
@@ -406,7 +439,7 @@ def test_free_for_reports_what_our_device_gained(manager: ModelManager, comfy: S
 
 # ---- the process runtime and node requests ----------------------------------------------------
 def test_configure_validates_and_rebuilds_for_a_new_simulated_device(comfy: StandIn) -> None:
-    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    process = joined({"compute.simulate_vram_mb": 32})
     ref = process.engine("demo")
     first, old_handles = process.runtime(), ref.engine.handles()
     assert isinstance(first.manager.external, ComfyAccounting)
@@ -421,7 +454,7 @@ def test_configure_validates_and_rebuilds_for_a_new_simulated_device(comfy: Stan
 
 
 def test_an_engine_lives_as_long_as_comfyui_holds_a_reference(comfy: StandIn) -> None:
-    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    process = joined({"compute.simulate_vram_mb": 32})
     first, second = process.engine("demo"), process.engine("demo")
     handles = first.engine.handles()
     assert second.engine is first.engine
@@ -433,7 +466,7 @@ def test_an_engine_lives_as_long_as_comfyui_holds_a_reference(comfy: StandIn) ->
 
 
 def test_node_requests_drive_the_progress_bar_and_honour_interrupt(comfy: StandIn) -> None:
-    runtime = ProcessRuntime({"compute.simulate_vram_mb": 32}).runtime()
+    runtime = joined({"compute.simulate_vram_mb": 32}).runtime()
     engine = runtime.engine("demo")
     voice = engine.voice_prompt(node_request(runtime), None, None, None)
     sampling = Sampling(seed=3, max_new_tokens=40)
@@ -463,7 +496,7 @@ def test_node_requests_drive_the_progress_bar_and_honour_interrupt(comfy: StandI
 def test_a_decoder_nodes_toggle_allows_the_fallback_and_off_defers_to_the_setting(
         comfy: StandIn, oom_fallback: bool, toggle: bool, falls_back: bool) -> None:
     """M44: the decoder and TTS nodes pass `fallback_switch(allow_fallback)` to the engine."""
-    runtime = ProcessRuntime({"compute.simulate_vram_mb": 32, "compute.oom_fallback": oom_fallback}).runtime()
+    runtime = joined({"compute.simulate_vram_mb": 32, "compute.oom_fallback": oom_fallback}).runtime()
     engine = runtime.engine("demo")
     codes = Codes(torch.randint(0, 256, (1, 400)), engine.id)  # more frames than one 256-frame tile
     decoder = engine.decoder.module
@@ -484,30 +517,6 @@ def test_a_decoder_nodes_toggle_allows_the_fallback_and_off_defers_to_the_settin
     assert ctx.meta["applied"]["fallbacks"] == ["tiled_1d"] and audio.waveform.shape[-1] == 400 * 256
 
 
-def touch(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"{}")
-
-
-def test_checkpoint_choices_are_checkpoint_roots_not_their_subfolders(tmp_path: Path) -> None:
-    """The loader lists folders with a config.json or safetensors at their top level, two levels
-    deep, and never a listed checkpoint's own subfolders (Qwen's speech_tokenizer/)."""
-    for qwen in (tmp_path / "Qwen3-TTS-12Hz-0.6B-Base", tmp_path / "qwen3tts" / "tiny-base"):
-        for name in ("config.json", "model.safetensors", "speech_tokenizer/config.json",
-                     "speech_tokenizer/model.safetensors"):
-            touch(qwen / name)
-    touch(tmp_path / "demo-small" / "talker.safetensors")  # the demo engine: bare safetensors
-    touch(tmp_path / "notes" / "readme.txt")  # files, but not a checkpoint
-    touch(tmp_path / ".cache" / "hub" / "config.json")  # hidden
-    touch(tmp_path / "deep" / "a" / "b" / "config.json")  # three levels down
-    touch(tmp_path / "loose.safetensors")
-    assert checkpoint_folders(tmp_path) == ["Qwen3-TTS-12Hz-0.6B-Base", "demo-small", "qwen3tts/tiny-base"]
-    # speech_tokenizer/ would pass as a checkpoint on its own: it is left out because it is nested.
-    assert is_checkpoint_root(tmp_path / "Qwen3-TTS-12Hz-0.6B-Base" / "speech_tokenizer")
-    assert "deep/a/b" in checkpoint_folders(tmp_path, max_depth=3)
-    assert checkpoint_folders(tmp_path / "missing") == []
-
-
 def test_install_joins_a_runtime_to_comfyui(comfy: StandIn) -> None:
     from mizuoto_runtime import Runtime
 
@@ -521,7 +530,7 @@ def test_install_joins_a_runtime_to_comfyui(comfy: StandIn) -> None:
 
 def test_engines_built_inside_comfyuis_inference_mode_still_run(comfy: StandIn) -> None:
     """ComfyUI runs every node under `torch.inference_mode()`; placement swaps `Parameter.data`."""
-    process = ProcessRuntime({"compute.simulate_vram_mb": 32})
+    process = joined({"compute.simulate_vram_mb": 32})
     with torch.inference_mode():
         ref = process.engine("demo")
         audio, _ = ref.runtime.say(ref.engine, "inference mode", sampling=Sampling(max_new_tokens=16))
@@ -555,3 +564,294 @@ def test_importing_the_runtime_never_imports_comfy() -> None:
             "assert not [m for m in sys.modules if m == 'comfy' or m.startswith('comfy.')], 'comfy imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ---- ComfyUI's budgets are ours inside ComfyUI (issue 17, items 2-5) --------------------------
+def test_the_default_reserve_is_comfyuis_reserve_vram(manager: ModelManager, comfy: StandIn,
+                                                      accounting: ComfyAccounting) -> None:
+    """A user who starts ComfyUI with `--reserve-vram 4` gets 4 GB reserved, not our 400 MB."""
+    cuda = torch.device("cuda", 0)
+    comfy.reserved = 4 << 30
+    assert manager.reserve_bytes(cuda) == 4 << 30
+    assert manager.reserve_bytes(CPU) == 0  # the simulated device keeps the policy's own
+    manager.policy.update({"compute.vram_reserve_mb": 100})  # a value the user set wins
+    assert manager.reserve_bytes(cuda) == 100 * MB
+    manager.external = None
+    manager.policy.update({"compute.vram_reserve_mb": None})
+    assert manager.reserve_bytes(cuda) == 400 * MB  # outside ComfyUI: the default
+
+
+def test_pinned_memory_shares_comfyuis_budget(comfy: StandIn) -> None:
+    """Ours and ComfyUI's pins together never pass ComfyUI's MAX_PINNED_MEMORY; each side's
+    total counts the other's."""
+    from mizuoto_runtime.comfy_bridge import ComfyPins
+
+    mm = sys.modules["comfy.model_management"]
+    assert ComfyPins().free() is None  # ComfyUI's pinning off (-1): our own budget alone
+    budget = pinning.PinnedBudget(64 * MB, ComfyPins())
+    assert budget.take(40 * MB) and mm.TOTAL_PINNED_MEMORY == 0  # nothing counted while off
+    budget.give(40 * MB)
+    mm.MAX_PINNED_MEMORY, mm.TOTAL_PINNED_MEMORY = 16 * MB, 10 * MB  # ComfyUI pinned 10 of 16 MB
+    assert not budget.take(7 * MB)  # within our 64 MB, beyond what ComfyUI has left
+    assert budget.take(6 * MB) and mm.TOTAL_PINNED_MEMORY == 16 * MB and ComfyPins().free() == 0
+    budget.give(6 * MB)
+    assert mm.TOTAL_PINNED_MEMORY == 10 * MB and budget.used == 0
+    # The process's pinners are joined once a runtime is installed into ComfyUI.
+    shared = pinning.PinnedBudget(64 * MB)
+    assert shared.take(MB)
+    pinning._attach(shared, ComfyPins())
+    assert mm.TOTAL_PINNED_MEMORY == 11 * MB
+    pinning._attach(shared, None)
+    assert mm.TOTAL_PINNED_MEMORY == 10 * MB
+
+
+def test_an_accelerator_error_oom_gets_the_exact_retry(manager: ModelManager, comfy: StandIn,
+                                                       accounting: ComfyAccounting) -> None:
+    """M40 inside ComfyUI: whatever `is_oom` accepts is retried exactly, with the same numbers."""
+    handle = manager.register(Stack(), engine="t", name="a")
+    attempts: list[torch.Tensor] = []
+    gen = torch.Generator().manual_seed(5)
+
+    def phase() -> torch.Tensor:
+        attempts.append(torch.rand(3, generator=gen))
+        if len(attempts) == 1:
+            raise StandInAcceleratorError("CUDA error: out of memory")
+        return attempts[-1]
+
+    ctx = manager.request()
+    out = ctx.run("p", [handle], phase, generators=[gen])
+    assert torch.equal(out, attempts[0]) and ctx.meta["applied"]["oom_retries"] == 1
+    with pytest.raises(StandInAcceleratorError, match="illegal"):  # not an OOM: no retry
+        manager.request().run("p", [handle], lambda: (_ for _ in ()).throw(StandInAcceleratorError("illegal")))
+    manager.external = None  # outside ComfyUI the same error is not an OOM
+    with pytest.raises(StandInAcceleratorError):
+        manager.request().run("p", [handle], lambda: (_ for _ in ()).throw(StandInAcceleratorError("out of memory")))
+
+
+@pytest.mark.parametrize(("mode", "evicts"), [("none", False), ("low", False), ("normal", True)])
+def test_needed_is_what_the_mode_places(devices: DeviceService, comfy: StandIn, mode: str, evicts: bool) -> None:
+    """M6, issue 17 item 5: a TTS phase streaming in `none` (or `low`) mode asks only for what it
+    will place, so the user's diffusion model stays; `normal` asks for the whole component."""
+    manager = ModelManager(devices, VramPolicy({"compute.vram_mode": mode}))
+    manager.external = ComfyAccounting(manager)
+    diffusion = comfy_model(comfy, devices, 8 * MB)
+    tts = manager.register(Stack(12), engine="t", name="talker")  # 12 MiB: whole does not fit beside it
+    manager.load([tts])
+    assert (diffusion.loaded == 0) is evicts, (mode, diffusion.loaded)
+    assert tts.is_whole is evicts and tts.device_bytes <= devices.total_bytes(CPU) - diffusion.loaded
+
+
+def test_a_capped_handle_asks_for_its_cap(manager: ModelManager, comfy: StandIn, devices: DeviceService,
+                                          accounting: ComfyAccounting) -> None:
+    tts = manager.register(Stack(12), engine="t", name="talker")
+    tts.cap_bytes = 4 * MB  # after an OOM (M40)
+    diffusion = comfy_model(comfy, devices, 8 * MB)
+    manager.load([tts])
+    assert diffusion.loaded == 8 * MB and tts.loaded_bytes <= 4 * MB
+
+
+def test_comfyui_frees_only_its_own_models_then_ours_yield_in_m30_order(devices: DeviceService,
+                                                                        comfy: StandIn) -> None:
+    """Issue 17 item 4: every Mizuoto entry is in `keep_loaded`; our manager then yields ours —
+    unpinned before pinned (`engines.<id>.pinned_models`) — and records each yield once."""
+    manager = ModelManager(devices, VramPolicy({"engines.t.pinned_models": ["pinned"]}))
+    manager.external = ComfyAccounting(manager)
+    pinned = place(manager, "pinned", units=4)
+    unpinned = place(manager, "unpinned", units=4)
+    diffusion = comfy_model(comfy, devices, 2 * MB)
+    needy = manager.register(Stack(8), engine="t", name="needy")
+    manager.load([needy])
+    _, keep, _ = comfy.free_calls[-1]
+    assert {id(e.model.model) for e in keep} == {id(pinned), id(unpinned)}  # ours, all of them
+    assert diffusion.loaded == 0 and needy.is_whole
+    yields = [e for e in manager.events if e[0] == "yield"]
+    assert yields and yields[0][1] == "t:unpinned", yields  # M30's second key
+    assert pinned.is_whole or unpinned.device_bytes == 0
+    assert unpinned.gave_up_for == ["t:needy"] and len(yields) == len({e[1] for e in yields})
+
+
+def test_a_phase_end_leaves_comfyuis_currently_used(manager: ModelManager, comfy: StandIn,
+                                                    accounting: ComfyAccounting) -> None:
+    """ComfyUI reloads `loaded_models(only_currently_used=True)` mid-sampling: not our entries
+    once their phase ended."""
+    handle = manager.register(Stack(), engine="t", name="a")
+    manager.acquire([handle])
+    assert accounting.entry(handle).currently_used
+    manager.release([handle])
+    assert not accounting.entry(handle).currently_used
+
+
+def test_comfyui_short_of_ram_gets_host_copies_of_idle_whole_components(manager: ModelManager,
+                                                                        accounting: ComfyAccounting) -> None:
+    """0.11-0.20 call `partially_unload_ram(n)` on every candidate: M29's first step, honestly."""
+    handle = place(manager, "a")
+    adapter = accounting.adapter(handle)
+    assert adapter.partially_unload_ram(0) == 0 and adapter.loaded_ram_size() == handle.size_bytes
+    released = adapter.partially_unload_ram(MB)
+    assert released > 0 and adapter.loaded_ram_size() == handle.size_bytes - released
+    manager.acquire([handle])
+    assert adapter.partially_unload_ram(MB) == 0  # in use (M31)
+    manager.release([handle])
+
+
+# ---- dynamic VRAM (comfy-aimdo), with stand-ins of its real API (comfy-aimdo 0.6.0) -----------
+class StandInVbars:
+    """Stand-in for `comfy_aimdo.model_vbar`: `vbars_analyze(device=None)` returns the bytes of
+    VBAR pages aimdo would evict on demand; an uninitialized device raises RuntimeError (0.6.0's
+    `control.get_devctx`)."""
+
+    def __init__(self, reclaimable: dict[int, int]) -> None:
+        self.reclaimable = reclaimable
+
+    def vbars_analyze(self, device: int | None = None) -> int:
+        index = 0 if device is None else device
+        if index not in self.reclaimable:
+            raise RuntimeError(f"comfy-aimdo device {index} is not initialized")
+        return self.reclaimable[index]
+
+
+@pytest.fixture
+def aimdo(comfy: StandIn, monkeypatch: pytest.MonkeyPatch) -> StandInVbars:
+    """ComfyUI running with dynamic VRAM: `comfy.memory_management.aimdo_enabled` and aimdo's vbars."""
+    vbars = StandInVbars({0: 3 << 30})
+    memory_management = types.ModuleType("comfy.memory_management")
+    memory_management.aimdo_enabled = True  # type: ignore[attr-defined]
+    model_vbar = types.ModuleType("comfy_aimdo.model_vbar")
+    model_vbar.vbars_analyze = vbars.vbars_analyze  # type: ignore[attr-defined]
+    package = types.ModuleType("comfy_aimdo")
+    package.model_vbar = model_vbar  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "comfy.memory_management", memory_management)
+    monkeypatch.setitem(sys.modules, "comfy_aimdo", package)
+    monkeypatch.setitem(sys.modules, "comfy_aimdo.model_vbar", model_vbar)
+    return vbars
+
+
+def test_aimdo_pages_count_as_free_the_way_comfyui_counts_them(aimdo: StandInVbars, comfy: StandIn) -> None:
+    from mizuoto_runtime.comfy_bridge import aimdo_active, aimdo_reclaimable
+
+    manager = ModelManager(DeviceService(), VramPolicy())  # a real (non-simulated) device service
+    accounting = ComfyAccounting(manager)
+    assert aimdo_active() and aimdo_reclaimable(torch.device("cuda", 0)) == 3 << 30
+    assert accounting.reclaimable_bytes(torch.device("cuda", 0)) == 3 << 30
+    assert aimdo_reclaimable(torch.device("cuda", 1)) == 0  # aimdo has no context there
+    assert aimdo_reclaimable(CPU) == 0
+    sys.modules["comfy.memory_management"].aimdo_enabled = False  # type: ignore[attr-defined]
+    assert aimdo_reclaimable(torch.device("cuda", 0)) == 0
+
+
+def test_under_aimdo_our_manager_counts_reclaimable_pages_and_spares_dynamic_models(
+        aimdo: StandInVbars, manager: ModelManager, comfy: StandIn, devices: DeviceService,
+        accounting: ComfyAccounting, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager counts the pages aimdo gives up on demand as free, so a dynamic diffusion
+    model is not detached for us (its pages go only as our allocations need them, and its pinned
+    host buffers stay); when ComfyUI is asked, it is with `for_dynamic=True`."""
+    diffusion = comfy_model(comfy, devices, 12 * MB)  # its 12 MB are aimdo pages
+
+    def aimdo_allocator(device: torch.device, nbytes: int) -> None:
+        """Stand-in for aimdo's allocator hook: a short allocation evicts dynamic pages."""
+        short = nbytes - devices.free_bytes(device)
+        if short > 0:
+            gave = min(short, diffusion.loaded)
+            devices.release(CPU, gave)
+            diffusion.loaded -= gave
+
+    devices.fault_hook = aimdo_allocator
+    monkeypatch.setattr(accounting, "reclaimable_bytes", lambda device: diffusion.loaded)
+    tts = manager.register(Stack(6), engine="t", name="talker")
+    manager.load([tts])
+    assert tts.is_whole and not comfy.free_calls  # nothing detached, nothing asked
+    assert 0 < diffusion.loaded < 12 * MB  # evicted page by page, as far as needed
+    assert not [e for e in manager.events if e[0] == "yield"]
+    accounting.free_for(CPU, MB, [])
+    assert comfy.free_calls[-1][2] is True  # for_dynamic: ComfyUI spares its dynamic models
+
+
+def test_cuda_graphs_are_refused_while_aimdo_is_active(aimdo: StandInVbars, comfy: StandIn) -> None:
+    from mizuoto_runtime import Runtime
+
+    try:
+        install(Runtime({"compute.simulate_vram_mb": 32}))
+        assert "comfy-aimdo" in (graphs.host_refusal() or "")
+        sys.modules["comfy.memory_management"].aimdo_enabled = False  # type: ignore[attr-defined]
+        install(Runtime({"compute.simulate_vram_mb": 32}))
+        assert graphs.host_refusal() is None  # legacy ModelPatcher: capture allowed again
+    finally:
+        graphs.refuse_capture(None)
+
+
+# ---- the host: idle and RAM policy where users are (issue 9, item 4) --------------------------
+def test_an_engine_reports_its_host_bytes_to_comfyuis_ram_cache(comfy: StandIn) -> None:
+    process = joined({"compute.simulate_vram_mb": 32})
+    ref = process.engine("demo")
+    tensors = ref._comfy_cache_tensors()
+    assert sum(t.nbytes for t in tensors) == sum(h.size_bytes for h in ref.engine.handles()) > 0
+    assert all(t.device.type == "cpu" for t in tensors)
+
+
+def test_idle_engines_unload_at_the_next_node(comfy: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compute.unload_after_minutes` inside ComfyUI: checked when a Mizuoto node starts."""
+    process = joined({"compute.simulate_vram_mb": 32, "compute.unload_after_minutes": 1})
+    ref = process.engine("demo")
+    handles = ref.engine.handles()
+    node = process.around_node(lambda: "ran")
+    assert node() == "ran" and not any(h.unloaded for h in handles)
+    service = process.runtime().service
+    monkeypatch.setattr(service, "_used", {k: v - 61 for k, v in service._used.items()})  # a minute later
+    assert node() == "ran" and all(h.unloaded for h in handles)
+    assert ref.engine.handles() != handles  # loads again when used
+
+
+def test_ram_relief_runs_after_every_node(comfy: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """M29 for the phase nodes, not only for `Runtime.say`: after a node, free RAM below
+    `compute.ram_reserve_mb` drops host copies of idle whole-loaded components."""
+    process = joined({"compute.simulate_vram_mb": 32, "compute.ram_reserve_mb": 1})
+    ref = process.engine("demo")
+    runtime = ref.runtime
+    engine = ref.engine
+    voice = engine.voice_prompt(node_request(runtime), None, None, None)
+    engine.generate(node_request(runtime, 1), "hi", voice, Sampling(max_new_tokens=8))
+    whole = [h for h in engine.handles() if h.is_whole]
+    assert whole and all(h.describe()["host_bytes"] == h.size_bytes for h in whole)
+    monkeypatch.setattr(runtime.service, "free_ram", lambda: 0)
+
+    def failing() -> None:
+        raise ValueError("a node failed")
+
+    with pytest.raises(ValueError):
+        process.around_node(failing)()
+    assert all(h.describe()["host_bytes"] < h.size_bytes for h in whole)
+
+
+def test_mizuoto_runtime_reads_a_running_hosts_route(tmp_path: Path) -> None:
+    """`mizuoto runtime --url`: the models of a running host, from its read-only route."""
+    import http.server
+    import json
+    import threading
+
+    from mizuoto_runtime.cli import main
+
+    report = {"device": {"device": "cuda:0"}, "policy": {}, "models": [{"name": "talker", "loaded_bytes": 7}]}
+
+    class Route(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps(report).encode() if self.path == "/mizuoto/runtime" else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Route)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        done = subprocess.run([sys.executable, "-m", "mizuoto_runtime", "runtime", "--url", url], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"url": url, **report}
+        assert main(["runtime", "--url", url + "/nothing-here"]) == 2  # HTTP 404: one clear error
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -84,11 +84,9 @@ def test_numeric_settings_are_all_checked() -> None:
             "simulate_vram_mb"} <= set(NUMERIC_KEYS)
 
 
-@pytest.mark.parametrize("value", ["hugepages", "no_hugepages"])
-def test_a_setting_with_no_behaviour_yet_is_refused_naming_it(value: str) -> None:
-    """M10, M62: compute.cpu_allocator acts only on training phases, which do not exist yet."""
-    with pytest.raises(SettingError, match=r"'compute\.cpu_allocator' has no effect yet"):
-        VramPolicy({"compute.cpu_allocator": value})
-    with pytest.raises(SettingError, match=r"compute\.cpu_allocator"):
-        VramPolicy().update({"compute": {"cpu_allocator": value}})
-    assert VramPolicy({"compute.cpu_allocator": "auto"}).cpu_allocator == "auto"  # its default stays accepted
+@pytest.mark.parametrize("value", ["auto", "hugepages", "no_hugepages"])
+def test_cpu_allocator_is_accepted_now_that_training_applies_it(value: str) -> None:
+    """M10, M62: compute.cpu_allocator acts on training processes (training/cpu_allocator.py)."""
+    assert VramPolicy({"compute.cpu_allocator": value}).cpu_allocator == value
+    with pytest.raises(SettingError, match=r"'compute\.cpu_allocator' must be one of auto, hugepages, no_hugepages"):
+        VramPolicy({"compute.cpu_allocator": "big"})

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import wave
 from collections.abc import Callable
@@ -23,10 +22,11 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.report import mb
+from interrupt import interrupt_at
+from conftest import link_checkpoint, require_qwen_tts
 from oom import allocations_during
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("qwen_tts")
+require_qwen_tts()
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -206,15 +206,7 @@ def test_progress_per_talker_step_and_interrupt(qwen3tts_checkpoint: Checkpoint)
     total = FRAMES + 1
     assert steps == [(i, total) for i in range(total + 1)]
 
-    stop = {"now": False}
-
-    def cancel_check() -> None:
-        if stop["now"]:
-            raise CancelledError("interrupted")
-
-    def progress(done: int, _total: int) -> None:
-        stop["now"] = done >= 1
-
+    cancel_check, progress = interrupt_at(1)
     with pytest.raises(CancelledError):
         rt.say(engine, TEXT, instruct="calm", sampling=SAMPLING, cancel_check=cancel_check, on_progress=progress)
     assert not engine.tts.model.talker._forward_pre_hooks
@@ -262,16 +254,6 @@ def test_estimates_follow_the_request_not_the_worst_case(qwen3tts_checkpoint: Ch
 
 
 # ---- loading (M27) ---------------------------------------------------------------------------
-def _copy(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
-    """Link every file of `folder` into `dest`, except `skip` (relative paths)."""
-    for path in folder.rglob("*"):
-        rel = path.relative_to(folder)
-        if path.is_file() and str(rel) not in skip:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).symlink_to(path)
-    return dest
-
-
 def test_loading_errors_name_what_is_wrong(qwen3tts_checkpoint: Checkpoint, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -279,24 +261,24 @@ def test_loading_errors_name_what_is_wrong(qwen3tts_checkpoint: Checkpoint, tmp_
     rt = Runtime()
     with pytest.raises(CheckpointError, match="folder not found"):
         rt.engine("qwen3tts", tmp_path / "nowhere")
-    missing = _copy(folder, tmp_path / "missing", skip=("generation_config.json", "speech_tokenizer/model.safetensors"))
+    missing = link_checkpoint(folder, tmp_path / "missing", skip=("generation_config.json", "speech_tokenizer/model.safetensors"))
     with pytest.raises(CheckpointError, match="missing generation_config.json, speech_tokenizer/model.safetensors"):
         rt.engine("qwen3tts", missing)
 
-    wrong_type = _copy(folder, tmp_path / "wrong_type", skip=("config.json",))
+    wrong_type = link_checkpoint(folder, tmp_path / "wrong_type", skip=("config.json",))
     config = json.loads((folder / "config.json").read_text())
     (wrong_type / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     with pytest.raises(CheckpointError, match="config.json: model_type is 'llama'"):
         rt.engine("qwen3tts", wrong_type)
 
     # The speech tokenizer's weights where the talker's should be: one error, naming both sides.
-    swapped = _copy(folder, tmp_path / "swapped", skip=("model.safetensors",))
+    swapped = link_checkpoint(folder, tmp_path / "swapped", skip=("model.safetensors",))
     (swapped / "model.safetensors").symlink_to(folder / "speech_tokenizer" / "model.safetensors")
     with pytest.raises(CheckpointError) as err:
         rt.engine("qwen3tts", swapped)
     assert "missing talker.codec_head.weight" in str(err.value) and "unexpected decoder." in str(err.value)
 
-    mismatched = _copy(folder, tmp_path / "mismatched", skip=("model.safetensors",))
+    mismatched = link_checkpoint(folder, tmp_path / "mismatched", skip=("model.safetensors",))
     state = load_file(str(folder / "model.safetensors"))
     state["talker.codec_head.weight"] = state["talker.codec_head.weight"][:-1].clone()
     save_file(state, str(mismatched / "model.safetensors"))

@@ -4,13 +4,16 @@ from __future__ import annotations
 import importlib
 
 from ..errors import MizuotoError
-from .base import Codes, Engine, Sampling, Voice, check_request
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, check_request
 
 # id -> (module, class, requirements file under requirements/ that provides its upstream package)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
     "demo": ("mizuoto_runtime.engines.demo", "DemoEngine", None),
     "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
     "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2", "VoxCPM2Engine", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts", "F5TTSEngine", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice", "OmniVoiceEngine", "omnivoice"),
 }
 
 
@@ -31,4 +34,7 @@ def engine_class(engine_id: str) -> type[Engine]:
     return getattr(module, cls_name)
 
 
-__all__ = ["ENGINES", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class", "install_hint"]
+__all__ = [
+    "ENGINES", "CheckpointInfo", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class",
+    "install_hint",
+]

@@ -9,22 +9,29 @@ get all their handles for the whole call, with `memory_required(text)` (M4, M48)
 Every request is checked before any work (`check_request`): `Runtime.say` checks it first, and
 every engine's `generate` checks it on entry (the base class wraps each subclass's own), so the
 CLI, the runtime and every node refuse bad input with the same one-line error.
+
+Hosts list what an engine can load without loading it: `describe_checkpoint(folder)` reads a
+folder's configs (never its weights) and says what it is, or None when the engine cannot load
+it; `BUILTIN` describes what the engine runs with no folder at all (None: it needs one).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import math
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch import nn
 
 from ..audio import Audio
-from ..errors import ArgumentError
+from ..errors import ArgumentError, CheckpointError
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
@@ -80,6 +87,17 @@ def check_request(text: object, sampling: Sampling) -> None:
     sampling.check()
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint folder is, read from its configs: its type as users know it (Qwen3-TTS
+    "Base", "CustomVoice", "VoiceDesign"), its built-in speakers and the languages it takes
+    ("auto" first where the engine detects the language)."""
+
+    label: str
+    speakers: list[str] = dataclasses.field(default_factory=list)
+    languages: list[str] = dataclasses.field(default_factory=list)
+
+
 @dataclasses.dataclass
 class Voice:
     """A voice prompt, cached by the engine under `key` (M4: a cached voice is not re-encoded)."""
@@ -96,6 +114,11 @@ class Codes:
     tokens: torch.Tensor
     engine: str
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def element_size(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype` (working-memory estimates count in the run precision)."""
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def voice_key(reference: Audio | None, transcript: str | None, speaker: str | None = None,
@@ -115,7 +138,9 @@ class Engine(ABC):
     """Base of every engine adapter."""
 
     id: ClassVar[str]
+    title: ClassVar[str] = ""  # the engine's name as users know it ("Qwen3-TTS"); empty: its id
     PHASED: ClassVar[bool] = True
+    BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -141,6 +166,12 @@ class Engine(ABC):
         self.device = device or manager.devices.compute_device()  # where its components run
         self.voices: dict[str, Voice] = {}
 
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """What `folder` is for this engine, from its configs alone (no weights are read);
+        None when this engine cannot load it. Must not raise for a folder of another kind."""
+        return None
+
     def register(self, module: torch.nn.Module, name: str, kind: Kind = "oneshot",
                  graphable: bool = False) -> ModelHandle:
         """Register one component on this engine's device."""
@@ -150,6 +181,35 @@ class Engine(ABC):
     @abstractmethod
     def handles(self) -> list[ModelHandle]:
         """Every component this engine registered."""
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """For upstream code that samples from torch's global RNG (CPU, or this engine's device):
+        seeded for one phase only, so retries and placements replay the same draws and the
+        caller's RNG is left as it was (M40, M57)."""
+        on_cpu = self.device.type == "cpu"
+        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
+                                   device_type=None if on_cpu else self.device.type):
+            torch.manual_seed(seed)
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def progress_per_call(ctx: RequestContext, module: nn.Module, total: int) -> Iterator[None]:
+        """Progress and interrupt once per call of `module` (one step of an upstream loop). The
+        hook sits on a shared module: it reports only this request's thread."""
+        count = iter(range(total + 1))
+        thread = threading.get_ident()
+
+        def pre(_module: nn.Module, _args: Any) -> None:
+            if threading.get_ident() == thread:
+                ctx.progress(next(count, total), total)
+
+        hook = module.register_forward_pre_hook(pre)
+        try:
+            yield
+        finally:
+            hook.remove()
 
     def memory_required(self, text: str) -> int:
         """Working memory of a whole unphased call (M48)."""

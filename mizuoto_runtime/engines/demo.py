@@ -17,7 +17,7 @@ from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
 from ..tiling import tiled_1d
-from .base import Codes, Engine, Sampling, Voice
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice
 
 HOP = 256  # waveform samples per code frame
 CODEBOOK = 256
@@ -137,8 +137,17 @@ class DemoEngine(Engine):
     """Three components, three phases: voice prompt, talker, codec decoder (M1)."""
 
     id = "demo"
+    title = "Demo"
     PHASED = True
+    BUILTIN = CheckpointInfo("built-in random weights")
     sample_rate = 16000
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """A folder `save_checkpoint` wrote: one safetensors file per component."""
+        if all((folder / f"{name}.safetensors").is_file() for name in COMPONENTS):
+            return CheckpointInfo("Demo")
+        return None
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None, seed: int = 1234) -> None:

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..audio import Audio
 from ..phases import RequestContext
-from .base import Codes, Engine, Sampling, Voice
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice
 
 HOP = 128
 
@@ -33,7 +33,9 @@ class DummySynth(nn.Module):
 
 class DummyEngine(Engine):
     id = "dummy"
+    title = "Dummy"
     PHASED = False
+    BUILTIN = CheckpointInfo("built-in random weights")
     sample_rate = 16000
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,

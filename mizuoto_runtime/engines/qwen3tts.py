@@ -43,25 +43,25 @@ CustomVoice and VoiceDesign never encode audio: their codec encoder is not read 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import sys
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..audio import Audio
 from ..errors import CheckpointError, MizuotoError
 from ..lm.cache import peak_bytes
 from ..loading import build_on_meta, load_safetensors
 from ..phases import RequestContext
-from . import qwen3tts_loop
-from .base import Codes, Engine, Sampling, Voice
+from ..upstream import ImportNoise, quiet_import
+from . import qwen3tts_compat, qwen3tts_loop
+from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from .checkpoint_files import config_from, read_json
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ REQUIRED_FILES = (
     "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
     "speech_tokenizer/preprocessor_config.json",
 )
+#: config.json's `tts_model_type` as the model cards name the three checkpoints.
+MODEL_LABELS = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
 # M46: talker frames estimated per text token (capped by max_new_tokens).
 FRAMES_PER_TEXT_TOKEN = 16
 # Positions of the talker prompt besides text, reference text and reference codes: the chat
@@ -101,21 +103,22 @@ TALKER_LOOPS = ("lean", "upstream")
 
 
 # ---- the upstream package ------------------------------------------------------------------
+#: What importing `qwen_tts` says that users cannot act on: the flash-attn banner (printed; the
+#: 12 Hz models never use flash-attn), the SoX check (a shell error and a warning; 12 Hz models
+#: never call SoX), and the config classes' "... is None. Initializing ..." INFO lines.
+QWEN_TTS_NOISE = ImportNoise(
+    output=(re.compile(r"\**\s*Warning: flash-attn is not installed\..*?\n\**\n ?", re.S),
+            re.compile(r"^.*\bsox: (command )?not found\n", re.M)),
+    records=(("sox", "SoX could not be found"),),
+    chatty_loggers=("qwen_tts",),
+)
+
+
 def import_upstream() -> None:
-    """Import `qwen_tts` (an optional extra). Its import prints a flash-attn notice on stdout;
-    send it to stderr so stdout stays clean for `mizuoto say`'s JSON."""
-    with contextlib.redirect_stdout(sys.stderr):
-        import qwen_tts  # noqa: F401
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    """Import `qwen_tts` (an optional extra) without its import noise, adapted to transformers
+    5.x where that is what the environment has (`qwen3tts_compat`); stdout stays clean for
+    `mizuoto say`'s JSON."""
+    qwen3tts_compat.install(lambda: quiet_import("qwen_tts", QWEN_TTS_NOISE))
 
 
 def check_layout(folder: Path) -> dict[str, Any]:
@@ -128,25 +131,18 @@ def check_layout(folder: Path) -> dict[str, Any]:
             f"{folder}: not a Qwen3-TTS checkpoint folder, missing {', '.join(missing)} "
             "(expected the layout of Qwen/Qwen3-TTS-12Hz-*)"
         )
-    config = _read_json(folder / "config.json")
+    config = read_json(folder / "config.json")
     if config.get("model_type") != "qwen3_tts":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}, "
                               "expected 'qwen3_tts'")
     if config.get("tokenizer_type") != TOKENIZER_TYPE:
         raise CheckpointError(f"{folder / 'config.json'}: tokenizer_type {config.get('tokenizer_type')!r} is not "
                               f"supported, only {TOKENIZER_TYPE!r}")
-    codec = _read_json(folder / "speech_tokenizer" / "config.json")
+    codec = read_json(folder / "speech_tokenizer" / "config.json")
     if codec.get("model_type") != TOKENIZER_TYPE:
         raise CheckpointError(f"{folder / 'speech_tokenizer' / 'config.json'}: model_type is "
                               f"{codec.get('model_type')!r}, expected {TOKENIZER_TYPE!r}")
     return config
-
-
-def _config(cls: Any, folder: Path) -> Any:
-    try:
-        return cls.from_pretrained(str(folder))
-    except (OSError, TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{folder / 'config.json'}: not a valid {cls.__name__} ({exc})") from exc
 
 
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
@@ -158,16 +154,16 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration, Qwen3TTSProcessor
     from transformers import AutoConfig, AutoFeatureExtractor, AutoProcessor
 
-    config = _config(Qwen3TTSConfig, folder)
+    config = config_from(Qwen3TTSConfig, folder)
     model = build_on_meta(lambda: Qwen3TTSForConditionalGeneration(config), dtype)
     load_safetensors(model, folder / "model.safetensors")
     model.eval()
 
     st_folder = folder / "speech_tokenizer"
-    codec_config = _config(Qwen3TTSTokenizerV2Config, st_folder)
+    codec_config = config_from(Qwen3TTSTokenizerV2Config, st_folder)
     codec = build_on_meta(lambda: Qwen3TTSTokenizerV2Model(codec_config), torch.float32)
     if model.tts_model_type == "base":
-        load_safetensors(codec, st_folder / "model.safetensors")
+        load_safetensors(codec, st_folder / "model.safetensors", rename=qwen3tts_compat.codec_module_name)
     else:
         # Nothing but Base clones a voice: the encoder's weights are never read, and dropped.
         load_safetensors(codec.decoder, st_folder / "model.safetensors", prefix="decoder.")
@@ -185,14 +181,10 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
     model.load_speech_tokenizer(tokenizer)
-    model.load_generate_config(_read_json(folder / "generation_config.json"))
+    model.load_generate_config(read_json(folder / "generation_config.json"))
     tts = Qwen3TTSModel(model=model, processor=processor, generate_defaults=model.generate_config)
     tts.device = device  # cached by the package from the first parameter; ids go there
     return tts
-
-
-def _element(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _upstream_error(exc: Exception) -> MizuotoError:
@@ -204,8 +196,26 @@ class Qwen3TTSEngine(Engine):
     """Qwen3-TTS in three phases: voice prompt, talker, codec decoder (M1)."""
 
     id = "qwen3tts"
+    title = "Qwen3-TTS"
     PHASED = True
     sample_rate = SAMPLE_RATE
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """The model type from config.json, its speakers (CustomVoice) and languages, as the
+        package lists them (`get_supported_speakers` / `get_supported_languages`: lower case,
+        "auto" and no dialects); None for any folder that is not an official 12 Hz layout."""
+        try:
+            config = check_layout(folder)
+        except CheckpointError:
+            return None
+        label = MODEL_LABELS.get(str(config.get("tts_model_type")))
+        talker = config.get("talker_config")
+        if label is None or not isinstance(talker, dict):
+            return None
+        speakers = sorted(str(k).lower() for k in (talker.get("spk_id") or {}))
+        languages = sorted(str(k).lower() for k in (talker.get("codec_language_id") or {}) if "dialect" not in str(k))
+        return CheckpointInfo(label, speakers, ["auto", *languages])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:
@@ -385,7 +395,7 @@ class Qwen3TTSEngine(Engine):
         kv_cache = kv_cache or self.manager.policy.kv_cache
         tc = self.tts.model.config.talker_config
         cp = tc.code_predictor_config
-        elem = _element(self.dtype)
+        elem = element_size(self.dtype)
         positions = prompt_len + frames
         kind = "static" if kv_cache == "static" and loop == "lean" else "dynamic"
         kv = peak_bytes(2 * tc.num_key_value_heads * tc.head_dim * elem, tc.num_hidden_layers, positions,
@@ -417,7 +427,7 @@ class Qwen3TTSEngine(Engine):
 
         def talk() -> torch.Tensor:
             tick = self._progress_tick(ctx, total)
-            with self._seeded(sampling.seed), self._loop(kv_cache, tick, reports):
+            with self.seeded(sampling.seed), self._loop(kv_cache, tick, reports):
                 try:
                     codes, _hidden = model.generate(**inputs, **settings)
                 except (ValueError, NotImplementedError) as exc:
@@ -457,16 +467,6 @@ class Qwen3TTSEngine(Engine):
             return
         ctx.applied.update(talker_loop=report.loop, kv_cache=report.kv_cache, cuda_graphs=report.cuda_graphs)
 
-    @contextlib.contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        """The package samples from the global RNG (CPU, or the CUDA device's): seed it for this
-        phase only, so retries and placements replay the same draws (M40, M57)."""
-        on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
-            torch.manual_seed(seed)
-            yield
-
     @staticmethod
     def _progress_tick(ctx: RequestContext, total: int) -> Any:
         """Progress and interrupt once per talker step (prefill, then one per frame): the
@@ -501,7 +501,7 @@ class Qwen3TTSEngine(Engine):
         cfg = self.tts.model.config.speaker_encoder_config
         frames = samples // MEL_HOP + 1
         channels = MEL_BINS + sum(cfg.enc_channels) + 3 * cfg.enc_channels[-1]
-        activations = SPEAKER_ACTIVATION_COPIES * frames * channels * _element(self.dtype)
+        activations = SPEAKER_ACTIVATION_COPIES * frames * channels * element_size(self.dtype)
         return activations + SPEAKER_BYTES_PER_SAMPLE * samples
 
     def codec_encoder_memory(self, samples: int) -> int:

@@ -31,16 +31,18 @@ Traps of the package this handles (see the study notes of issue 6):
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from . import qwen3tts_compat
 from .qwen3tts import import_upstream
+from .tiny import fan_in_std, scale_output, word_merges, write_json
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +95,7 @@ def text_tokenizer() -> tuple[dict[str, int], list[str], dict[str, Any], dict[st
     whose merges make ``assistant``, ``user`` and ``system`` single tokens."""
     alphabet = _bytes_to_unicode()
     vocab = {alphabet[b]: b for b in range(256)}
-    merges = []
-    for word in MERGE_WORDS:
-        current = word[0]
-        for ch in word[1:]:
-            merges.append(f"{current} {ch}")
-            current += ch
-            vocab.setdefault(current, len(vocab))
+    merges = word_merges(MERGE_WORDS, vocab)
     special = {token: len(vocab) + i for i, token in enumerate(SPECIAL_TOKENS)}
     if len(vocab) + len(special) > TEXT_VOCAB_SIZE:
         raise ValueError("tiny tokenizer does not fit the text embedding")
@@ -210,11 +206,6 @@ def speech_tokenizer_config() -> dict[str, Any]:
 
 
 # ---- weights -------------------------------------------------------------------------------
-def _fan_in_std(p: torch.Tensor) -> float:
-    fan_in = p[0].numel() if p.dim() >= 2 else p.shape[0]
-    return 1.0 / max(fan_in, 1) ** 0.5
-
-
 @torch.no_grad()
 def randomize_main(model: nn.Module, eos_id: int, gen: torch.Generator) -> None:
     for name, p in model.named_parameters():
@@ -225,7 +216,7 @@ def randomize_main(model: nn.Module, eos_id: int, gen: torch.Generator) -> None:
         elif "embedding" in name:
             p.copy_(torch.randn(p.shape, generator=gen))
         else:
-            p.copy_(_fan_in_std(p) * torch.randn(p.shape, generator=gen))
+            p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=gen))
     # Peaked logits with a zero EOS logit: random sampling practically never stops early.
     head = model.talker.codec_head.weight
     head.mul_(3.0)
@@ -248,7 +239,7 @@ def randomize_codec(model: nn.Module, gen: torch.Generator) -> None:
         elif name.endswith((".scale", ".gamma")):
             p.copy_(0.1 + 0.05 * torch.rand(p.shape, generator=gen))
         else:
-            p.copy_(_fan_in_std(p) * torch.randn(p.shape, generator=gen))
+            p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=gen))
     _calibrate_output(model, gen)
     for name, b in model.named_buffers():
         if name.endswith("embed_sum"):  # Mimi encoder codebooks (buffers, zeros when fresh)
@@ -260,28 +251,21 @@ def randomize_codec(model: nn.Module, gen: torch.Generator) -> None:
 def _calibrate_output(model: nn.Module, gen: torch.Generator) -> None:
     """Scale the last decoder conv so random codes give std ~0.1 (the decoder ends in a clamp)."""
     last = model.decoder.decoder[-1].conv
-    seen: dict[str, torch.Tensor] = {}
-    hook = last.register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
     cfg = model.config.decoder_config
-    model.decoder(torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 12), generator=gen))
-    hook.remove()
-    scale = 0.1 / float(seen["out"].std())
-    last.weight.mul_(scale)
-    last.bias.mul_(scale)
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 12), generator=gen)
+    scale_output(last, lambda: model.decoder(codes), (last.weight, last.bias))
 
 
 # ---- files ---------------------------------------------------------------------------------
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None) -> None:
+def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None,
+          key: Callable[[str], str] = str) -> None:
+    """`model`'s tensors under the names the published checkpoints use (`key`)."""
     from safetensors.torch import save_file
 
     state = {}
-    for key, value in model.state_dict().items():
+    for name, value in model.state_dict().items():
         value = value.detach().contiguous().clone()
-        state[key] = value.to(dtype) if dtype is not None and value.is_floating_point() else value
+        state[key(name)] = value.to(dtype) if dtype is not None and value.is_floating_point() else value
     save_file(state, str(path), metadata={"format": "pt"})
     os.chmod(path, 0o644)
 
@@ -320,24 +304,24 @@ def write_tiny_checkpoint(directory: str | Path, model_type: str = "base", seed:
     gen = torch.Generator().manual_seed(seed)
 
     vocab, merges, tokenizer_config, special = text_tokenizer()
-    _write_json(out / "vocab.json", vocab)
+    write_json(out / "vocab.json", vocab)
     (out / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges), encoding="utf-8")
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
-    _write_json(out / "preprocessor_config.json", PREPROCESSOR)
-    _write_json(out / "generation_config.json", GENERATION_CONFIG)
+    write_json(out / "tokenizer_config.json", tokenizer_config)
+    write_json(out / "preprocessor_config.json", PREPROCESSOR)
+    write_json(out / "generation_config.json", GENERATION_CONFIG)
 
     config = main_config(model_type, special, DTYPE_NAMES[run_dtype])
-    _write_json(out / "config.json", config)
+    write_json(out / "config.json", config)
     model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**_without_architectures(config)))
     randomize_main(model, config["talker_config"]["codec_eos_token_id"], gen)
     _save(model, out / "model.safetensors", None if run_dtype == torch.float32 else run_dtype)
 
     st_config = speech_tokenizer_config()
-    _write_json(out / "speech_tokenizer" / "config.json", st_config)
-    _write_json(out / "speech_tokenizer" / "preprocessor_config.json", SPEECH_PREPROCESSOR)
+    write_json(out / "speech_tokenizer" / "config.json", st_config)
+    write_json(out / "speech_tokenizer" / "preprocessor_config.json", SPEECH_PREPROCESSOR)
     codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**_without_architectures(st_config)))
     randomize_codec(codec, gen)
-    _save(codec, out / "speech_tokenizer" / "model.safetensors")
+    _save(codec, out / "speech_tokenizer" / "model.safetensors", key=qwen3tts_compat.codec_key)
 
     # The package slices the chat template at 3 tokens: check the trap is handled.
     ids = Qwen2TokenizerFast.from_pretrained(str(out))("<|im_start|>assistant\n")["input_ids"]

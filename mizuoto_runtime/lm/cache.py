@@ -68,9 +68,10 @@ class BufferCache:
 
     # ---- the cache protocol the upstream attention layers use --------------------------------
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               cache_kwargs: dict[str, Any] | None = None, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `key`/`value` (``(batch, heads, n, head_dim)``) to layer `layer_idx`; return the
-        layer's keys and values so far."""
+        layer's keys and values so far. (transformers 5.x's own layers pass ``kwargs=``; 4.x's
+        and qwen-tts's pass ``cache_kwargs``: neither is needed here.)"""
         if layer_idx > len(self.keys):
             raise ValueError(f"BufferCache: layer {layer_idx} updated before layer {len(self.keys)}")
         n = key.shape[-2]

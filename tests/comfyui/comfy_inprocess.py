@@ -1,21 +1,16 @@
-"""In-process checks of the bridge against a real ComfyUI (M35), run by
+"""In-process checks of the bridge against a real ComfyUI (M35) — those of `accounting_checks.py`
+and the pack's own — run by
 `test_comfyui_inprocess.py` as `COMFYUI_PYTHON comfy_inprocess.py CHECK...` with
 cwd = COMFYUI_PATH. Prints one JSON line per check: {"check", "ok", "error"}.
 
-On `--cpu` ComfyUI's `load_models_gpu` never frees memory, so the budget arithmetic is checked
-by calling `free_memory` directly, on one *simulated* device shared by both managers: for these
-checks (test set-up, not product code) `comfy.model_management.get_free_memory` and our
-`DeviceService.free_bytes` both report that device's free bytes, and ComfyUI's models count
-against it through their `loaded_size()`.
+The budget arithmetic runs on one simulated device shared by both managers (`shared_device.py`).
 """
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +19,7 @@ COMFYUI = os.environ["COMFYUI_PATH"]
 CHECKS_WANTED = sys.argv[1:]
 sys.path.insert(0, COMFYUI)  # a script outside the tree does not get it on sys.path
 sys.path.append(str(REPO))  # appended: the repo's `nodes/` must not shadow ComfyUI's `nodes`
-sys.argv = [sys.argv[0], "--cpu"]  # ComfyUI parses its CLI at import; there is no GPU here
+sys.argv = [sys.argv[0], "--cpu", "--reserve-vram", "4"]  # ComfyUI parses its CLI at import (accounting_checks.COMFYUI_ARGS)
 
 import comfy.options  # noqa: E402
 
@@ -32,145 +27,24 @@ comfy.options.enable_args_parsing()
 
 import utils.extra_config  # noqa: E402,F401  (before `nodes`, as main.py does)
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
+import accounting_checks  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
-import comfy.model_patcher  # noqa: E402
-from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, VramPolicy  # noqa: E402
-from mizuoto_runtime.comfy_bridge import ComfyAccounting, HandleAdapter, node_request  # noqa: E402
+from mizuoto_runtime.comfy_bridge import node_request  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
 from mizuoto_runtime.runtime import Runtime  # noqa: E402
+from shared_device import SharedDevice  # noqa: E402
 
-MB = 1 << 20
-CPU = torch.device("cpu")
-TOTAL = 24 * MB
 TILE_LIMIT = 300  # frames: tiled_1d decodes at most 256 at a time
 COMFY_GET_FREE_MEMORY = mm.get_free_memory
 
 
-class Stack(nn.Module):
-    """A small fixed part and `n` units of exactly 1 MiB."""
-
-    def __init__(self, n: int = 6, dim: int = 512) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(n))
-
-
-class Setup:
-    """A fresh manager joined to ComfyUI, on the shared simulated device."""
-
-    def __init__(self) -> None:
-        mm.current_loaded_models.clear()
-        self.devices = DeviceService(simulate={"cpu": TOTAL}, strict=True)
-        self.devices.free_bytes = lambda device: self.free()  # type: ignore[method-assign]
-        mm.get_free_memory = self.get_free_memory
-        self.manager = ModelManager(self.devices, VramPolicy())
-        self.accounting = ComfyAccounting(self.manager)
-        self.manager.external = self.accounting
-
-    def free(self) -> int:
-        comfy_bytes = sum(e.model_loaded_memory() for e in mm.current_loaded_models
-                          if e.model is not None and not isinstance(e.model, HandleAdapter))
-        return TOTAL - self.devices.counted_bytes(CPU) - comfy_bytes
-
-    def get_free_memory(self, dev: torch.device | None = None, torch_free_too: bool = False) -> object:
-        return (self.free(), 0) if torch_free_too else self.free()
-
-    def handle(self, name: str, units: int = 6) -> ModelHandle:
-        handle = self.manager.register(Stack(units), engine="t", name=name)
-        self.manager.load([handle])
-        return handle
-
-    def comfy_model(self, mb: int) -> comfy.model_patcher.ModelPatcher:
-        """A ComfyUI model (a real ModelPatcher) loaded by ComfyUI."""
-        module = nn.Sequential(*(nn.Linear(512, 512, bias=False) for _ in range(mb)))
-        patcher = comfy.model_patcher.ModelPatcher(module, load_device=CPU, offload_device=CPU)
-        mm.load_models_gpu([patcher])
-        assert patcher.loaded_size() == mb * MB, patcher.loaded_size()
-        return patcher
-
-    def entry_of(self, patcher: object) -> object:
-        return next(e for e in mm.current_loaded_models if e.model is patcher)
-
-    @staticmethod
-    def ours() -> list[ModelHandle]:
-        return [e.model.model for e in mm.current_loaded_models if isinstance(e.model, HandleAdapter)]
-
-
 def check_adapter_load_device_is_comfyuis() -> None:
-    s = Setup()
+    s = SharedDevice(mm)
     handle = s.handle("a")
     adapter = s.accounting.adapter(handle)
     assert adapter.load_device == mm.get_torch_device(), (adapter.load_device, mm.get_torch_device())
     assert mm.loaded_models() == [adapter]
-
-
-def check_partial_request_takes_exactly_enough_units() -> None:
-    s = Setup()
-    diffusion = s.comfy_model(4)
-    handle = s.handle("tts")
-    free = mm.get_free_memory(CPU)
-    mm.free_memory(free + int(2.5 * MB), CPU, keep_loaded=[s.entry_of(diffusion)])
-    assert len(handle.streamed_units) == 3, handle
-    assert mm.get_free_memory(CPU) == free + 3 * MB
-    assert s.ours() == [handle], s.ours()
-    assert diffusion.loaded_size() == 4 * MB
-
-
-def check_larger_request_detaches() -> None:
-    s = Setup()
-    diffusion = s.comfy_model(4)
-    handle = s.handle("tts")
-    mm.free_memory(mm.get_free_memory(CPU) + handle.size_bytes + MB, CPU, keep_loaded=[s.entry_of(diffusion)])
-    assert handle.device_bytes == 0 and s.ours() == []
-    assert diffusion.loaded_size() == 4 * MB
-
-
-def check_our_request_evicts_comfyui_not_our_handle_in_use() -> None:
-    s = Setup()
-    busy = s.manager.register(Stack(), engine="t", name="busy")
-    s.manager.acquire([busy])
-    diffusion = s.comfy_model(14)
-    needy = s.manager.register(Stack(), engine="t", name="needy")
-    deficit = needy.size_bytes - s.free()
-    assert deficit > MB
-    s.manager.load([needy])
-    # ComfyUI's own ModelPatcher gives back layers until the deficit is covered (it keeps the rest).
-    assert 0 < 14 * MB - diffusion.loaded_size() >= deficit, (diffusion.loaded_size(), deficit)
-    assert busy.is_whole and needy.is_whole and s.ours() == [needy, busy]
-    assert not [e for e in s.manager.events if e[0] == "yield"]  # nothing of ours yielded
-    s.manager.release([busy])
-
-
-def check_registering_twice_leaves_one_entry() -> None:
-    s = Setup()
-    a = s.handle("a")
-    b = s.handle("b")
-    s.accounting.on_placed([a])
-    s.accounting.on_placed([a])
-    assert s.ours() == [a, b]
-    mm.load_models_gpu([s.accounting.adapter(b)])  # ComfyUI reloading our entry (ControlNet does)
-    assert s.ours() == [b, a] and b.is_whole and len(mm.current_loaded_models) == 2
-
-
-def check_unload_all_models_frees_our_handles() -> None:
-    s = Setup()
-    handles = [s.handle(name, units=4) for name in ("a", "b")]
-    diffusion = s.comfy_model(4)
-    mm.unload_all_models()
-    assert s.devices.counted_bytes(CPU) == 0 and mm.current_loaded_models == []
-    assert all(h.device_bytes == 0 and not h.unloaded for h in handles) and diffusion.loaded_size() == 0
-
-
-def check_entry_dies_with_its_handle() -> None:
-    s = Setup()
-    handle = s.handle("gone")
-    s.manager.unregister(handle)
-    del handle
-    gc.collect()
-    mm.cleanup_models_gc()
-    assert mm.current_loaded_models == []
 
 
 def check_interrupt_stops_a_node_request() -> None:
@@ -271,19 +145,10 @@ def check_fallback_toggle_allows_and_off_defers_to_the_setting() -> None:
 
 
 CHECKS: dict[str, Callable[[], None]] = {
-    name[len("check_"):]: fn for name, fn in list(globals().items()) if name.startswith("check_")
+    **accounting_checks.CHECKS,  # the ComfyUI accounting checks every release of the harness runs
+    **{name[len("check_"):]: fn for name, fn in list(globals().items()) if name.startswith("check_")},
 }
 
 
-def main() -> None:
-    for name in CHECKS_WANTED or list(CHECKS):
-        try:
-            CHECKS[name]()
-            result = {"check": name, "ok": True, "error": ""}
-        except Exception:  # noqa: BLE001 — every failure is reported to the test that asked
-            result = {"check": name, "ok": False, "error": traceback.format_exc()}
-        print("MIZUOTO-CHECK " + json.dumps(result), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    accounting_checks.report(CHECKS, CHECKS_WANTED)

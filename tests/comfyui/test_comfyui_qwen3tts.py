@@ -1,63 +1,63 @@
-"""Qwen3-TTS in a running ComfyUI server (issue 6): a tiny Base checkpoint (random weights, the
-official folder layout) under the server's `models/mizuoto/qwen3tts/`, and the phase graph
-LoadAudio → Voice Prompt (x-vector clone) → Talker → Codec Decoder → SaveAudio run to a saved
-FLAC file. Skips where `qwen_tts` cannot be imported under COMFYUI_PYTHON.
+"""Qwen3-TTS in a running ComfyUI server: tiny checkpoints of the three types (random weights,
+the official folder layout) under the server's `models/mizuoto/qwen3tts/`.
 
-The checkpoint is written into the server's temporary base folder before the server starts
-(the loader lists its choices when ComfyUI builds the node list), never into the ComfyUI tree.
+* What ComfyUI lists needs only the checkpoints' configs: `/object_info` offers each folder with
+  its type, and the speakers and languages of the tiny checkpoints; a wrong choice is refused
+  when the prompt is queued. The checkpoints are written by any Python that has `qwen_tts`.
+* Running a graph needs `qwen_tts` in ComfyUI's own Python (those tests skip, saying so,
+  otherwise): the phase graph LoadAudio → Voice Clone → Text → Speech Codes → Speech Codes →
+  Audio → SaveAudio, and the three Qwen3-TTS templates with their checkpoint set to a tiny one.
+
+The checkpoints are written into the server's temporary base folder before the server starts,
+never into the ComfyUI tree.
 """
 from __future__ import annotations
 
+import json
 import struct
 import wave
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui, running_server
+from comfyui_harness import (
+    COMFYUI_PATH, COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, qwen_tts_problem, requires_comfyui, running_server,
+    ui_to_api, write_tiny_qwen3tts,
+)
 
 pytestmark = requires_comfyui
 
-CHECKPOINT = "qwen3tts/tiny-base"  # under models/mizuoto: a grouping folder, then the checkpoint
+TINY = {"base": "qwen3tts/tiny-base", "custom_voice": "qwen3tts/tiny-cv", "voice_design": "qwen3tts/tiny-design"}
+CHECKPOINT = TINY["base"]  # a grouping folder, then the checkpoint
+CHOICES = ["qwen3tts/tiny-base", "qwen3tts/tiny-cv (CustomVoice)", "qwen3tts/tiny-design (VoiceDesign)"]
+SPEAKERS = ["alice", "bob", "dylan"]
+LANGUAGES = ["auto", "chinese", "english", "german"]
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920  # 12.5 frames per second
 MAX_NEW_TOKENS = 8  # N new tokens give at most N - 1 frames
 RUN_TIMEOUT_S = 300.0
-WRITE_TIMEOUT_S = 300
-NO_QWEN_TTS = 3  # the writer's exit status when qwen_tts cannot be imported
-WRITER = f"""
-import sys
-try:
-    import qwen_tts  # noqa: F401
-except ImportError as exc:
-    print(f"qwen_tts is not importable under {{sys.executable}}: {{exc}}", file=sys.stderr)
-    sys.exit({NO_QWEN_TTS})
-from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
-write_tiny_checkpoint(sys.argv[1], model_type="base")
-"""
+TEMPLATES = REPO / "example_workflows"
+
+QWEN_TTS_PROBLEM = qwen_tts_problem(COMFYUI_PYTHON) if COMFYUI_PATH else None
+runs_qwen3tts = pytest.mark.skipif(QWEN_TTS_PROBLEM is not None,
+                                   reason=f"ComfyUI cannot run Qwen3-TTS: {QWEN_TTS_PROBLEM}")
 
 
-def write_tiny_base(folder: Path) -> None:
-    """The tiny Base checkpoint, written by ComfyUI's Python (the one with `qwen_tts`)."""
-    done = subprocess.run([COMFYUI_PYTHON, "-c", WRITER, str(folder)], cwd=REPO, env=comfyui_env(),
-                          capture_output=True, text=True, timeout=WRITE_TIMEOUT_S)
-    if done.returncode == NO_QWEN_TTS:
-        pytest.skip(done.stderr.strip().splitlines()[-1])
-    assert done.returncode == 0, f"writing the tiny checkpoint failed:\n{done.stderr[-4000:]}"
+def write_checkpoints(root: Path) -> None:
+    for model_type, name in TINY.items():
+        write_tiny_qwen3tts(root / "models" / "mizuoto" / name, model_type)
 
 
 @pytest.fixture(scope="module")
 def qwen_server() -> Iterator[ComfyServer]:
-    with running_server("mizuoto-comfyui-qwen-",
-                        lambda root: write_tiny_base(root / "models" / "mizuoto" / CHECKPOINT)) as server:
+    with running_server("mizuoto-comfyui-qwen-", write_checkpoints) as server:
         yield server
 
 
 def clone_prompt(*, seed: int, prefix: str, instruct: str = "", language: str = "english") -> dict[str, Any]:
-    """Engine Loader → Voice Prompt (reference from LoadAudio, no transcript: x-vector clone) →
-    Talker → Codec Decoder → SaveAudio (FLAC) and Mizuoto Save Audio (WAV)."""
+    """Load TTS Engine → Voice Clone (reference from LoadAudio, no transcript: x-vector clone) →
+    Text → Speech Codes → Speech Codes → Audio → SaveAudio (FLAC) and Save Audio (WAV)."""
     engine = ["1", 0]
     return {
         "1": {"class_type": "MizuotoEngineLoader",
@@ -94,6 +94,48 @@ def test_the_checkpoint_is_one_choice_without_its_subfolders(qwen_server: ComfyS
     assert not [c for c in choices if c.startswith(CHECKPOINT + "/")], choices  # no speech_tokenizer/
 
 
+def test_dropdowns_offer_the_tiny_checkpoints_with_their_types_speakers_and_languages(qwen_server: ComfyServer) -> None:
+    info = qwen_server.get("/object_info")
+    tts = info["MizuotoTTS"]["input"]["optional"]
+    assert tts["checkpoint"][1]["options"] == ["none", "demo-small", *CHOICES]  # the demo engine's, then ours
+    assert tts["speaker"][1]["options"] == ["none", *SPEAKERS]
+    assert tts["language"][1]["options"] == LANGUAGES
+    assert info["MizuotoVoicePrompt"]["input"]["optional"]["speaker"][1]["options"] == ["none", *SPEAKERS]
+    assert info["MizuotoTalker"]["input"]["optional"]["language"][1]["options"] == LANGUAGES
+    # Per engine, what the web extension narrows the lists to.
+    engines = qwen_server.get("/mizuoto/checkpoints")["engines"]
+    qwen = {c["value"]: c for c in engines["qwen3tts"]["choices"]}
+    assert list(qwen) == CHOICES
+    assert [qwen[c]["label"] for c in CHOICES] == ["Base", "CustomVoice", "VoiceDesign"]
+    assert qwen[CHOICES[1]]["speakers"] == SPEAKERS and qwen[CHOICES[0]]["speakers"] == []
+    assert all(c["languages"] == LANGUAGES for c in qwen.values())
+    assert [c["value"] for c in engines["demo"]["choices"]] == ["none", "demo-small"]
+
+
+def tts_prompt(**inputs: Any) -> dict[str, Any]:
+    widgets = {"text": "Hello there.", "seed": 1, "temperature": 0.9, "top_k": 50, "top_p": 1.0,
+               "repetition_penalty": 1.05, "max_new_tokens": MAX_NEW_TOKENS, "do_sample": True,
+               "allow_fallback": False}
+    return {"1": {"class_type": "MizuotoTTS", "inputs": {**widgets, **inputs}},
+            "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "audio/refused"}}}
+
+
+@pytest.mark.parametrize(("inputs", "refusal"), [
+    ({"engine_name": "qwen3tts", "checkpoint": CHECKPOINT, "speaker": "alice"},
+     "speaker 'alice': checkpoint 'qwen3tts/tiny-base' has no built-in speakers"),
+    ({"engine_name": "qwen3tts", "checkpoint": CHOICES[1], "language": "klingon"},
+     "language 'klingon': checkpoint 'qwen3tts/tiny-cv (CustomVoice)' takes auto, chinese, english, german"),
+    ({"engine_name": "demo", "checkpoint": CHOICES[1]}, "is for Qwen3-TTS, not Demo"),
+    ({"engine_name": "qwen3tts", "checkpoint": "none"}, "Qwen3-TTS needs a checkpoint folder; Qwen3-TTS can load: "),
+])
+def test_a_choice_that_does_not_fit_is_refused_when_queued(qwen_server: ComfyServer, inputs: dict[str, Any],
+                                                           refusal: str) -> None:
+    answer = qwen_server.post_raw("/prompt", {"prompt": tts_prompt(**inputs)})
+    details = [e["details"] for e in answer["node_errors"]["1"]["errors"]]
+    assert any(refusal in d for d in details), details
+
+
+@runs_qwen3tts
 def test_x_vector_clone_graph_saves_audio(qwen_server: ComfyServer) -> None:
     history = qwen_server.wait_history(qwen_server.queue(clone_prompt(seed=1, prefix="audio/qwen_clone")),
                                        RUN_TIMEOUT_S)
@@ -108,9 +150,10 @@ def test_x_vector_clone_graph_saves_audio(qwen_server: ComfyServer) -> None:
     for node in ("3", "4", "5"):  # each phase placed its components and reported them (M50)
         assert history["outputs"][node]["text"][0].startswith("loaded "), history["outputs"][node]
     names = {m["name"] for m in qwen_server.get("/mizuoto/runtime")["models"]}
-    assert names == {"speaker_encoder", "codec_encoder", "talker", "codec_decoder"}
+    assert {"speaker_encoder", "codec_encoder", "talker", "codec_decoder"} <= names
 
 
+@runs_qwen3tts
 @pytest.mark.parametrize(("change", "node_type", "refusal"), [
     ({"instruct": "A calm, low voice."}, "MizuotoVoicePrompt", "takes no speaker or instruct"),
     ({"language": "klingon"}, "MizuotoTalker", "Unsupported languages: ['klingon']"),
@@ -124,6 +167,29 @@ def test_instruct_and_language_reach_the_engine(qwen_server: ComfyServer, change
     error = messages(history).get("execution_error", {})
     assert history["status"]["status_str"] == "error" and error.get("node_type") == node_type, error
     assert refusal in error["exception_message"]
+
+
+@runs_qwen3tts
+@pytest.mark.parametrize(("template", "model_type"), [
+    ("Text to Speech - Qwen3-TTS CustomVoice (built-in speakers)", "custom_voice"),
+    ("Voice Clone - Qwen3-TTS Base (from a reference recording)", "base"),
+    ("Voice Design - Qwen3-TTS VoiceDesign (describe the voice)", "voice_design"),
+])
+def test_qwen3tts_templates_speak_with_a_tiny_checkpoint(qwen_server: ComfyServer, template: str,
+                                                         model_type: str) -> None:
+    """Each Qwen3-TTS template as the frontend would queue it, its checkpoint (the official
+    folder name) swapped for the tiny one of the same type and its speaker for a tiny one."""
+    prompt = ui_to_api(json.loads((TEMPLATES / f"{template}.json").read_text()), qwen_server.get("/object_info"))
+    tts = next(n["inputs"] for n in prompt.values() if n["class_type"] == "MizuotoTTS")
+    assert tts["checkpoint"].startswith("Qwen3-TTS-12Hz-") and tts["engine_name"] == "qwen3tts"
+    tts.update(checkpoint=TINY[model_type], max_new_tokens=MAX_NEW_TOKENS, dtype="float32")
+    if model_type == "custom_voice":
+        tts["speaker"] = SPEAKERS[0]
+    history = qwen_server.wait_history(qwen_server.queue(prompt), RUN_TIMEOUT_S)
+    assert history["status"]["status_str"] == "success", messages(history)
+    files = [qwen_server.output / item["subfolder"] / item["filename"]
+             for output in history["outputs"].values() for item in output.get("audio", [])]
+    assert len(files) == 1 and flac_stream_info(files[0])[0] == SAMPLE_RATE
 
 
 def free_until(server: ComfyServer, condition: Any, attempts: int = 12) -> None:
@@ -151,6 +217,7 @@ def with_memory_settings(prompt: dict[str, Any], simulate_vram_mb: int) -> dict[
     return prompt
 
 
+@runs_qwen3tts
 def test_unloading_on_the_simulated_device_leaves_nothing(qwen_server: ComfyServer) -> None:
     """Issue 10, item 9: a new simulated size reloads the engine, and "Unload Models and
     Execution Cache" (`/free`) unloads it — with no error in a finalizer and no component left

@@ -1,17 +1,27 @@
-"""The pack in a running ComfyUI server (M35, M44, M50, M51): its nodes in `/object_info`, its
-templates and web extension served, the example workflows run to a saved audio file,
+"""The pack in a running ComfyUI server (M35, M44, M50, M51): its nodes in `/object_info` under
+the names users know, its templates (with thumbnails) and web extension served, the example
+workflows and a one-node Text to Speech graph run to a saved audio file, long text in chunks,
 `/interrupt` stops generation mid-way, `/free` unloads our components (VRAM, and RAM with
-free_memory). The server runs `--cpu`; the workflows set `simulate_vram_mb` so our components
-are really placed (M55) and `GET /mizuoto/runtime` shows loaded bytes."""
+free_memory), and two copies of the pack in custom_nodes still start the server. The server
+runs `--cpu`; the step-by-step graph sets `simulate_vram_mb` so our components are really
+placed (M55) and `GET /mizuoto/runtime` shows loaded bytes."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from comfyui_harness import REFERENCE_WAV, REPO, ComfyServer, comfy_server, requires_comfyui, ui_to_api
+import pytest
+from comfyui_harness import (
+    COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfy_server, comfyui_env, requires_comfyui, running_server,
+    ui_to_api,
+)
 
 pytestmark = requires_comfyui
 __all__ = ["comfy_server"]  # the fixture, imported for pytest
@@ -19,8 +29,18 @@ __all__ = ["comfy_server"]  # the fixture, imported for pytest
 NODES = ("MizuotoMemorySettings", "MizuotoEngineLoader", "MizuotoVoicePrompt", "MizuotoTalker",
          "MizuotoDecoder", "MizuotoTTS", "MizuotoSaveWav")
 WORKFLOWS = REPO / "example_workflows"
+TEMPLATES = sorted(p.stem for p in WORKFLOWS.glob("*.json"))
+DEMO_TTS = "Text to Speech - demo engine (no download)"
+STEPS = "Step by step - demo engine (voice, speech codes, audio)"
+DISPLAY_NAMES = {
+    "MizuotoTTS": "Text to Speech", "MizuotoEngineLoader": "Load TTS Engine",
+    "MizuotoVoicePrompt": "Voice Clone / Voice Design", "MizuotoTalker": "Text → Speech Codes",
+    "MizuotoDecoder": "Speech Codes → Audio", "MizuotoSaveWav": "Save Audio (WAV)",
+    "MizuotoMemorySettings": "TTS Memory Settings (VRAM)",
+}
+REQUIREMENT_ID = re.compile(r"\bM\d{1,2}\b")
 SIMULATED_MB = 16
-RUN_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 300.0  # a prompt took 95 s on a loaded 2-core machine
 LONG_TEXT = "a long sentence to keep the talker busy " * 12  # ~2000 codes: many seconds uninterrupted
 
 
@@ -34,9 +54,13 @@ def node_of(prompt: dict[str, Any], class_type: str) -> dict[str, Any]:
 
 
 def phases_prompt(server: ComfyServer, *, text: str, seed: int, prefix: str, max_new_tokens: int = 2048) -> dict[str, Any]:
-    prompt = template(server, "mizuoto_demo_phases")
-    node_of(prompt, "MizuotoMemorySettings")["simulate_vram_mb"] = SIMULATED_MB
-    node_of(prompt, "MizuotoEngineLoader")["checkpoint"] = "demo-small"
+    """The step-by-step template on the demo checkpoint folder, with Memory Settings for a
+    simulated small GPU connected to its loader."""
+    prompt = template(server, STEPS)
+    prompt["80"] = {"class_type": "MizuotoMemorySettings", "inputs": {
+        "vram_mode": "normal", "vram_reserve_mb": -1, "vram_limit_mb": 0, "async_offload": 1, "host_copies": "auto",
+        "oom_retry": True, "oom_fallback": False, "simulate_vram_mb": SIMULATED_MB}}
+    node_of(prompt, "MizuotoEngineLoader").update(checkpoint="demo-small", memory=["80", 0])
     node_of(prompt, "MizuotoTalker").update(text=text, seed=seed, max_new_tokens=max_new_tokens)
     node_of(prompt, "SaveAudio")["filename_prefix"] = prefix
     return prompt
@@ -56,6 +80,9 @@ def loaded(state: dict[str, Any]) -> int:
 def test_nodes_appear_in_object_info_with_their_inputs(comfy_server: ComfyServer) -> None:
     info = {name: comfy_server.get(f"/object_info/{name}")[name] for name in NODES}
     assert all(i["python_module"] == "custom_nodes.mizuoto" for i in info.values())
+    assert {name: i["display_name"] for name, i in info.items()} == DISPLAY_NAMES
+    assert info["MizuotoTTS"]["category"] == "audio/Mizuoto TTS"
+    assert info["MizuotoTalker"]["category"] == "audio/Mizuoto TTS/step by step"
     loader = info["MizuotoEngineLoader"]["input"]
     assert "demo" in loader["required"]["engine"][1]["options"]
     assert "demo-small" in loader["required"]["checkpoint"][1]["options"]  # models/mizuoto/<folder>
@@ -70,21 +97,67 @@ def test_nodes_appear_in_object_info_with_their_inputs(comfy_server: ComfyServer
     assert talker["optional"]["voice"][0] == "MIZUOTO_VOICE"
     assert info["MizuotoVoicePrompt"]["input"]["optional"]["reference"][0] == "AUDIO"
     assert "simulate_vram_mb" in info["MizuotoMemorySettings"]["input"]["required"]
-    # The Engine API's instruct and language: optional, empty by default, and after every widget
-    # the example workflows saved, so those keep their values (and run, below).
-    optional = {name: info[name]["input_order"].get("optional", []) for name in NODES}
-    assert optional["MizuotoVoicePrompt"][-1] == "instruct" and optional["MizuotoTalker"][-1] == "language"
-    assert optional["MizuotoTTS"][-2:] == ["instruct", "language"]
-    assert info["MizuotoVoicePrompt"]["input"]["optional"]["instruct"][1]["multiline"] is True
-    assert info["MizuotoTalker"]["input"]["optional"]["language"][1]["default"] == ""
+    # Speaker and language are dropdowns; "none" and "auto" where no checkpoint has any.
+    assert info["MizuotoVoicePrompt"]["input"]["optional"]["speaker"][1]["options"][0] == "none"
+    assert info["MizuotoTalker"]["input"]["optional"]["language"][1]["default"] == "auto"
 
 
-def test_templates_and_web_extension_are_served(comfy_server: ComfyServer) -> None:
-    assert sorted(comfy_server.get("/workflow_templates")["mizuoto"]) == ["mizuoto_demo_phases", "mizuoto_demo_tts"]
-    assert comfy_server.get("/api/workflow_templates/mizuoto/mizuoto_demo_tts.json")["nodes"]
-    assert "/extensions/mizuoto/mizuoto.js" in comfy_server.get("/extensions")
-    with urllib.request.urlopen(comfy_server.url + "/extensions/mizuoto/mizuoto.js", timeout=10) as response:
-        assert b"registerExtension" in response.read()
+def test_widgets_saved_workflows_hold_keep_their_places(comfy_server: ComfyServer) -> None:
+    """Saved workflows store widget values by position: inputs added later come after every
+    widget an older workflow saved (instruct and language first, then the one-node and
+    long-text inputs of Text to Speech)."""
+    order = {name: comfy_server.get(f"/object_info/{name}")[name]["input_order"] for name in NODES}
+    assert order["MizuotoVoicePrompt"]["optional"] == ["reference", "transcript", "speaker", "instruct"]
+    assert order["MizuotoTalker"]["optional"][-1] == "language"
+    assert order["MizuotoTTS"]["required"] == ["text", "seed", "temperature", "top_k", "top_p", "repetition_penalty",
+                                               "max_new_tokens", "do_sample", "allow_fallback"]
+    assert order["MizuotoTTS"]["optional"] == ["engine", "reference", "transcript", "speaker", "instruct", "language",
+                                               "engine_name", "checkpoint", "dtype", "split_long_text", "chunk_chars"]
+    assert comfy_server.get("/object_info/MizuotoTTS")["MizuotoTTS"]["output"] == ["AUDIO", "STRING", "MIZUOTO_ENGINE"]
+
+
+def test_what_users_read_names_no_requirement_ids(comfy_server: ComfyServer) -> None:
+    info = {name: comfy_server.get(f"/object_info/{name}")[name] for name in NODES}
+    text = json.dumps({name: [i["display_name"], i["description"], i["input"], i["output_tooltips"]]
+                       for name, i in info.items()}, ensure_ascii=False)
+    assert not REQUIREMENT_ID.findall(text), REQUIREMENT_ID.findall(text)
+
+
+def test_the_web_extension_knows_the_nodes_widgets(comfy_server: ComfyServer, tmp_path: Path) -> None:
+    """The dropdown logic names widgets and sockets; every one exists on its node."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    shutil.copy(REPO / "web" / "choices.js", tmp_path / "choices.mjs")
+    (tmp_path / "probe.mjs").write_text('import {NODE_WIDGETS} from "./choices.mjs"; '
+                                        "console.log(JSON.stringify(NODE_WIDGETS));")
+    widgets = json.loads(subprocess.run([node, "probe.mjs"], cwd=tmp_path, capture_output=True, text=True,
+                                        check=True, timeout=60).stdout)
+    for node_type, names in widgets.items():
+        spec = comfy_server.get(f"/object_info/{node_type}")[node_type]["input"]
+        inputs = {**spec.get("required", {}), **spec.get("optional", {})}
+        for role, name in names.items():
+            expected = "MIZUOTO_ENGINE" if role == "socket" else "COMBO"
+            assert inputs[name][0] == expected, (node_type, role, name, inputs[name][0])
+
+
+def test_templates_thumbnails_and_web_extension_are_served(comfy_server: ComfyServer) -> None:
+    assert sorted(comfy_server.get("/workflow_templates")["mizuoto"]) == TEMPLATES
+    assert {DEMO_TTS, STEPS, "Text to Speech - Qwen3-TTS CustomVoice (built-in speakers)",
+            "Voice Clone - Qwen3-TTS Base (from a reference recording)",
+            "Voice Design - Qwen3-TTS VoiceDesign (describe the voice)"} <= set(TEMPLATES)
+    for name in TEMPLATES:  # the browser asks for <name>.json and, as its thumbnail, <name>.jpg
+        base = comfy_server.url + "/api/workflow_templates/mizuoto/" + urllib.parse.quote(name)
+        with urllib.request.urlopen(base + ".json", timeout=10) as response:
+            workflow = json.loads(response.read())
+        assert workflow["nodes"] and workflow["extra"]["ds"]["scale"] == 1  # opens at the default zoom
+        with urllib.request.urlopen(base + ".jpg", timeout=10) as response:
+            assert response.headers["Content-Type"] == "image/jpeg" and response.read(3) == b"\xff\xd8\xff"
+    extensions = comfy_server.get("/extensions")
+    assert {"/extensions/mizuoto/mizuoto.js", "/extensions/mizuoto/dropdowns.js"} <= set(extensions)
+    with urllib.request.urlopen(comfy_server.url + "/extensions/mizuoto/dropdowns.js", timeout=10) as response:
+        assert b"/mizuoto/checkpoints" in response.read()
+    assert comfy_server.get("/mizuoto/checkpoints")["engines"]["demo"]["choices"][1]["value"] == "demo-small"
 
 
 def test_phase_workflow_saves_audio_and_reports_memory(comfy_server: ComfyServer) -> None:
@@ -105,12 +178,56 @@ def test_phase_workflow_saves_audio_and_reports_memory(comfy_server: ComfyServer
     assert comfy_server.get("/api/mizuoto/runtime")["device"] == comfy_server.get("/mizuoto/runtime")["device"]
 
 
-def test_all_in_one_template_runs(comfy_server: ComfyServer) -> None:
-    prompt = template(comfy_server, "mizuoto_demo_tts")
+def test_mizuoto_runtime_url_shows_the_running_servers_models(comfy_server: ComfyServer) -> None:
+    """`mizuoto runtime --url`: the models of the running ComfyUI, read from the pack's route
+    (issue 9 item 4), not an always-empty fresh process's."""
+    prompt = phases_prompt(comfy_server, text="Show me.", seed=6, prefix="audio/shown")
+    assert comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+    done = subprocess.run([COMFYUI_PYTHON, "-m", "mizuoto_runtime", "runtime", "--url", comfy_server.url], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env=comfyui_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = json.loads(done.stdout)
+    assert shown["url"] == comfy_server.url and shown["device"]["simulated"]
+    assert {m["name"] for m in shown["models"]} == {m["name"] for m in comfy_server.get("/mizuoto/runtime")["models"]}
+    assert shown["models"]
+
+
+def test_the_one_node_template_runs(comfy_server: ComfyServer) -> None:
+    prompt = template(comfy_server, DEMO_TTS)
+    tts = node_of(prompt, "MizuotoTTS")
+    assert tts["engine_name"] == "demo" and "engine" not in tts
+    tts["max_new_tokens"] = 64  # a short run on a busy test machine
     node_of(prompt, "SaveAudio")["filename_prefix"] = "audio/all_in_one"
     history = comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", history["status"]
     assert all(p.stat().st_size > 1000 for p in saved_files(comfy_server, history))
+
+
+def tts_inputs(**inputs: Any) -> dict[str, Any]:
+    return {"text": "Hello from one node.", "seed": 1, "temperature": 0.9, "top_k": 50, "top_p": 1.0,
+            "repetition_penalty": 1.05, "max_new_tokens": 64, "do_sample": True, "allow_fallback": False, **inputs}
+
+
+def test_one_text_to_speech_node_writes_a_wav(comfy_server: ComfyServer) -> None:
+    """Text to Speech with its own engine and checkpoint, a long text cut in chunks, into Save
+    Audio (WAV); and the same node fed by Load TTS Engine runs the same phases: same audio."""
+    long_text = "This is the first sentence of a longer text. " * 6
+    chunked = tts_inputs(text=long_text, engine_name="demo", checkpoint="demo-small", chunk_chars=100,
+                         max_new_tokens=16)  # per chunk: short, on a busy test machine
+    linked = {**chunked, "engine": ["3", 0], "engine_name": "qwen3tts", "checkpoint": "none"}  # ignored: linked
+    runs = {}
+    for name, inputs in (("own", chunked), ("linked", linked)):
+        prompt = {"1": {"class_type": "MizuotoTTS", "inputs": inputs},
+                  "2": {"class_type": "MizuotoSaveWav", "inputs": {"audio": ["1", 0], "filename_prefix": f"audio/{name}"}},
+                  "3": {"class_type": "MizuotoEngineLoader",
+                        "inputs": {"engine": "demo", "checkpoint": "demo-small", "dtype": "float32"}}}
+        history = comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)
+        assert history["status"]["status_str"] == "success", history["status"]
+        assert history["outputs"]["1"]["text"][0].startswith("spoken in 3 chunks of text")
+        (path,) = saved_files(comfy_server, history)
+        assert path.suffix == ".wav"
+        runs[name] = path.read_bytes()[44:]  # the samples, after the header
+    assert runs["own"] == runs["linked"] and len(runs["own"]) > 1000
 
 
 def test_unload_models_frees_our_components(comfy_server: ComfyServer) -> None:
@@ -151,3 +268,21 @@ def test_interrupt_ends_generation_midway(comfy_server: ComfyServer) -> None:
     # The interrupted request released its components: the next prompt runs.
     after = comfy_server.queue(phases_prompt(comfy_server, text="After.", seed=5, prefix="audio/after"))
     assert comfy_server.wait_history(after, RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+
+
+def test_two_copies_of_the_pack_still_start_the_server() -> None:
+    """A clone beside a Manager install: the server starts, the second copy is skipped with one
+    log line, and the nodes, routes and web extension are there once."""
+    with running_server("mizuoto-comfyui-twice-", copies=2) as server:
+        log = server.log_path.read_text(errors="replace")
+        assert "Added route will never be executed" not in log and "Traceback" not in log, log[-4000:]
+        assert log.count("another copy of this pack is already loaded") == 1, log[-4000:]
+        assert "IMPORT FAILED" not in log
+        assert set(NODES) <= set(server.get("/object_info"))
+        assert server.get("/mizuoto/runtime")["models"] == [] and server.get("/mizuoto/checkpoints")["engines"]
+        scripts = [e for e in server.get("/extensions") if e.endswith("/dropdowns.js")]
+        assert len(scripts) == 1, scripts
+        prompt = {"1": {"class_type": "MizuotoTTS", "inputs": tts_inputs(max_new_tokens=16)},
+                  "2": {"class_type": "SaveAudio", "inputs": {"audio": ["1", 0], "filename_prefix": "audio/twice"}}}
+        history = server.wait_history(server.queue(prompt), RUN_TIMEOUT_S)
+        assert history["status"]["status_str"] == "success", history["status"]

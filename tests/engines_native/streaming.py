@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from models import BufferModel, ConvVocoder, LegacyWeightNormVocoder, TinyDiT, TinyGPT2, TinyLM, WeightNormVocoder
-from mizuoto_runtime import DeviceService, ModelHandle, Runtime, VramPolicy
+from oom import allocations_during
+from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, Runtime, VramPolicy
 from mizuoto_runtime.audio import Audio
-from mizuoto_runtime.engines import Sampling
+from mizuoto_runtime.engines import Engine, Sampling
 
 PLACEMENTS = ("none", "half", "whole")
 MB = 1 << 20
@@ -106,17 +107,24 @@ def test_model_streams_exactly(name: str, placement: str) -> None:
             assert torch.equal(hosts[key], value), f"buffer {key} was not copied back"
 
 
-def _demo_say(placement: str) -> torch.Tensor:
+def _placed(engine_id: str, placement: str, folder: object = None) -> tuple[Runtime, Engine]:
+    """A runtime for `placement` (plain CPU, or the strict 256 MB device streaming everything,
+    half-way or nothing) and its engine."""
     settings: dict[str, object] = {}
     if placement != "plain":
         settings["compute.simulate_vram_mb"] = 256
         settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
     rt = Runtime(settings)
-    engine = rt.engine("demo")
+    engine = rt.engine(engine_id, folder)  # type: ignore[arg-type]
     if placement == "half":
         # Cap each component half-way between its minimum working set and its size.
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    return rt, engine
+
+
+def _demo_say(placement: str) -> torch.Tensor:
+    rt, engine = _placed("demo", placement)
     reference = Audio(torch.sin(torch.arange(8000) / 7.0).unsqueeze(0) * 0.3, 16000)
     audio, meta = rt.say(engine, "streaming is exact", reference=reference, sampling=Sampling(seed=11))
     if placement == "none":
@@ -188,16 +196,7 @@ _qwen_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _qwen_say(folder: object, mode: str, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    settings: dict[str, object] = {}
-    if placement != "plain":
-        settings["compute.simulate_vram_mb"] = 256
-        settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
-    rt = Runtime(settings)
-    engine = rt.engine("qwen3tts", folder)  # type: ignore[arg-type]
-    if placement == "half":
-        # Cap each component half-way between its minimum working set and its size.
-        for h in engine.handles():
-            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    rt, engine = _placed("qwen3tts", placement, folder)
     ctx = rt.request(seed=11)
     voice = engine.voice_prompt(ctx, **QWEN_MODES[mode][1])  # type: ignore[arg-type]
     sampling = Sampling(seed=11, max_new_tokens=4, language="chinese" if mode == "custom_voice" else "english")
@@ -228,3 +227,218 @@ def test_qwen3tts_streams_exactly(qwen3tts_checkpoint: Callable[[str], object], 
     else:
         assert {key.split(":", 1)[1] for key in memory["partial"]} == components
         assert memory["streamed_mb"] > 0
+
+
+# ---- VoxCPM 2 (issue 12): every voice mode, every placement, sample by sample ------------------
+# A tiny random checkpoint in the official layout (conftest `voxcpm2_checkpoint`; skipped where
+# `voxcpm` is not installed). Each mode runs its phases (voice prompt, generate, decoder) on the
+# plain CPU and on the strict simulated device: latents and audio must be identical. The VAE's
+# encoder and decoder have two streamable units each and `oneshot` handles keep two copies in
+# flight, so their minimum working set is their size: half-way is whole for them.
+
+VOX_REFERENCE = Audio(0.3 * torch.sin(torch.arange(16000) / 6.0).unsqueeze(0), 22050)  # resampled to 16 kHz
+VOX_TEXT = "Streaming is exact."
+VOX_PATCHES = 4
+VOX_MODES: dict[str, dict[str, object]] = {
+    "zero_shot": {"instruct": "a calm voice"},
+    "reference": {"reference": VOX_REFERENCE},
+    "reference_continuation": {"reference": VOX_REFERENCE, "transcript": "a reference sentence"},
+}
+_vox_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _vox_say(folder: object, mode: str, placement: str, seed: int = 11) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    rt, engine = _placed("voxcpm2", placement, folder)
+    ctx = rt.request(seed=seed)
+    voice = engine.voice_prompt(ctx, **VOX_MODES[mode])  # type: ignore[arg-type]
+    codes = engine.generate(ctx, VOX_TEXT, voice, Sampling(seed=seed, max_new_tokens=VOX_PATCHES))
+    audio = engine.decode(ctx, codes)
+    return codes.tokens, audio.waveform, ctx.meta
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("mode", sorted(VOX_MODES))
+def test_voxcpm2_streams_exactly(voxcpm2_checkpoint: Callable[..., object], mode: str, placement: str) -> None:
+    """M57 (M1, M15, M20): none / half / whole on the strict device equal the plain CPU run."""
+    folder = voxcpm2_checkpoint()
+    if mode not in _vox_plain:
+        latents, wav, _ = _vox_say(folder, mode, "plain")
+        _vox_plain[mode] = (latents, wav)
+    expected_latents, expected_wav = _vox_plain[mode]
+    latents, wav, meta = _vox_say(folder, mode, placement)
+    assert wav.shape[-1] == VOX_PATCHES * 4 * 1920
+    assert torch.equal(latents, expected_latents), f"voxcpm2 {mode} ({placement}): latents differ from the plain run"
+    assert torch.equal(wav, expected_wav), f"voxcpm2 {mode} ({placement}): audio differs from the plain CPU run"
+    memory = meta["memory"]
+    components = {key.split(":", 1)[1] for key in memory["components"]}
+    expected = {"generator", "vae_decoder"} | ({"vae_encoder"} if "reference" in VOX_MODES[mode] else set())
+    assert components == expected  # M1: only each phase's components were placed
+    partial = {key.split(":", 1)[1] for key in memory["partial"]}
+    if placement == "whole":
+        assert partial == set() and memory["streamed_mb"] == 0
+    else:
+        assert partial == (components if placement == "none" else {"generator"})
+        assert memory["streamed_mb"] > 0
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_voxcpm2_same_seed_same_audio(voxcpm2_checkpoint: Callable[..., object]) -> None:
+    """The same seed gives the same audio in a fresh runtime, streamed or not; another seed does not."""
+    folder = voxcpm2_checkpoint()
+    first = _vox_say(folder, "reference", "none", seed=3)[1]
+    assert torch.equal(first, _vox_say(folder, "reference", "none", seed=3)[1])
+    assert torch.equal(first, _vox_say(folder, "reference", "plain", seed=3)[1])
+    assert not torch.equal(first, _vox_say(folder, "reference", "plain", seed=4)[1])
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_voxcpm2_oom_in_generate_reruns_exactly(voxcpm2_checkpoint: Callable[..., object]) -> None:
+    """M40: an OOM mid-generation (a streamed copy) reruns the generate phase exactly, slower,
+    and leaves no KV cache behind."""
+    folder = voxcpm2_checkpoint()
+    expected = _vox_plain.get("reference") or _vox_say(folder, "reference", "plain")[:2]
+    probe = Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none"})
+    engine = probe.engine("voxcpm2", folder)  # type: ignore[arg-type]
+    with allocations_during(probe, engine, "generate") as inside:
+        ctx = probe.request(seed=11)
+        voice = engine.voice_prompt(ctx, **VOX_MODES["reference"])  # type: ignore[arg-type]
+        sampling = Sampling(seed=11, max_new_tokens=VOX_PATCHES)
+        engine.generate(ctx, VOX_TEXT, voice, sampling)
+    assert len(inside) > 20  # everything streams: copies happen while it generates
+
+    injector = OomInjector(at=inside[len(inside) // 2])
+    probe.devices.fault_hook = injector
+    ctx = probe.request(seed=11)
+    codes = engine.generate(ctx, VOX_TEXT, voice, sampling)
+    probe.devices.fault_hook = None
+    audio = engine.decode(ctx, codes)
+    assert injector.raised == 1 and ctx.meta["applied"]["oom_retries"] == 1
+    assert torch.equal(codes.tokens, expected[0]) and torch.equal(audio.waveform, expected[1])
+    assert engine.model.base_lm.kv_cache is None and engine.model.residual_lm.kv_cache is None
+
+
+# ---- F5-TTS and OmniVoice (issue 11): the one-shot engines, every placement, sample by sample ---
+# Tiny random checkpoints in the published layouts (conftest `f5tts_checkpoint`,
+# `omnivoice_checkpoint`; skipped where the upstream package is not installed). Each voice mode
+# runs its phases on the plain CPU and on the strict simulated device: audio must be identical.
+
+ONESHOT_REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+ONESHOT_TEXT = "Streaming is exact, every step."
+ONESHOT_STEPS = 4
+ONESHOT_MODES: dict[str, tuple[str, dict[str, object]]] = {
+    "f5tts-clone": ("f5tts", {"reference": ONESHOT_REFERENCE, "transcript": "a reference sentence"}),
+    "omnivoice-clone": ("omnivoice", {"reference": ONESHOT_REFERENCE, "transcript": "a reference sentence"}),
+    "omnivoice-design": ("omnivoice", {"instruct": "female, low pitch"}),
+    "omnivoice-auto": ("omnivoice", {}),
+}
+ONESHOT_COMPONENTS = {
+    "f5tts-clone": {"flow", "vocoder"},
+    "omnivoice-clone": {"audio_encoder", "quantizer", "llm", "audio_decoder"},
+    "omnivoice-design": {"quantizer", "llm", "audio_decoder"},
+    "omnivoice-auto": {"quantizer", "llm", "audio_decoder"},
+}
+_oneshot_plain: dict[str, torch.Tensor] = {}
+
+
+def oneshot_runtime(placement: str, **settings: object) -> Runtime:
+    if placement != "plain":
+        settings["compute.simulate_vram_mb"] = settings.get("compute.simulate_vram_mb", 256)
+        settings.setdefault("compute.vram_mode", "none" if placement == "none" else "normal")
+    return Runtime(settings)
+
+
+def oneshot_say(rt: Runtime, folder: object, mode: str, placement: str = "plain",
+                seed: int = 11) -> tuple[torch.Tensor, dict]:
+    engine_id, voice = ONESHOT_MODES[mode]
+    engine = rt.engine(engine_id, folder)  # type: ignore[arg-type]
+    engine.steps = ONESHOT_STEPS
+    if placement == "half":
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    audio, meta = rt.say(engine, ONESHOT_TEXT, sampling=Sampling(seed=seed, language="English"), **voice)  # type: ignore[arg-type]
+    return audio.waveform, meta
+
+
+def _oneshot_folder(request: pytest.FixtureRequest, mode: str) -> object:
+    return request.getfixturevalue(f"{ONESHOT_MODES[mode][0]}_checkpoint")()
+
+
+def oneshot_plain(request: pytest.FixtureRequest, mode: str) -> torch.Tensor:
+    if mode not in _oneshot_plain:
+        _oneshot_plain[mode] = oneshot_say(Runtime(), _oneshot_folder(request, mode), mode)[0]
+    return _oneshot_plain[mode]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("mode", sorted(ONESHOT_MODES))
+def test_oneshot_engine_streams_exactly(request: pytest.FixtureRequest, mode: str, placement: str) -> None:
+    """M57 (M1, M15, M18): none / half / whole on the strict device equal the plain CPU run."""
+    expected = oneshot_plain(request, mode)
+    rt = oneshot_runtime(placement)
+    wav, meta = oneshot_say(rt, _oneshot_folder(request, mode), mode, placement)
+    assert wav.shape[-1] > 0 and wav.abs().max() > 0
+    assert torch.equal(wav, expected), f"{mode} ({placement}): audio differs from the plain CPU run"
+    memory = meta["memory"]
+    components = {key.split(":", 1)[1] for key in memory["components"]}
+    assert components == ONESHOT_COMPONENTS[mode]  # M1: only each phase's components were placed
+    engine = rt.engine(ONESHOT_MODES[mode][0], _oneshot_folder(request, mode))  # type: ignore[arg-type]
+    # Streamable: has units; and for `half`, more than the minimum working set to leave out.
+    streamable = {h.name for h in engine.handles() if h.units and h.name in components
+                  and (placement == "none" or h.min_working_set < h.size_bytes)}
+    assert {"flow", "llm"} & streamable  # the model that runs every step really streams
+    if placement == "whole":
+        assert memory["partial"] == {} and memory["streamed_mb"] == 0
+    else:
+        assert {key.split(":", 1)[1] for key in memory["partial"]} == streamable
+        assert memory["streamed_mb"] > 0
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("mode", ["f5tts-clone", "omnivoice-clone"])
+def test_oneshot_same_seed_same_audio(request: pytest.FixtureRequest, mode: str) -> None:
+    folder = _oneshot_folder(request, mode)
+    first = oneshot_say(oneshot_runtime("none"), folder, mode)[0]
+    again = oneshot_say(oneshot_runtime("none"), folder, mode)[0]
+    other = oneshot_say(oneshot_runtime("none"), folder, mode, seed=12)[0]
+    assert torch.equal(first, again) and torch.equal(first, oneshot_plain(request, mode))
+    assert not torch.equal(first[..., :other.shape[-1]], other[..., :first.shape[-1]])  # the seed matters
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("mode", ["f5tts-clone", "omnivoice-clone"])
+def test_oneshot_oom_mid_flow_reruns_exactly(request: pytest.FixtureRequest, mode: str) -> None:
+    """M40: an OOM in the middle of the flow / diffusion phase (a streamed copy) reruns the phase
+    with the same noise: the audio is the plain run's."""
+    folder = _oneshot_folder(request, mode)
+    probe = oneshot_runtime("none")
+    with allocations_during(probe, probe.engine(ONESHOT_MODES[mode][0], folder), "generate") as inside:  # type: ignore[arg-type]
+        assert torch.equal(oneshot_say(probe, folder, mode)[0], oneshot_plain(request, mode))
+    assert len(inside) > 2 * ONESHOT_STEPS  # copies happen at every step
+    rt = oneshot_runtime("none")
+    injector = OomInjector(at=inside[len(inside) // 2])
+    rt.devices.fault_hook = injector
+    wav, meta = oneshot_say(rt, folder, mode)
+    assert injector.raised == 1 and meta["applied"]["oom_retries"] == 1
+    assert torch.equal(wav, oneshot_plain(request, mode))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_f5tts_cfg_halves_share_each_copy(f5tts_checkpoint: Callable[[], object]) -> None:
+    """M18: F5-TTS runs CFG's conditional and unconditional halves through each DiT block in one
+    batch, so a streamed block is copied once per ODE step, not twice: from the streamer's
+    counters, each extra step costs exactly the streamed units' bytes."""
+    folder = f5tts_checkpoint()
+    streamed: dict[int, int] = {}
+    for steps in (2, 5):
+        rt = oneshot_runtime("none")
+        engine = rt.engine("f5tts", folder)  # type: ignore[arg-type]
+        engine.steps = steps
+        voice = engine.voice_prompt(rt.request(), **ONESHOT_MODES["f5tts-clone"][1])  # type: ignore[arg-type]
+        engine.generate(rt.request(seed=1), ONESHOT_TEXT, voice, Sampling(seed=1))
+        flow = engine.flow
+        assert len(flow.streamed_units) == len(flow.units) >= 4
+        per_step = sum(u.nbytes for u in flow.streamed_units)
+        streamed[steps] = flow.streamer.streamed_bytes_of(flow)
+    assert streamed[5] - streamed[2] == 3 * per_step

@@ -1,0 +1,164 @@
+"""The one-shot engines under the memory runtime, side by side in one run (issue 11).
+
+Per engine (F5-TTS, OmniVoice; tiny random checkpoints in their published layouts, written to a
+temporary folder), one request of each placement, repeated and interleaved:
+
+* resident — every component whole on the device (simulated: a device larger than the model);
+* streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
+
+It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
+``--peaks`` also measures each phase's working memory on the plain CPU (how far the process's
+resident memory rises during the phase, Linux) against the engine's estimate (M45).
+``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
+(``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
+
+    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mizuoto_runtime import Runtime  # noqa: E402
+from mizuoto_runtime.audio import Audio  # noqa: E402
+from mizuoto_runtime.engines import Sampling  # noqa: E402
+
+REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+TRANSCRIPT = "a reference sentence."
+TEXT = "The runtime streams every block, step after step."
+WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts_tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice_tiny"}
+MB = 1 << 20
+MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
+
+
+def placements(device: str) -> dict[str, dict[str, Any]]:
+    if device == "cpu":
+        return {"resident": {"compute.simulate_vram_mb": 4096},
+                "streamed": {"compute.simulate_vram_mb": 4096, "compute.vram_mode": "none"}}
+    return {"resident": {},
+            "streamed, prefetch": {"compute.vram_mode": "none", "compute.async_offload": 1},
+            "streamed, no prefetch": {"compute.vram_mode": "none", "compute.async_offload": 0}}
+
+
+def request(rt: Runtime, engine_id: str, folder: Path, steps: int, device: str) -> tuple[float, float]:
+    engine = rt.engine(engine_id, folder, device=None if device == "cpu" else device)
+    engine.steps = steps
+    engine.voices.clear()  # the voice prompt runs every time
+    if device != "cpu":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    _, meta = rt.say(engine, TEXT, reference=REFERENCE, transcript=TRANSCRIPT,
+                     sampling=Sampling(seed=1, language="English"))
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, meta["memory"]["streamed_mb"]
+
+
+def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str) -> None:
+    print(f"\n{'engine':10} {'placement':22} {'median s':>9} {'vs resident':>12} {'streamed MB':>12}")
+    for engine_id, folder in folders.items():
+        runtimes = {name: Runtime(settings) for name, settings in placements(device).items()}
+        times: dict[str, list[float]] = {name: [] for name in runtimes}
+        streamed: dict[str, float] = {}
+        for name, rt in runtimes.items():
+            request(rt, engine_id, folder, steps, device)  # warm-up: load, learn the unit order
+        for _ in range(repeat):
+            for name, rt in runtimes.items():  # interleaved, so machine noise hits all alike
+                seconds, streamed[name] = request(rt, engine_id, folder, steps, device)
+                times[name].append(seconds)
+        base = statistics.median(times["resident"])
+        for name in runtimes:
+            median = statistics.median(times[name])
+            print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """`fn()`'s result and how far the process's resident memory rose above where it started
+    (Linux: the peak-RSS mark is reset first, `/proc/self/clear_refs` 5). With glibc's mmap
+    threshold fixed at 64 KB (`main` sets it), tensors are mapped when allocated and unmapped
+    when freed, so RSS follows live tensors; the weights are in place already and not counted."""
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status_kb("VmRSS")
+    result = fn()
+    return result, max(0, _status_kb("VmHWM") - start) * 1024
+
+
+def phase_peaks(folders: dict[str, Path], steps: int) -> None:
+    print(f"\n{'engine':10} {'phase':14} {'estimate MB':>12} {'CPU peak MB':>12} {'estimate/peak':>14}")
+    rows: list[tuple[str, str, int, int]] = []
+    for engine_id, folder in folders.items():
+        rt = Runtime()
+        engine = rt.engine(engine_id, folder)
+        engine.steps = steps
+        for seconds in (1, 3, 6):
+            reference = Audio(0.3 * torch.sin(torch.arange(seconds * 24000) / 6.0).unsqueeze(0), 24000)
+            engine.voices.clear()
+            ctx = rt.request(seed=1)
+            voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference, TRANSCRIPT))
+            sampling = Sampling(seed=1, language="English")
+            codes, flow_peak = live_peak(lambda: engine.generate(ctx, TEXT, voice, sampling))
+            _, decode_peak = live_peak(lambda: engine.decode(ctx, codes))
+            if engine_id == "f5tts":
+                ref, total = engine.durations(voice, TEXT)
+                tokens = len(voice.data["ref_text"] + TEXT)
+                rows += [(engine_id, f"flow {seconds}s ref", engine.flow_memory(total, tokens, steps), flow_peak),
+                         (engine_id, f"vocoder {seconds}s", engine.vocoder_memory(codes.tokens.shape[-1]), decode_peak)]
+            else:
+                task = engine._task(TEXT, voice, sampling)
+                rows += [(engine_id, f"prompt {seconds}s", engine.encoder_memory(seconds * 24000), encode_peak),
+                         (engine_id, f"llm {seconds}s ref", engine.llm_memory(engine.sequence_length(task)), flow_peak),
+                         (engine_id, f"decoder {seconds}s", engine.decoder_memory(codes.tokens.shape[-1]), decode_peak)]
+    for engine_id, phase, estimate, peak in rows:
+        print(f"{engine_id:10} {phase:14} {estimate / MB:12.2f} {peak / MB:12.2f} {estimate / max(peak, 1):13.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8, help="ODE / diffusion steps per request (upstream: 32)")
+    parser.add_argument("--peaks", action="store_true", help="also measure each phase's CPU working memory")
+    parser.add_argument("--device", default="cpu", help="cpu (the simulated device) or cuda")
+    parser.add_argument("--engines", default="f5tts,omnivoice")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
+    args = parser.parse_args()
+    if args.peaks and MMAP_ENV[0] not in os.environ:
+        # glibc's dynamic mmap threshold would move freed tensors to the reused heap, hiding a
+        # phase's peak from RSS: fixed, every tensor of 64 KB or more is mapped and unmapped.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, MMAP_ENV[0]: MMAP_ENV[1],
+                                                                "MALLOC_TRIM_THRESHOLD_": "0"})
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(args.threads)
+    import importlib
+
+    with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+        folders = {e: importlib.import_module(WRITERS[e]).write_tiny_checkpoint(Path(tmp) / e)
+                   for e in args.engines.split(",")}
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
+              f"{args.steps} steps per request, {args.repeat} requests per placement")
+        time_engines(folders, args.steps, args.repeat, args.device)
+        if args.peaks:
+            phase_peaks(folders, args.steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""What the writers of tiny random checkpoints share (tests and demos; no download): seeded
+weights of a plausible scale, a decoder's output brought to a given loudness, JSON files."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def fan_in_std(p: torch.Tensor) -> float:
+    """The standard deviation that keeps a random layer's outputs near unit scale."""
+    fan_in = p[0].numel() if p.dim() >= 2 else p.shape[0]
+    return 1.0 / max(fan_in, 1) ** 0.5
+
+
+@torch.no_grad()
+def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch.Tensor, ...],
+                 target_std: float = 0.1) -> None:
+    """Scale `params` (the last layer's weight and bias) so that `run()` makes `last` output
+    `target_std`: a decoder ending in a clamp or tanh then gives a waveform, not a square wave."""
+    seen: dict[str, torch.Tensor] = {}
+    hook = last.register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
+    try:
+        run()
+    finally:
+        hook.remove()
+    scale = target_std / float(seen["out"].std())
+    for p in params:
+        p.mul_(scale)
+
+
+def word_merges(words: tuple[str, ...], vocab: dict[str, int]) -> list[str]:
+    """BPE merges that make each of `words` one token, left to right; every prefix they make is
+    added to `vocab` (whose alphabet must hold the words' characters)."""
+    merges: list[str] = []
+    for word in words:
+        current = word[0]
+        for ch in word[1:]:
+            merges.append(f"{current} {ch}")
+            current += ch
+            vocab.setdefault(current, len(vocab))
+    return merges
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

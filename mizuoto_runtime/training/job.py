@@ -1,0 +1,210 @@
+"""A training job (M60): its own process, owning its device while it runs.
+
+`TrainingJob(runtime, method, params, memory=…, device=…).run()` on the host:
+
+1. checks the method's parameters (`check`) and picks the memory plan (`training.memory`, M61);
+2. on a device that moves weights (a GPU, or the simulated one), takes every request slot of
+   `gpu:<dev>` (`JobSpec.exclusive`; running phases there end first, new ones wait), then moves
+   every idle model off it (`RuntimeService.release_device`) and asks the host's other
+   accounting (ComfyUI, M35) to free it too, and empties torch's cache so the memory is free
+   for the other process;
+3. warns when the estimated peak (`MethodInfo.memory_mb`, M63) exceeds the free memory, naming
+   a preset or batch size that fits;
+4. starts the training process (`worker.py`) with the allocator settings in its environment
+   (`allocator_env`, M54, and `compute.cpu_allocator`, M62), relays its events (progress,
+   loss, `memory/peak_mb`) to `on_event`, and checks `cancel_check` while it waits;
+5. cancelled (ComfyUI's interrupt, Ctrl-C) or failed, the process is ended and the slots freed.
+
+On the plain CPU (M5) nothing moves, so no slot is taken and nothing is released.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ..devices import allocator_env
+from ..errors import MizuotoError
+from ..policy import MB
+from ..runtime import Runtime
+from . import cpu_allocator
+from .estimate import fit_advice
+from .memory import MemoryPlan, memory_plan
+from .methods import method_module
+from .slots import ExclusiveSlots, JobSpec, gate_of
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[dict[str, Any]], None]
+POLL_S = 0.2
+STOP_GRACE_S = 5.0
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding `mizuoto_runtime`
+
+
+class TrainingFailed(MizuotoError):
+    """The training process reported an error (its message), or ended without a result."""
+
+
+class TrainingJob:
+    """One training run of `method` on `device` (see the module docstring)."""
+
+    def __init__(self, runtime: Runtime, method: str, params: Mapping[str, Any], *, memory: str = "default",
+                 device: str | torch.device | None = "auto", on_event: EventSink | None = None,
+                 cancel_check: Callable[[], None] | None = None, slots: ExclusiveSlots | None = None) -> None:
+        self.runtime = runtime
+        self.method_id = method
+        self.method: ModuleType = method_module(method)
+        self.params = self.method.check(params)
+        self.plan: MemoryPlan = memory_plan(memory, self.params)
+        self.device = runtime.device(device)
+        self.on_event = on_event
+        self.cancel_check = cancel_check
+        self.slots = slots
+        self.warnings: list[str] = []
+        self.released_bytes = 0
+
+    # ---- the host's side ---------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        with self._own_device():
+            result = self._run_process()
+        return {**result, "method": self.method_id, "warnings": self.warnings, "released_mb": self.released_bytes / MB}
+
+    @contextlib.contextmanager
+    def _own_device(self) -> Iterator[None]:
+        """M60: every slot of the device, and every idle model off it (GPU phases only)."""
+        if not self.runtime.devices.moves(self.device):
+            yield  # M5: the plain CPU is nobody's to own
+            return
+        slots = self.slots or gate_of(self.runtime.manager)
+        with slots.hold(JobSpec(self.device, self.method_id, exclusive=True), self.cancel_check):
+            self.released_bytes = self.release_device()
+            self._check_estimate()
+            yield
+
+    def release_device(self) -> int:
+        """Idle Mizuoto components off the device, then the host's other models (ComfyUI)."""
+        device = self.runtime.devices
+        freed = self.runtime.service.release_device(self.device)
+        external = self.runtime.manager.external
+        if external is not None:
+            freed += external.free_for(self.device, device.total_bytes(self.device), keep=())
+        device.empty_cache(self.device)
+        log.info("training %s: released %.1f MB on %s", self.method_id, freed / MB, self.device)
+        return freed
+
+    def _check_estimate(self) -> None:
+        """M63: warn when the estimated peak does not fit the free memory."""
+        free_mb = self.runtime.devices.free_bytes(self.device) / MB
+        advice = fit_advice(self.method.INFO, self.plan.preset, self.method.model_params(self.params),
+                            int(self.params.get("batch_size", 1)), free_mb, self.device.type)
+        if advice is not None:
+            log.warning("%s", advice)
+            self._warn(advice)
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        self._emit({"event": "warning", "message": message})
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    # ---- the training process ------------------------------------------------------------------
+    def child_device(self) -> str:
+        """Where the process trains: the device itself (the simulated GPU is the CPU)."""
+        return "cpu" if self.runtime.devices.is_simulated(self.device) else str(self.device)
+
+    def child_env(self) -> dict[str, str]:
+        """The host's environment plus the allocator choices (M54, M62) and the package path."""
+        policy = self.runtime.policy
+        allocator = cpu_allocator.effective(policy.cpu_allocator, self.plan.cpu_allocator)
+        env = {**os.environ, **allocator_env(policy.cuda_allocator), **cpu_allocator.cpu_allocator_env(allocator)}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
+        return env
+
+    def child_job(self) -> dict[str, Any]:
+        settings = {k: v for k, v in self.runtime.policy.as_dict().items() if k != "compute.simulate_vram_mb"}
+        return {
+            "method": self.method_id, "params": self.params, "memory": self.plan.describe(),
+            "device": self.child_device(), "settings": settings, "threads": torch.get_num_threads(),
+            "cpu_allocator": cpu_allocator.effective(self.runtime.policy.cpu_allocator, self.plan.cpu_allocator),
+        }
+
+    def _run_process(self) -> dict[str, Any]:
+        proc = subprocess.Popen([sys.executable, "-m", "mizuoto_runtime.training.worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=self.child_env(), text=True, encoding="utf-8")
+        events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        reader = threading.Thread(target=_read_events, args=(proc, events), daemon=True, name="mizuoto-training-events")
+        reader.start()
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(self.child_job()) + "\n")
+            proc.stdin.flush()
+            return self._follow(events)
+        finally:
+            _stop(proc)  # cancelled, failed or done: the process is gone before the slots free
+            reader.join(STOP_GRACE_S)
+
+    def _follow(self, events: queue.Queue[dict[str, Any] | None]) -> dict[str, Any]:
+        while True:
+            if self.cancel_check is not None:
+                self.cancel_check()
+            try:
+                event = events.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if event is None:
+                raise TrainingFailed(f"the training process for {self.method_id} ended without a result "
+                                     "(see the log above)")
+            kind = event.get("event")
+            if kind == "done":
+                return dict(event["result"])
+            if kind == "error":
+                raise TrainingFailed(self._failure(event))
+            if kind == "warning":
+                self.warnings.append(str(event.get("message")))
+            self._emit(event)
+
+    def _failure(self, event: Mapping[str, Any]) -> str:
+        message = f"training {self.method_id} failed: {event.get('message')}"
+        if event.get("kind") == "oom" and self.plan.preset != "lowest":
+            message += f" (out of device memory under training.memory={self.plan.preset}; try lowest)"
+        return message
+
+
+def _read_events(proc: subprocess.Popen[str], events: queue.Queue[dict[str, Any] | None]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            events.put(json.loads(line))
+        except json.JSONDecodeError:
+            log.info("training process: %s", line)
+    events.put(None)  # end of output: the process ended
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End the training process: closing stdin tells it the host is gone; then terminate, kill."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

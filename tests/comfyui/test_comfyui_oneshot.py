@@ -1,0 +1,88 @@
+"""F5-TTS and OmniVoice in a running ComfyUI server (issue 11): tiny checkpoints (random weights,
+the published folder layouts) under the server's `models/mizuoto/`, and each engine's phase
+graph LoadAudio → Voice Prompt (clone, with transcript) → Talker (flow / diffusion) → Decoder →
+SaveAudio run to saved audio. Skips where the engine's package cannot be imported under
+COMFYUI_PYTHON. The checkpoints are written by ComfyUI's own Python into the server's temporary
+base folder before it starts (the loader lists its choices when ComfyUI builds the node list).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from comfyui_harness import (COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui,
+                             running_server, ui_to_api)
+from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_server import node_of
+
+pytestmark = requires_comfyui
+
+ENGINES = {"f5tts": ("f5_tts", "mizuoto_runtime.engines.f5tts_tiny"),
+           "omnivoice": ("omnivoice", "mizuoto_runtime.engines.omnivoice_tiny")}
+SAMPLE_RATE = 24000
+RUN_TIMEOUT_S = 300.0
+WRITE_TIMEOUT_S = 300
+WRITER = """
+import importlib, importlib.util, sys
+package, module, folder = sys.argv[1:]
+if importlib.util.find_spec(package) is None:
+    sys.exit(3)
+importlib.import_module(module).write_tiny_checkpoint(folder)
+"""
+
+
+def checkpoint(engine: str) -> str:
+    return f"{engine}/tiny"  # under models/mizuoto: a grouping folder, then the checkpoint
+
+
+def write_tiny(root: Path) -> None:
+    """Each engine's tiny checkpoint that ComfyUI's Python can write (the one with its package)."""
+    for engine, (package, module) in ENGINES.items():
+        folder = root / "models" / "mizuoto" / checkpoint(engine)
+        done = subprocess.run([COMFYUI_PYTHON, "-c", WRITER, package, module, str(folder)], cwd=REPO,
+                              env=comfyui_env(), capture_output=True, text=True, timeout=WRITE_TIMEOUT_S)
+        assert done.returncode in (0, 3), f"writing the tiny {engine} checkpoint failed:\n{done.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def oneshot_server() -> Iterator[ComfyServer]:
+    with running_server("mizuoto-comfyui-oneshot-", write_tiny) as server:
+        yield server
+
+
+def clone_prompt(server: ComfyServer, engine: str, *, seed: int, prefix: str) -> dict[str, Any]:
+    """The engine's example workflow (LoadAudio → Voice Prompt → Talker → Decoder → SaveAudio) on
+    the tiny checkpoint: the template a user opens is what runs."""
+    workflow = json.loads((REPO / "example_workflows" / f"mizuoto_{engine}_clone.json").read_text())
+    prompt = ui_to_api(workflow, server.get("/object_info"))
+    node_of(prompt, "MizuotoEngineLoader")["checkpoint"] = checkpoint(engine)
+    node_of(prompt, "LoadAudio")["audio"] = REFERENCE_WAV
+    node_of(prompt, "MizuotoTalker")["seed"] = seed
+    node_of(prompt, "SaveAudio")["filename_prefix"] = prefix
+    return prompt
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_clone_graph_saves_audio(oneshot_server: ComfyServer, engine: str) -> None:
+    choices = oneshot_server.get("/object_info/MizuotoEngineLoader")["MizuotoEngineLoader"]["input"]["required"]
+    if checkpoint(engine) not in choices["checkpoint"][1]["options"]:
+        pytest.skip(f"{ENGINES[engine][0]} is not importable under {COMFYUI_PYTHON}")
+    assert engine in choices["engine"][1]["options"]  # the loader lists every engine
+    prompt = clone_prompt(oneshot_server, engine, seed=1, prefix=f"audio/{engine}")
+    history = oneshot_server.wait_history(oneshot_server.queue(prompt), RUN_TIMEOUT_S)
+    assert history["status"]["status_str"] == "success", messages(history)
+    save = next(node for node, spec in prompt.items() if spec["class_type"] == "SaveAudio")
+    files = [oneshot_server.output / item["subfolder"] / item["filename"] for item in history["outputs"][save]["audio"]]
+    assert len(files) == 1
+    rate, samples = flac_stream_info(files[0])
+    assert rate == SAMPLE_RATE and samples > SAMPLE_RATE // 4, (rate, samples)
+    for node, spec in prompt.items():  # each phase reported what it placed (M50)
+        if spec["class_type"] in ("MizuotoVoicePrompt", "MizuotoTalker", "MizuotoDecoder"):
+            assert history["outputs"][node]["text"][0], history["outputs"][node]
+    names = {m["name"] for m in oneshot_server.get("/mizuoto/runtime")["models"] if m["engine"] == engine}
+    expected = {"f5tts": {"flow", "vocoder"}, "omnivoice": {"audio_encoder", "quantizer", "llm", "audio_decoder"}}
+    assert names == expected[engine]

@@ -1,0 +1,85 @@
+"""tools/engine_env.py: engines install without moving what an environment has (issue 14 item 1).
+
+The whole path (a ComfyUI environment, every engine, the check) runs in tools/install.sh, which
+.ci/run runs; these tests pin down the rules it applies.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("engine_env", REPO / "tools" / "engine_env.py")
+assert spec is not None and spec.loader is not None
+engine_env = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(engine_env)
+
+
+def test_constraints_keep_what_is_installed_and_pin_what_is_missing(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.txt"
+    pins.write_text("# tested\ntransformers==5.24.0\nlibrosa==0.11.0  # comment\nTyping_Extensions==4.16.0\n")
+    have = {"transformers": "5.30.1", "typing-extensions": "4.12.0", "numpy": "2.4.6"}
+    lines = engine_env.constraints(pins, have)
+    assert "transformers==5.30.1" in lines and "transformers==5.24.0" not in lines  # the user's version wins
+    assert "typing-extensions==4.12.0" in lines and not any(line.startswith("Typing") for line in lines)
+    assert "librosa==0.11.0" in lines and "numpy==2.4.6" in lines
+    pins.write_text("librosa>=0.10\n")
+    with pytest.raises(SystemExit, match="not an exact pin"):
+        engine_env.constraints(pins, have)
+
+
+def test_changes_are_removals_and_other_versions_not_additions() -> None:
+    before = {"transformers": "5.24.0", "tokenizers": "0.23.3", "numpy": "2.4.6"}
+    after = {"transformers": "4.57.3", "numpy": "2.4.6", "librosa": "0.11.0"}
+    assert engine_env.changes(before, after) == ["removed tokenizers==0.23.3", "changed transformers 5.24.0 -> 4.57.3"]
+    assert engine_env.changes(before, {**before, "librosa": "0.11.0"}) == []
+
+
+def test_pip_check_lines_must_be_accepted_by_a_requirements_file(tmp_path: Path) -> None:
+    req = tmp_path / "engine.txt"
+    req.write_text("#! pip-check-accepts: f5-tts requires wandb\n#! pip-check-accepts: qwen-tts has requirement "
+                   "transformers==4.57.3\nf5-tts==1.1.22\n")
+    accepts = engine_env.accepted([req])
+    check = ("f5-tts 1.1.22 requires wandb, which is not installed.\n"
+             "qwen-tts 0.1.1 has requirement transformers==4.57.3, but you have transformers 5.24.0.\n"
+             "librosa 0.11.0 requires scikit-learn, which is not installed.\n")
+    assert engine_env.unaccepted(check, accepts) == ["librosa 0.11.0 requires scikit-learn, which is not installed."]
+    assert engine_env.unaccepted("No broken requirements found.\n", accepts) == []
+
+
+def test_snapshot_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "before.txt"
+    path.write_text("numpy==2.4.6\ntyping_extensions==4.16.0\n#pip-check torch 2.14.1 has requirement setuptools>=77\n")
+    packages, checks = engine_env.read_snapshot(path)
+    assert packages == {"numpy": "2.4.6", "typing-extensions": "4.16.0"}
+    assert checks == ["torch 2.14.1 has requirement setuptools>=77"]
+    assert engine_env.main(["snapshot"]) == 0  # this environment: runs and prints
+
+
+def test_every_requirement_has_a_tested_pin() -> None:
+    """A package an engine file names but constraints-engines.txt does not pin would be installed
+    at whatever version pip finds newest on a machine that lacks it."""
+    pins = engine_env.read_pins(REPO / "constraints-engines.txt")
+    for path in sorted((REPO / "requirements").glob("*.txt")):
+        if path.name == "comfyui-env.txt":
+            continue
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name = engine_env.normalize(line.split("=")[0].split(">")[0].split("<")[0].split("[")[0])
+                assert name in pins, f"{path.name}: {name} has no tested version in constraints-engines.txt"
+
+
+def test_this_environment_has_no_unaccepted_pip_check_line() -> None:
+    """Where the engines are installed (tools/install.sh), what pip check reports is only what
+    the requirement files accept, or what the environment had before (its own)."""
+    if importlib.util.find_spec("f5_tts") is None:
+        pytest.skip("no engine installed here")
+    before = Path(sys.prefix) / "comfyui-env-before.txt"
+    checked = engine_env.read_snapshot(before)[1] if before.is_file() else []
+    new = "\n".join(line for line in engine_env.pip_check() if line not in checked)
+    files = [p for p in (REPO / "requirements").glob("*.txt") if p.name != "comfyui-env.txt"]
+    assert engine_env.unaccepted(new, engine_env.accepted(files)) == []

@@ -1,0 +1,352 @@
+"""Build the example workflows (ComfyUI's templates) and their thumbnails from a running ComfyUI.
+
+    python tools/templates.py all --url http://127.0.0.1:8188 [--chromium /usr/bin/chromium]
+
+`all` builds, takes the node sizes the frontend computes, builds again with them and takes the
+shots; `build` and `shots` are its two steps.
+
+`build` writes `example_workflows/<title>.json` from the graphs below: every widget value in the
+order the running ComfyUI defines it (`/object_info`), defaults where a graph names none, node
+sizes as the frontend computes them (`--sizes`, from a previous `shots`). The file name is the
+title ComfyUI's template browser shows.
+
+`shots` opens each template in headless Chromium at the frontend's default zoom (the graph's
+`extra.ds`: scale 1), checks that every node is inside a `--viewport` (default 1600x900, a
+browser window on a 1080p screen) clear of the frontend's bars, and saves the graph as
+`<title>.jpg`, the thumbnail the browser shows beside it. It prints the
+computed node sizes for `build --sizes`. Run it with ComfyUI's Python (it uses aiohttp, which
+ComfyUI has); the server needs the pack and, for the Qwen3-TTS graphs' dropdowns, nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "example_workflows"
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+FRONTEND_ONLY = {"Note", "MarkdownNote"}
+MARGIN = 24  # px between nodes
+TITLE_H = 30  # a node's title bar, above its `pos`
+#: Where the graph opens: right of the sidebar and below the top bar of the newer frontends.
+VIEW_OFFSET = [70, 100]
+#: What the frontends' sidebar, top bar and bottom toolbar cover of the canvas (left, top, right, bottom).
+COVERED = (60, 100, 0, 40)
+
+DEMO_NOTE = ("The demo engine needs no download: its weights are random, so its audio is noise. "
+             "It shows the graph works. For speech, open a Qwen3-TTS template, or choose engine "
+             "qwen3tts and a checkpoint on the node.")
+WEIGHTS = ("Put the official weights in ComfyUI/models/mizuoto/{name}/ as published on Hugging Face "
+           "(Qwen/{name}, with its speech_tokenizer/ folder), then press R to refresh the lists.")
+
+# title -> nodes (id, type, column, values) and links (from id, output, to id, input).
+GRAPHS: dict[str, dict[str, Any]] = {
+    "Text to Speech - demo engine (no download)": {
+        "nodes": [
+            (1, "Note", 0, {"text": DEMO_NOTE}),
+            (2, "MizuotoTTS", 1, {"text": "Hello from Mizuoto. This is the demo engine: its voice is noise, "
+                                          "but every step runs as it would with real weights.",
+                                  "engine_name": "demo", "checkpoint": "none"}),
+            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_demo"}),
+        ],
+        "links": [(2, "audio", 3, "audio")],
+    },
+    "Text to Speech - Qwen3-TTS CustomVoice (built-in speakers)": {
+        "nodes": [
+            (1, "Note", 0, {"text": WEIGHTS.format(name="Qwen3-TTS-12Hz-1.7B-CustomVoice")
+                            + " Pick one of its nine speakers; instruct describes the speaking style "
+                              "(1.7B only). The 0.6B CustomVoice works too."}),
+            (2, "MizuotoTTS", 1, {"text": "Good evening. Here is the weather for tomorrow: sunny in the morning, "
+                                          "with light rain in the afternoon.",
+                                  "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-CustomVoice",
+                                  "speaker": "ryan", "language": "english", "dtype": "bfloat16"}),
+            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_customvoice"}),
+        ],
+        "links": [(2, "audio", 3, "audio")],
+    },
+    "Voice Clone - Qwen3-TTS Base (from a reference recording)": {
+        "nodes": [
+            (1, "Note", 0, {"text": WEIGHTS.format(name="Qwen3-TTS-12Hz-1.7B-Base")
+                            + " Load 5-15 s of clear speech of the voice to clone and type what it says "
+                              "into transcript (empty: the timbre only)."}),
+            (2, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (3, "MizuotoTTS", 1, {"text": "This sentence is spoken in the voice of the reference recording.",
+                                  "transcript": "Type here exactly what the reference recording says.",
+                                  "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-Base",
+                                  "language": "english", "dtype": "bfloat16"}),
+            (4, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_clone"}),
+        ],
+        "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
+    },
+    "Voice Design - Qwen3-TTS VoiceDesign (describe the voice)": {
+        "nodes": [
+            (1, "Note", 0, {"text": WEIGHTS.format(name="Qwen3-TTS-12Hz-1.7B-VoiceDesign")
+                            + " Describe the voice in instruct: who speaks, how, in what mood."}),
+            (2, "MizuotoTTS", 1, {"text": "Welcome back. Today we will build a small garden on the balcony.",
+                                  "instruct": "A warm, calm female voice in her thirties, speaking slowly "
+                                              "and clearly, with a gentle smile.",
+                                  "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+                                  "language": "english", "dtype": "bfloat16"}),
+            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_voicedesign"}),
+        ],
+        "links": [(2, "audio", 3, "audio")],
+    },
+    "Step by step - demo engine (voice, speech codes, audio)": {
+        "nodes": [
+            (1, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),
+            (2, "MizuotoVoicePrompt", 0, {}),
+            (3, "MizuotoTalker", 1, {"text": "Each step of text to speech is its own node here."}),
+            (4, "MizuotoDecoder", 2, {}),
+            (5, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_steps"}),
+            (6, "Note", 2, {"text": "The same speech as Text to Speech, one step per node: the voice, the "
+                                    "speech codes, the audio. Each step places only its own model parts on the "
+                                    "GPU. " + DEMO_NOTE.split(": ")[0] + "."}),
+        ],
+        "links": [(1, "engine", 2, "engine"), (1, "engine", 3, "engine"), (2, "voice", 3, "voice"),
+                  (1, "engine", 4, "engine"), (3, "codes", 4, "codes"), (4, "audio", 5, "audio")],
+    },
+}
+WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "SaveAudio": 320}
+NOTE_H = 180
+THUMBNAIL_WIDTH = 640
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _inputs(info: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
+    for section in ("required", "optional"):
+        for name in info["input_order"].get(section, []):
+            yield name, info["input"][section][name]
+
+
+def _is_widget(spec: list[Any]) -> bool:
+    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
+
+
+def node_json(node_id: int, kind: str, values: dict[str, Any], info: dict[str, Any] | None,
+              pos: list[int], size: list[int]) -> dict[str, Any]:
+    node: dict[str, Any] = {"id": node_id, "type": kind, "pos": pos, "size": size, "flags": {}, "order": node_id,
+                            "mode": 0, "inputs": [], "outputs": [], "properties": {"Node name for S&R": kind}}
+    if info is None:  # a frontend-only note
+        node["widgets_values"] = [values["text"]]
+        node["color"], node["bgcolor"] = "#432", "#653"
+        return node
+    widgets: list[Any] = []
+    for name, spec in _inputs(info):
+        if not _is_widget(spec):
+            node["inputs"].append({"name": name, "type": spec[0], "link": None})
+            continue
+        options = spec[1] if len(spec) > 1 else {}
+        value = values.get(name, options.get("default", (spec[0] or [""])[0] if isinstance(spec[0], list) else ""))
+        widgets.append(value)
+        if options.get("control_after_generate"):
+            widgets.append("fixed")
+    unknown = set(values) - {name for name, _ in _inputs(info)}
+    if unknown:
+        raise SystemExit(f"{kind}: no input named {', '.join(sorted(unknown))}")
+    node["widgets_values"] = widgets
+    node["outputs"] = [{"name": name, "type": kind_, "links": [], "slot_index": i}
+                       for i, (name, kind_) in enumerate(zip(info["output_name"], info["output"]))]
+    return node
+
+
+def layout(graph: dict[str, Any], sizes: dict[str, list[int]]) -> dict[int, tuple[list[int], list[int]]]:
+    """Columns left to right, nodes top to bottom in each, `MARGIN` apart."""
+    columns: dict[int, list[tuple[int, str]]] = {}
+    for node_id, kind, column, _ in graph["nodes"]:
+        columns.setdefault(column, []).append((node_id, kind))
+    placed: dict[int, tuple[list[int], list[int]]] = {}
+    x = MARGIN
+    for column in sorted(columns):
+        y = MARGIN + TITLE_H
+        width = 0
+        for node_id, kind in columns[column]:
+            size = list(sizes.get(kind, [WIDTHS.get(kind, 320), NOTE_H if kind in FRONTEND_ONLY else 100]))
+            size[0] = max(size[0], WIDTHS.get(kind, 0))
+            placed[node_id] = ([x, y], size)
+            y += size[1] + TITLE_H + MARGIN
+            width = max(width, size[0])
+        x += width + MARGIN
+    return placed
+
+
+def build(url: str, sizes: dict[str, list[int]]) -> None:
+    object_info = get(f"{url}/object_info")
+    OUT.mkdir(exist_ok=True)
+    for title, graph in GRAPHS.items():
+        placed = layout(graph, sizes)
+        nodes = {node_id: node_json(node_id, kind, values, object_info.get(kind) if kind not in FRONTEND_ONLY else None,
+                                    *placed[node_id])
+                 for node_id, kind, _, values in graph["nodes"]}
+        links = []
+        for link_id, (src, output, dst, input_) in enumerate(graph["links"], start=1):
+            out_slot = next(i for i, o in enumerate(nodes[src]["outputs"]) if o["name"] == output)
+            in_slot = next(i for i, o in enumerate(nodes[dst]["inputs"]) if o["name"] == input_)
+            nodes[src]["outputs"][out_slot]["links"].append(link_id)
+            nodes[dst]["inputs"][in_slot]["link"] = link_id
+            links.append([link_id, src, out_slot, dst, in_slot, nodes[src]["outputs"][out_slot]["type"]])
+        workflow = {"last_node_id": max(nodes), "last_link_id": len(links), "nodes": list(nodes.values()),
+                    "links": links, "groups": [], "config": {},
+                    "extra": {"ds": {"scale": 1, "offset": VIEW_OFFSET}}, "version": 0.4}
+        path = OUT / f"{title}.json"
+        path.write_text(json.dumps(workflow, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"wrote {path.relative_to(REPO)}")
+
+
+# ---- Chromium over the DevTools protocol --------------------------------------------------------
+class Page:
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.next_id = 0
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        await self.ws.send_json({"id": self.next_id, "method": method, "params": params})
+        while True:
+            message = await self.ws.receive_json()
+            if message.get("id") == self.next_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return dict(message.get("result", {}))
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+
+@contextlib.contextmanager
+def chromium(binary: str, width: int, height: int) -> Iterator[int]:
+    port = 9300 + int(time.time()) % 500
+    profile = tempfile.mkdtemp(prefix="mizuoto-chromium-")
+    process = subprocess.Popen([binary, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                f"--remote-debugging-port={port}", f"--window-size={width},{height}",
+                                f"--user-data-dir={profile}", "about:blank"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                get(f"http://127.0.0.1:{port}/json/version")
+                break
+            time.sleep(0.2)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+LOAD = """(async () => {
+  const app = window.app ?? window.comfyAPI?.app?.app;
+  // A first start opens the template dialog: close dialogs, change no setting.
+  document.querySelectorAll(".p-dialog-close-button, .p-dialog-header-close").forEach((b) => b.click());
+  await app.loadGraphData(%s, true, true, %s);
+  await new Promise((r) => setTimeout(r, 1500));
+  const rect = (app.canvasEl ?? app.canvas.canvas).getBoundingClientRect();
+  const ds = app.canvas.ds;
+  return {scale: ds.scale, canvas: [rect.left, rect.top, rect.width, rect.height],
+          nodes: app.graph.nodes.map((n) => ({type: n.type, pos: [...n.pos], size: [...n.size],
+            screen: [(n.pos[0] + ds.offset[0]) * ds.scale + rect.left,
+                     (n.pos[1] - %d + ds.offset[1]) * ds.scale + rect.top,
+                     n.size[0] * ds.scale, (n.size[1] + %d) * ds.scale]}))};
+})()"""
+# Overlays a thumbnail should not show (the minimap, the canvas toolbar); hidden for the shot.
+HIDE = """document.querySelectorAll('[class*="minimap"], .graph-canvas-menu, .selection-toolbox')
+  .forEach((e) => { e.style.visibility = %s; })"""
+
+
+def outside(node: list[float], canvas: list[float]) -> bool:
+    left, top, width, height = canvas
+    x, y, w, h = node
+    return (x < left + COVERED[0] or y < top + COVERED[1] or x + w > left + width - COVERED[2]
+            or y + h > top + height - COVERED[3])
+
+
+def bounds(nodes: list[dict[str, Any]], pad: int = MARGIN) -> dict[str, float]:
+    xs = [n["screen"][0] for n in nodes] + [n["screen"][0] + n["screen"][2] for n in nodes]
+    ys = [n["screen"][1] for n in nodes] + [n["screen"][1] + n["screen"][3] for n in nodes]
+    return {"x": min(xs) - pad, "y": min(ys) - pad, "width": max(xs) - min(xs) + 2 * pad,
+            "height": max(ys) - min(ys) + 2 * pad}
+
+
+async def shots(url: str, binary: str, width: int, height: int, check: bool = True) -> dict[str, list[int]]:
+    import aiohttp
+
+    sizes: dict[str, list[int]] = {}
+    failures = []
+    with chromium(binary, width, height) as port:
+        target = next(t for t in get(f"http://127.0.0.1:{port}/json/list") if t["type"] == "page")
+        async with aiohttp.ClientSession() as session, session.ws_connect(target["webSocketDebuggerUrl"],
+                                                                          max_msg_size=0) as ws:
+            page = Page(ws)
+            await page.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                            mobile=False)
+            await page.call("Page.navigate", url=url)
+            for _ in range(120):
+                if await page.evaluate("Boolean((window.app ?? window.comfyAPI?.app?.app)?.graph)"):
+                    break
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(2)
+            for path in sorted(OUT.glob("*.json")):
+                workflow = path.read_text(encoding="utf-8")
+                seen = await page.evaluate(LOAD % (workflow, json.dumps(path.stem), TITLE_H, TITLE_H))
+                for node in seen["nodes"]:
+                    seen_before = sizes.get(node["type"], [0, 0])
+                    sizes[node["type"]] = [round(max(seen_before[i], node["size"][i])) for i in (0, 1)]
+                    if outside(node["screen"], seen["canvas"]):
+                        failures.append(f"{path.stem}: {node['type']} at {[round(v) for v in node['screen']]} is "
+                                        f"not fully in view on a {width}x{height} page")
+                print(f"{path.stem}: scale {seen['scale']}, nodes "
+                      + ", ".join(f"{n['type']} {[round(v) for v in n['pos']]} {[round(v) for v in n['size']]}"
+                                  for n in seen["nodes"]))
+                clip = bounds(seen["nodes"])
+                await page.evaluate(HIDE % "'hidden'")
+                shot = await page.call("Page.captureScreenshot", format="jpeg", quality=85,
+                                       clip={**clip, "scale": min(1.0, THUMBNAIL_WIDTH / clip["width"])})
+                await page.evaluate(HIDE % "''")
+                path.with_suffix(".jpg").write_bytes(base64.b64decode(shot["data"]))
+    print("sizes:", json.dumps(sizes))
+    if failures and check:
+        raise SystemExit("\n".join(failures))
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("all", "build", "shots"))
+    parser.add_argument("--url", default="http://127.0.0.1:8188")
+    parser.add_argument("--sizes", default="{}", help="node sizes from `shots`, as JSON {type: [w, h]}")
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "chromium")
+    parser.add_argument("--viewport", default="1600x900")
+    args = parser.parse_args(argv)
+    url = args.url.rstrip("/")
+    width, height = map(int, args.viewport.split("x"))
+    if args.command == "build":
+        build(url, json.loads(args.sizes))
+    elif args.command == "shots":
+        asyncio.run(shots(url, args.chromium, width, height))
+    else:
+        build(url, {})
+        build(url, asyncio.run(shots(url, args.chromium, width, height, check=False)))
+        asyncio.run(shots(url, args.chromium, width, height))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
