@@ -5,6 +5,8 @@
    naive path (build in float32, read the state dict, convert).
 2. Time of a forward with every unit streamed (`none`) vs a plain forward, on the simulated
    device (CPU), and with half the units resident.
+3. Time of one token step (one position, a 64-position KV cache) the same three ways: a small
+   step is where the hooks' and the streamer's own overhead shows.
 
     .venv/bin/python bench/load_and_stream.py [--dim 1024 --layers 8]
 """
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -76,22 +79,16 @@ def measure_load(path: Path, dim: int, layers: int) -> dict[str, float]:
     return out
 
 
-def measure_stream(dim: int, layers: int, repeat: int = 7) -> dict[str, float]:
-    """Plain vs streamed forwards, timed alternately (best of `repeat`) so load on the machine
-    affects every variant alike."""
-    torch.manual_seed(0)
-    plain = TinyLM(vocab=512, dim=dim, layers=layers).to(torch.bfloat16).eval()
-    x = torch.randint(0, 512, (1, 256))
-
-    def run(m: torch.nn.Module) -> torch.Tensor:
-        with torch.inference_mode():
-            return m.step(x, [[] for _ in m.layers])
-
+def compare(plain: torch.nn.Module, run: Callable[[torch.nn.Module], torch.Tensor], kind: str,
+            repeat: int) -> dict[str, float]:
+    """Seconds of `run` plain, with every unit streamed (`none`) and with half the units resident,
+    on the strict simulated device; timed alternately (best of `repeat`) so load on the machine
+    affects every variant alike. Each variant's output must equal the plain run's."""
     expected = run(plain)
     variants: dict[str, torch.nn.Module] = {"plain": plain}
     for placement in ("none", "half"):
         model = copy.deepcopy(plain)
-        h = ModelHandle(model, devices=DeviceService(simulate={"cpu": 8 << 30}, strict=True), kind="oneshot")
+        h = ModelHandle(model, devices=DeviceService(simulate={"cpu": 8 << 30}, strict=True), kind=kind)  # type: ignore[arg-type]
         h.load(h.min_working_set if placement == "none" else (h.min_working_set + h.size_bytes) // 2)
         assert torch.equal(run(model), expected), f"{placement}: streamed output differs"
         variants[placement] = model
@@ -101,10 +98,46 @@ def measure_stream(dim: int, layers: int, repeat: int = 7) -> dict[str, float]:
             start = time.perf_counter()
             run(model)
             best[name] = min(best[name], time.perf_counter() - start)
-    results = {f"{name}_s": round(t, 4) for name, t in best.items()}
-    for name in ("none", "half"):
-        results[f"{name}_over_plain"] = round(best[name] / best["plain"], 3)
-    return results
+    return best
+
+
+def ratios(best: dict[str, float]) -> dict[str, float]:
+    return {f"{name}_over_plain": round(best[name] / best["plain"], 3) for name in ("none", "half")}
+
+
+def measure_stream(dim: int, layers: int, repeat: int = 7) -> dict[str, float]:
+    """A forward over 256 positions (bf16): plain vs streamed."""
+    torch.manual_seed(0)
+    plain = TinyLM(vocab=512, dim=dim, layers=layers).to(torch.bfloat16).eval()
+    x = torch.randint(0, 512, (1, 256))
+
+    def run(m: torch.nn.Module) -> torch.Tensor:
+        with torch.inference_mode():
+            return m.step(x, [[] for _ in m.layers])
+
+    best = compare(plain, run, "oneshot", repeat)
+    return {**{f"{name}_s": round(t, 4) for name, t in best.items()}, **ratios(best)}
+
+
+def measure_steps(dim: int, layers: int, steps: int = 16, repeat: int = 7) -> dict[str, float]:
+    """Token steps (float32, one position over a 64-position cache): plain vs streamed. A
+    small step is where the hooks' and the streamer's own cost shows."""
+    torch.manual_seed(0)
+    plain = TinyLM(vocab=512, dim=dim, layers=layers).eval()
+    prompt = torch.randint(0, 512, (1, 64))
+    token = torch.randint(0, 512, (1, 1))
+
+    def run(m: torch.nn.Module) -> torch.Tensor:
+        with torch.inference_mode():
+            caches: list[list[torch.Tensor]] = [[] for _ in m.layers]
+            m.step(prompt, caches)
+            out = torch.empty(0)
+            for _ in range(steps):
+                out = m.step(token, [list(c) for c in caches])  # the same cache every step
+            return out
+
+    best = compare(plain, run, "sequence", repeat)
+    return {**{f"{name}_ms_per_step": round(1000 * t / (steps + 1), 3) for name, t in best.items()}, **ratios(best)}
 
 
 def main() -> None:
@@ -128,12 +161,15 @@ def main() -> None:
             os.fsync(f.fileno())  # a checkpoint on disk is clean; freshly written dirty pages skew RSS
         load = measure_load(path, args.dim, args.layers)
     stream = measure_stream(args.dim, args.layers)
-    print(json.dumps({"load": load, "stream": stream}, indent=2))
+    steps = measure_steps(args.dim, args.layers)
+    print(json.dumps({"load": load, "stream": stream, "steps": steps}, indent=2))
     print(f"\nload peak RSS / checkpoint: M27 path {load['meta_peak_over_checkpoint']}x "
           f"(target <= 1.15x), naive float32 path {load['naive_peak_over_checkpoint']}x "
           f"({load['checkpoint_mb']} MB checkpoint)")
     print(f"forward, simulated device (CPU): all units streamed {stream['none_over_plain']}x plain, "
           f"half resident {stream['half_over_plain']}x plain")
+    print(f"token step, simulated device (CPU): all units streamed {steps['none_over_plain']}x plain, "
+          f"half resident {steps['half_over_plain']}x plain ({steps['plain_ms_per_step']} ms plain)")
 
 
 if __name__ == "__main__":

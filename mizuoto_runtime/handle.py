@@ -5,10 +5,23 @@ fixed part, then `hot` units, then the rest by kind (M15: `sequence` in run orde
 largest first). Units that do not fit stay in host RAM and get forward pre/post hooks — on
 the unit and on each leaf holding its weights — that swap the weights to a streamer copy for
 the call and back after (M17). A handle placed whole has no hooks at all.
+
+Two requests may run one handle at once (`compute.gpu_jobs` > 1, M8). While a request uses
+it (`in_use`), its placement is frozen: the manager budgets around it and nothing re-plans,
+yields or replaces it (M31); placement calls made while a thread is inside a streamed unit
+raise. The hooks' state is per call: each thread counts its own entries, so a post-hook runs
+our exit only where our pre-hook ran (a user pre-hook that raised first leaves nothing to
+undo); threads inside the same unit share its copy, kept until the last one leaves (see
+`streamer.py`). Our pre-hooks run before any other pre-hook on the module (legacy
+`nn.utils.weight_norm` computes the weight from `weight_g`/`weight_v` in one), our post-hooks
+after every other post-hook. A `BaseException` (KeyboardInterrupt) inside a unit skips
+PyTorch's post-hooks: `end_call`, run when the thread's phase ends and before any placement
+change, leaves every unit the thread entered — nothing stays entered, swapped or held.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Literal
 
@@ -17,16 +30,25 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .devices import DeviceService, absent_like
+from .devices import AbsentParameter, AbsentTensor, DeviceService, absent_like
 from .errors import MizuotoError
 from .policy import VramPolicy
 from .streamer import Streamer
-from .units import Slot, Unit, UnitPlan, iter_unit_modules, plan_units
+from .units import Slot, Unit, UnitPlan, plan_units
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["sequence", "oneshot"]
 Mark = Literal["hot", "fixed"]
+
+
+class _Calls(threading.local):
+    """The calling thread's entries into a handle's streamed units: per module, how many of our
+    pre-hooks ran and await their post-hook; per unit, how deep the thread is inside it."""
+
+    def __init__(self) -> None:
+        self.modules: dict[int, int] = {}
+        self.units: dict[int, int] = {}
 
 
 class ModelHandle:
@@ -63,23 +85,32 @@ class ModelHandle:
         self.partial_reason: str | None = None  # M50: why it is partial now
         self.gave_up_for: list[str] = []  # M50: components it yielded VRAM for
         self.unloaded = False
-        self._hot: list[nn.Module] = []
-        self._fixed: list[nn.Module] = []
+        self._hot: list[str] = []  # M15 marks, by path: they survive `replace` (M28)
+        self._fixed: list[str] = []
         self._hooks: dict[int, list[RemovableHandle]] = {}
-        self._depth: dict[int, int] = {}
+        self._calls = _Calls()
+        self._derived: dict[tuple[int, str], torch.Tensor] = {}  # legacy weight norm's stand-ins
         self._set_module(module)
 
     # ---- structure -----------------------------------------------------------------------
     def _set_module(self, module: nn.Module) -> None:
         self.module = module
-        self.plan: UnitPlan = plan_units(module, self._fixed)
+        self.plan: UnitPlan = plan_units(module, self._marked(self._fixed))
+        self._derived.clear()
+        absent = [s.name for s in self._all_slots() if isinstance(s.current(), (AbsentParameter, AbsentTensor))]
+        if absent:
+            raise MizuotoError(f"handle {self.name!r}: {absent[0]} (and {len(absent) - 1} more) hold no weights: the "
+                               "module belongs to an unloaded handle; load the model again")
         self._fixed_placed = False
         self._resident: list[Unit] = []  # in placement order (M32 yields in reverse)
         self._device_slots: dict[int, torch.Tensor] = {}  # id(slot) -> its device tensor
         self.streamer.configure(self, self.copies, self.prefetch_depth)
         if self.devices.strict:
             for slot in self._all_slots():
-                slot.hold(absent_like(slot.current(), f"{self.name}.{slot.name}", slot.param is not None))
+                slot.hold_absent(slot.host, self._label(slot))
+            self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
+        if self.plan.size_bytes and self.plan.fixed_bytes * 2 > self.plan.size_bytes:
+            log.info("%s: %d units stream; %s", self.name, len(self.plan.units), self.plan.describe_fixed())
 
     def _all_slots(self) -> list[Slot]:
         return self.plan.fixed + [s for u in self.plan.units for s in u.slots]
@@ -98,17 +129,32 @@ class ModelHandle:
         return 0 if self.kind == "sequence" else self.policy.async_offload
 
     def mark(self, module: nn.Module, mark: Mark) -> None:
-        """M15: `hot` units are resident first; `fixed` modules join the fixed part."""
-        if mark == "hot":
-            self._hot.append(module)
-        elif mark == "fixed":
-            if self.loaded_bytes:
-                raise MizuotoError(f"handle {self.name!r}: mark 'fixed' before the component is placed")
-            self._restore_rest_state()
-            self._fixed.append(module)
-            self._set_module(self.module)
-        else:
+        """M15: `hot` units are resident first; `fixed` modules join the fixed part. Marks are
+        kept by the module's path, so they apply to a replacement module too (M28)."""
+        if mark not in ("hot", "fixed"):
             raise ValueError(f"handle {self.name!r}: mark must be 'hot' or 'fixed', got {mark!r}")
+        path = next((n for n, m in self.module.named_modules() if m is module), None)
+        if path is None:
+            raise ValueError(f"handle {self.name!r}: mark {mark!r}: the module is not part of this component")
+        if mark == "hot":
+            self._hot.append(path)
+            return
+        if self.loaded_bytes or self.in_use:
+            raise MizuotoError(f"handle {self.name!r}: mark 'fixed' before the component is placed")
+        self._restore_rest_state()
+        self._fixed.append(path)
+        self._set_module(self.module)
+
+    def _marked(self, paths: list[str], module: nn.Module | None = None) -> list[nn.Module]:
+        root = self.module if module is None else module
+        found = []
+        for path in paths:
+            try:
+                found.append(root.get_submodule(path))
+            except AttributeError as exc:
+                raise MizuotoError(f"handle {self.name!r}: the module has no submodule {path!r}, which is "
+                                   "marked hot or fixed") from exc
+        return found
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
@@ -146,15 +192,17 @@ class ModelHandle:
         return [u for u in self.plan.units if id(u) not in resident] if self._fixed_placed else []
 
     # ---- placement -----------------------------------------------------------------------
-    def load(self, budget: int | None = None) -> int:
+    def load(self, budget: int | None = None, *, stream_all: bool = False) -> int:
         """Place the component within `budget` bytes (None: whole). Returns bytes placed now.
 
-        Below the minimum working set the load is still tried at the minimum (M7).
+        Below the minimum working set the load is still tried at the minimum (M7), with a
+        warning — except with `stream_all` (`vram_mode = none`: every unit streams, as asked).
         """
         self._check_alive()
         if not self.devices.moves(self.device):
             return 0  # M5: on plain CPU nothing moves
-        target = self._target_units(budget)
+        self._check_between_calls("load")
+        target = [] if stream_all else self._target_units(budget)
         before = self.loaded_bytes
         self.streamer.drop(self)  # placement changes: cached copies may now be resident units
         for unit in [u for u in reversed(self._resident) if u not in target]:
@@ -178,8 +226,8 @@ class ModelHandle:
             return list(self.plan.units)
         if budget < self.min_working_set:
             log.warning(
-                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum",
-                self.name, budget / 2**20, self.min_working_set / 2**20,
+                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum; %s",
+                self.name, budget / 2**20, self.min_working_set / 2**20, self.plan.describe_fixed(),
             )
             budget = self.min_working_set
         room = budget - self.min_working_set
@@ -200,7 +248,8 @@ class ModelHandle:
     def _is_hot(self, unit: Unit) -> bool:
         """A unit inside a `hot` module, or holding one, is placed first."""
         inside = {id(m) for m in unit.module.modules()}
-        return any(id(unit.module) in {id(m) for m in h.modules()} or id(h) in inside for h in self._hot)
+        return any(id(unit.module) in {id(m) for m in h.modules()} or id(h) in inside
+                   for h in self._marked(self._hot))
 
     def partially_unload(self, nbytes: int) -> int:
         """Give back at least `nbytes`, unit by unit in reverse placement order (M32).
@@ -208,6 +257,7 @@ class ModelHandle:
         Cached streamer copies go first; when the units are not enough, the whole component
         leaves the device. Returns the bytes really freed.
         """
+        self._check_between_calls("yield")
         freed = self.streamer.drop(self)
         while freed < nbytes and self._resident:
             freed += self._unplace_unit(self._resident[-1])
@@ -235,14 +285,17 @@ class ModelHandle:
         return released
 
     def unload(self) -> int:
-        """M26: free everything, device and host, without copying back. The handle is spent."""
+        """M26: free everything, device and host, without copying back. The handle is spent.
+        Works whatever the slots hold: device tensors, host tensors or strict stand-ins."""
+        self.end_call()
         freed = self.streamer.forget(self)
         for slot in self._all_slots():
             if self._device_slots.pop(id(slot), None) is not None:
                 self.devices.release(self.device, slot.nbytes)
                 freed += slot.nbytes
-            slot.hold(absent_like(slot.current(), f"{self.name}.{slot.name}", slot.param is not None))
+            slot.hold_absent(None, self._label(slot))
             slot.host = None
+        self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
         self._remove_hooks()
         self._fixed_placed = False
         self._resident.clear()
@@ -251,16 +304,21 @@ class ModelHandle:
         return freed
 
     def replace(self, module: nn.Module) -> None:
-        """M28: swap in changed weights through the handle so host copies never go stale."""
+        """M28: swap in changed weights through the handle so host copies never go stale. The
+        `hot` and `fixed` marks apply to the same paths in the new module."""
         self._check_alive()
         if self.in_use:
             raise MizuotoError(f"handle {self.name!r} is in use; replace it between requests")
+        self._marked(self._hot + self._fixed, module)  # every mark must exist in the new module
         self.offload()
         self._remove_hooks()
         self.streamer.forget(self)
         self._set_module(module)
 
     # ---- slots ---------------------------------------------------------------------------
+    def _label(self, slot: Slot) -> str:
+        return f"{self.name}.{slot.name}"
+
     def _keep_host(self) -> bool:
         """M25: whether placed parameters keep their host tensor."""
         mode = self.policy.host_copies
@@ -297,9 +355,29 @@ class ModelHandle:
     def _hold_rest(self, slot: Slot) -> None:
         """What a slot holds off the device: the host tensor, or a strict stand-in (M56)."""
         if self.devices.strict:
-            slot.hold(absent_like(slot.host, f"{self.name}.{slot.name}", slot.param is not None))  # type: ignore[arg-type]
+            slot.hold_absent(slot.host, self._label(slot))
         else:
             slot.hold(slot.host)  # type: ignore[arg-type]
+
+    def _drop_derived(self, derived: list[tuple[nn.Module, str]]) -> None:
+        """Legacy weight norm leaves the weight it computed from placed or streamed tensors on the
+        layer: once those leave, it becomes a stand-in (strict: one that names it), so no device
+        tensor outlives its placement or its unit."""
+        for module, attr in derived:
+            current = module.__dict__.get(attr)
+            if not isinstance(current, torch.Tensor):
+                continue
+            key = (id(module), attr)
+            standin = self._derived.get(key)
+            if standin is None or standin.shape != current.shape or standin.dtype != current.dtype:
+                label = f"{self.name}.{self._module_path(module)}.{attr} (computed by weight_norm)"
+                standin = (absent_like(current, label, False) if self.devices.strict
+                           else torch.empty_like(current, device="meta"))
+                self._derived[key] = standin
+            module.__dict__[attr] = standin
+
+    def _module_path(self, module: nn.Module) -> str:
+        return next((n for n, m in self.module.named_modules() if m is module), type(module).__name__)
 
     def _restore_rest_state(self) -> None:
         """Give the module its host tensors back (before re-planning its units)."""
@@ -319,6 +397,7 @@ class ModelHandle:
     def _unplace_fixed(self) -> int:
         freed = sum(self._unplace_slot(s) for s in self.plan.fixed)
         freed += sum(self._unplace_unit(u) for u in list(reversed(self._resident)))
+        self._drop_derived(self.plan.derived)
         self._fixed_placed = False
         self.cap_bytes = None  # M40: the cap lasts until the component leaves the device
         self.partial_reason = None
@@ -337,6 +416,7 @@ class ModelHandle:
     def _unplace_unit(self, unit: Unit) -> int:
         freed = sum(self._unplace_slot(s) for s in unit.slots)
         self._resident.remove(unit)
+        self._drop_derived(unit.derived)
         return freed
 
     # ---- hooks (M17) ---------------------------------------------------------------------
@@ -350,6 +430,9 @@ class ModelHandle:
             elif id(unit) not in streamed and hooked:
                 for h in self._hooks.pop(id(unit)):
                     h.remove()
+            elif hooked:
+                for pre, post in zip(self._hooks[id(unit)][::2], self._hooks[id(unit)][1::2]):
+                    _order(pre, post)
         # M21–M23: pin host copies, size copy buffers, run compiled parents eagerly.
         self.streamer.placed(self, self.module, self.streamed_units, self._kept_host_slots(),
                              self.policy.pinned_budget_bytes())
@@ -360,9 +443,11 @@ class ModelHandle:
 
     def _add_hooks(self, unit: Unit) -> None:
         hooks: list[RemovableHandle] = []
-        for _, module in [(u, m) for u, m in iter_unit_modules(self.plan) if u is unit]:
-            hooks.append(module.register_forward_pre_hook(self._pre_hook(unit), with_kwargs=True))
-            hooks.append(module.register_forward_hook(self._post_hook(unit), with_kwargs=True, always_call=True))
+        for module in unit.hooked():
+            post = module.register_forward_hook(self._post_hook(unit), with_kwargs=True, always_call=True)
+            # Ours first: another pre-hook (legacy weight norm) may read the weights.
+            pre = module.register_forward_pre_hook(self._pre_hook(unit, post.id), with_kwargs=True, prepend=True)
+            hooks += [pre, post]
         self._hooks[id(unit)] = hooks
 
     def _remove_hooks(self) -> None:
@@ -374,12 +459,15 @@ class ModelHandle:
     def has_hooks(self) -> bool:
         return bool(self._hooks)
 
-    def _pre_hook(self, unit: Unit) -> Any:
+    def _pre_hook(self, unit: Unit, post_id: int) -> Any:
         def pre(module: nn.Module, args: Any, kwargs: Any) -> None:
+            posts = module._forward_hooks
+            if next(reversed(posts)) != post_id:
+                posts.move_to_end(post_id)  # ours last: a user's post-hook still sees the weights
             if self.graph_capture is not None:
                 self.graph_capture.enter(module)  # M24: per-leaf copies into the graph's memory
             else:
-                self.enter_unit(unit)
+                self.enter(module, unit)
 
         return pre
 
@@ -388,32 +476,73 @@ class ModelHandle:
             if self.graph_capture is not None:
                 self.graph_capture.exit(module)
             else:
-                self.exit_unit(unit)
+                self.exit(module, unit)
 
         return post
 
-    def enter_unit(self, unit: Unit) -> None:
-        """Swap the unit's weights to its device copy (nested entries reuse the first, M17)."""
-        depth = self._depth.get(id(unit), 0)
-        self._depth[id(unit)] = depth + 1
+    def enter(self, module: nn.Module, unit: Unit) -> None:
+        """The calling thread enters `unit` through `module`: on its first entry the unit's
+        weights are swapped to their device copy (nested entries reuse it, M17)."""
+        calls = self._calls
+        calls.modules[id(module)] = calls.modules.get(id(module), 0) + 1
+        depth = calls.units.get(unit.index, 0)
+        calls.units[unit.index] = depth + 1
         if depth:
             return
         try:
-            tensors = self.streamer.acquire(self, unit)
+            self._swap_in(unit)
         except BaseException:
-            self._depth[id(unit)] = 0
+            calls.units.pop(unit.index, None)
+            calls.modules[id(module)] -= 1
             raise
-        for slot, tensor in zip(unit.slots, tensors):
-            slot.hold(tensor)
 
-    def exit_unit(self, unit: Unit) -> None:
-        depth = self._depth.get(id(unit), 0) - 1
-        self._depth[id(unit)] = max(depth, 0)
+    def exit(self, module: nn.Module, unit: Unit) -> None:
+        """The calling thread leaves `module`; on its last exit from `unit` the copy goes back."""
+        calls = self._calls
+        entered = calls.modules.get(id(module), 0)
+        if not entered:
+            return  # our pre-hook did not run for this call (a pre-hook before it raised)
+        calls.modules[id(module)] = entered - 1
+        depth = calls.units.get(unit.index, 0) - 1
         if depth > 0:
+            calls.units[unit.index] = depth
             return
-        for slot in unit.slots:
-            self._hold_rest(slot)
-        self.streamer.release(self, unit)
+        calls.units.pop(unit.index, None)
+        self._swap_out(unit)
+
+    def end_call(self) -> None:
+        """The calling thread's phase with this handle ended: leave every unit it is still
+        inside (a `BaseException` skipped their post-hooks) and forget its learned position."""
+        calls = self._calls
+        stale = [u for u in self.plan.units if calls.units.get(u.index)]
+        calls.units.clear()
+        calls.modules.clear()
+        for unit in stale:
+            self._swap_out(unit)
+        self.streamer.end_call(self)
+
+    def _swap_in(self, unit: Unit) -> None:
+        with self.streamer.lock:
+            tensors = self.streamer.acquire(self, unit)
+            if self.streamer.users(self, unit) == 1:  # the first thread inside: swap in
+                for slot, tensor in zip(unit.slots, tensors):
+                    slot.hold(tensor)
+
+    def _swap_out(self, unit: Unit) -> None:
+        with self.streamer.lock:
+            if self.streamer.users(self, unit) == 1:  # the last thread inside: swap back
+                for slot in unit.slots:
+                    self._hold_rest(slot)
+                self._drop_derived(unit.derived)
+            self.streamer.release(self, unit)
+
+    def _check_between_calls(self, what: str) -> None:
+        """Placement changes only between calls: never while a thread is inside a streamed unit."""
+        self.end_call()  # this thread is not inside a forward: what it left entered is stale
+        running = [u.name for u in self.plan.units if self.streamer.users(self, u)]
+        if running:
+            raise MizuotoError(f"handle {self.name!r}: cannot {what} while a forward runs inside its streamed "
+                               f"unit {running[0]}; its placement changes only between calls (M31)")
 
     # ---- misc ----------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -435,9 +564,18 @@ class ModelHandle:
             "units": len(self.plan.units),
             "resident_units": len(self._resident),
             "min_working_set": self.min_working_set,
+            "fixed": [{"reason": why, "bytes": nbytes} for why, nbytes in self.plan.why_fixed()],  # M14
         }
 
     def __repr__(self) -> str:
         return (f"ModelHandle({self.engine}:{self.name}, {self.kind}, {self.loaded_bytes}/{self.size_bytes} B, "
                 f"{len(self._resident)}/{len(self.plan.units)} units)")
 
+
+def _order(pre: RemovableHandle, post: RemovableHandle) -> None:
+    """Our pre-hook first and our post-hook last on their module, whatever was added since."""
+    pres, posts = pre.hooks_dict_ref(), post.hooks_dict_ref()
+    if pres is not None and pre.id in pres:
+        pres.move_to_end(pre.id, last=False)  # type: ignore[attr-defined]
+    if posts is not None and post.id in posts:
+        posts.move_to_end(post.id)  # type: ignore[attr-defined]

@@ -11,13 +11,21 @@
    after asking an external accounting (ComfyUI, M35) to free its own models first;
 4. load whole if it fits, else split the budget (M33) and load partially.
 An estimate never refuses (M7): below the minimum working set the load is tried at the minimum.
+
+Requests (M8, M31). `compute.gpu_jobs = N`: at most N requests hold a device at once — each
+phase holds one of the device's slots (`slots.py`) while it runs; `exclusive(device)` takes
+them all (M60: a training job owns the device). Two requests may use one handle at once: a
+handle in use keeps its placement — the manager budgets around what it holds (its placement
+and its streamer copies) and never re-places, yields or caps it until the last request using
+it releases it; then its copies are dropped, so an idle component holds only its placement.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -25,10 +33,11 @@ from torch import nn
 
 from .calibration import Calibration
 from .devices import DeviceService
-from .errors import DeviceTooSmallError
+from .errors import DeviceTooSmallError, MizuotoError
 from .handle import Kind, ModelHandle
 from .policy import VramPolicy
 from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement
+from .slots import DeviceSlots
 from .streamer import Streamer
 
 if TYPE_CHECKING:
@@ -40,6 +49,8 @@ log = logging.getLogger(__name__)
 GPU_JOB_WAIT_S = 600.0
 # `low` mode keeps this share of the streamable weights resident (M9).
 LOW_MODE_RESIDENT_SHARE = 0.25
+# The placement log keeps the latest entries only: a server runs for weeks.
+EVENTS_KEPT = 1000
 
 
 def _check_device_size(total: int, handles: Sequence[ModelHandle]) -> None:
@@ -53,6 +64,15 @@ def _check_device_size(total: int, handles: Sequence[ModelHandle]) -> None:
                                                        for h in handles) + ")"
     raise DeviceTooSmallError(f"{what} needs at least {need / 2**20:.1f} MB on the device{parts}; "
                               f"the device has {total / 2**20:.1f} MB")
+
+
+class EventLog(list[tuple[str, str, int]]):
+    """The placement log, (action, component, bytes): a list keeping the latest EVENTS_KEPT."""
+
+    def append(self, event: tuple[str, str, int]) -> None:
+        super().append(event)
+        if len(self) > EVENTS_KEPT:
+            del self[: len(self) - EVENTS_KEPT]
 
 
 class ExternalAccounting(Protocol):
@@ -83,8 +103,10 @@ class ModelManager:
         self.handles: list[ModelHandle] = []
         self.external: ExternalAccounting | None = None
         self.calibration = calibration or Calibration()  # M47: factors on working-memory estimates
-        self.events: list[tuple[str, str, int]] = []  # placement log: (action, component, bytes)
+        self.events = EventLog()  # the placement log: (action, component, bytes)
         self._streamers: dict[str, Streamer] = {}
+        self._slots: dict[str, DeviceSlots] = {}
+        self._unload_pending: list[ModelHandle] = []  # unregistered while in use (M31)
         self._cond = threading.Condition(threading.RLock())
 
     # ---- components ----------------------------------------------------------------------
@@ -94,23 +116,50 @@ class ModelManager:
             self._streamers[key] = Streamer(self.devices, device)
         return self._streamers[key]
 
+    def slots(self, device: torch.device) -> DeviceSlots:
+        """The device's request slots: `compute.gpu_jobs` of them (M8, M60)."""
+        with self._cond:
+            key = str(device)
+            if key not in self._slots:
+                self._slots[key] = DeviceSlots(key, lambda: self.policy.gpu_jobs)
+            return self._slots[key]
+
     def register(
         self, module: nn.Module, *, engine: str, name: str, kind: Kind = "oneshot",
         graphable: bool = False, device: torch.device | None = None,
     ) -> ModelHandle:
+        """A handle for `module`. A module (or one inside or around it) already registered is an
+        error naming the handle that holds it: two handles would move the same weights."""
         device = device or self.devices.compute_device()
-        handle = ModelHandle(
-            module, devices=self.devices, policy=self.policy, streamer=self.streamer(device),
-            device=device, kind=kind, engine=engine, name=name, graphable=graphable,
-        )
+        label = f"{engine}:{name}" if engine else name
         with self._cond:
+            self._check_unregistered(module, label)
+            handle = ModelHandle(
+                module, devices=self.devices, policy=self.policy, streamer=self.streamer(device),
+                device=device, kind=kind, engine=engine, name=name, graphable=graphable,
+            )
             self.handles.append(handle)
         return handle
 
+    def _check_unregistered(self, module: nn.Module, label: str) -> None:
+        inside = {id(m) for m in module.modules()}
+        for h in self.handles:
+            if h.unloaded:
+                continue  # its module holds no weights: the handle says so if used again
+            if id(h.module) in inside or any(m is module for m in h.module.modules()):
+                raise MizuotoError(f"{label}: the module is already registered as {self.key(h)}; "
+                                   f"use that handle, or unregister it first")
+
     def unregister(self, handle: ModelHandle) -> None:
+        """Forget `handle` and free all it holds (M26). One in use by a request leaves the
+        registry now and is unloaded when that request releases it (M31)."""
         with self._cond:
             if handle in self.handles:
                 self.handles.remove(handle)
+            if handle.in_use:
+                log.info("%s is in use: it unloads when its phase ends", self.key(handle))
+                self._unload_pending.append(handle)
+                return
             handle.unload()
 
     def key(self, handle: ModelHandle) -> str:
@@ -123,29 +172,73 @@ class ModelManager:
 
         return RequestContext(self, generator=generator, cancel_check=cancel_check, on_progress=on_progress)
 
-    def streamed_bytes(self) -> int:
-        return sum(s.streamed_bytes for s in self._streamers.values())
+    @contextlib.contextmanager
+    def exclusive(self, device: torch.device, *, who: str = "a training job",
+                  cancel_check: Callable[[], None] | None = None,
+                  timeout_s: float | None = None) -> Iterator[None]:
+        """M60 (`JobSpec.exclusive`): take every slot of `device` for the block — waiting for the
+        requests holding it to end, cancellably, within the wait bound (M8) — then move every
+        idle component off it (M34). Requests wait until the block ends."""
+        timeout = self.wait_timeout_s if timeout_s is None else timeout_s
+        with self.slots(device).exclusive(who, cancel_check, timeout):
+            freed = self.offload_idle(device=device)
+            if freed:
+                self.devices.empty_cache(device)
+            log.info("%s holds %s exclusively (%.1f MB of idle components moved off)", who, device, freed / 2**20)
+            yield
 
     # ---- placement -----------------------------------------------------------------------
     def acquire(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
                 cancel_check: Callable[[], None] | None = None) -> list[Placement]:
-        """Place `handles` for a phase and mark them in use (M2, M31) until `release`."""
-        with self._cond:
-            placements = self.load(handles, memory, phase=phase, cancel_check=cancel_check)
-            for h in handles:
-                h.in_use += 1
-                h.last_used = time.monotonic()
-            for s in {id(h.streamer): h.streamer for h in handles}.values():
-                s.cancel_check = cancel_check
+        """Hold a slot of the device (M8), place `handles` for a phase and mark them in use (M2,
+        M31) until `release`."""
+        slots = self._phase_slots(handles)
+        if slots is not None:
+            slots.take(cancel_check, self.wait_timeout_s)
+        try:
+            with self._cond:
+                placements = self.load(handles, memory, phase=phase, cancel_check=cancel_check)
+                for h in handles:
+                    h.in_use += 1
+                    h.last_used = time.monotonic()
+        except BaseException:
+            if slots is not None:
+                slots.give()
+            raise
         return placements
 
     def release(self, handles: Sequence[ModelHandle]) -> None:
-        with self._cond:
-            for h in handles:
-                h.in_use = max(0, h.in_use - 1)
-                h.last_used = time.monotonic()
-            self._ask("on_released", None, handles)
-            self._cond.notify_all()
+        """The phase ended: the calling thread leaves the handles' units (`end_call`); a handle
+        no request uses any more drops its streamer copies (or unloads, if unregistered)."""
+        try:
+            for h in dict.fromkeys(handles):
+                h.end_call()
+            with self._cond:
+                for h in handles:
+                    h.in_use = max(0, h.in_use - 1)
+                    h.last_used = time.monotonic()
+                for h in dict.fromkeys(handles):
+                    if not h.in_use:
+                        self._idle(h)
+                self._ask("on_released", None, handles)
+                self._cond.notify_all()
+        finally:
+            slots = self._phase_slots(handles)
+            if slots is not None:
+                slots.give()
+
+    def _idle(self, handle: ModelHandle) -> None:
+        if handle in self._unload_pending:
+            self._unload_pending.remove(handle)
+            handle.unload()
+        elif not handle.unloaded:
+            handle.streamer.drop(handle)  # no copy outlives the phases that used it
+
+    def _phase_slots(self, handles: Sequence[ModelHandle]) -> DeviceSlots | None:
+        """The slots a phase holds: its device's, where weights move (none on plain CPU, M5)."""
+        if not handles or not self.devices.moves(handles[0].device):
+            return None
+        return self.slots(handles[0].device)
 
     def load(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
              cancel_check: Callable[[], None] | None = None) -> list[Placement]:
@@ -163,24 +256,31 @@ class ModelManager:
             working = int(memory * self._factor(handles, phase))
             reserve = self.reserve_bytes(device)
             # M6.1, counted against what the handles already hold (see `_available`).
-            needed = sum(self._ceiling(h) for h in handles) + working + reserve
-            self._make_room(device, needed, handles, cancel_check)
+            self._make_room(device, working + reserve, handles, cancel_check)
+            # In use by another request (maybe since `_make_room` waited): its placement stays (M31).
+            movable = [h for h in handles if not h.in_use]
+            held = sum(_footprint(h) for h in handles if h.in_use)
             available = self._available(device, handles)
-            budgets, reasons = self._budgets(handles, available - working - reserve)
+            budgets, reasons = self._budgets(movable, available - held - working - reserve)
             placements = []
             for h in handles:
-                placed = h.load(budgets[h])
-                self.events.append(("place", self.key(h), placed))
-                reason = self._reason(h, reasons.get(h))
-                h.partial_reason = reason
-                h.gave_up_for = []
+                if h in movable:
+                    placed = h.load(budgets[h], stream_all=self.policy.vram_mode == "none")
+                    self.events.append(("place", self.key(h), placed))
+                    h.partial_reason = self._reason(h, reasons.get(h))
+                    h.gave_up_for = []
                 placements.append(Placement(
-                    self.key(h), phase, h.loaded_bytes, h.size_bytes, reason, self.policy.vram_mode,
+                    self.key(h), phase, h.loaded_bytes, h.size_bytes, h.partial_reason, self.policy.vram_mode,
                     available, working, reserve,
                 ))
             if self.external is not None:
                 self.external.on_placed(handles)
             return placements
+
+    def _weights_needed(self, handles: Sequence[ModelHandle]) -> int:
+        """The most the mode puts on the device for the handles that may be placed (`_ceiling`),
+        and what the others hold (in use by another request: their placement stays, M31)."""
+        return sum(_footprint(h) if h.in_use else self._ceiling(h) for h in handles)
 
     def reserve_bytes(self, device: torch.device) -> int:
         """M6.1's reserve: `compute.vram_reserve_mb` when set; else, inside another manager's
@@ -240,12 +340,13 @@ class ModelManager:
             free = min(free, limit - self.devices.process_bytes(device))
         return max(0, free) + sum(h.device_bytes for h in handles)
 
-    def _make_room(self, device: torch.device, needed: int, handles: Sequence[ModelHandle],
+    def _make_room(self, device: torch.device, extra: int, handles: Sequence[ModelHandle],
                    cancel_check: Callable[[], None] | None) -> None:
-        """M6.3 and M8: yield idle components; with gpu_jobs > 1, wait for other requests."""
-        self._yield(device, needed - self._available(device, handles), handles)
+        """M6.3 and M8: idle components yield room for the handles' weights plus `extra` (working
+        memory and reserve); with gpu_jobs > 1, wait for other requests to release theirs."""
+        self._yield(device, self._deficit(device, handles, extra), handles)
         deadline = time.monotonic() + self.wait_timeout_s
-        while self._must_wait(device, handles, needed):
+        while self._must_wait(device, handles, extra):
             if cancel_check is not None:
                 cancel_check()
             remaining = deadline - time.monotonic()
@@ -254,21 +355,20 @@ class ModelManager:
                             self.wait_timeout_s)
                 break
             self._cond.wait(timeout=min(remaining, 0.5))
-            self._yield(device, needed - self._available(device, handles), handles)
+            self._yield(device, self._deficit(device, handles, extra), handles)
 
-    def _must_wait(self, device: torch.device, handles: Sequence[ModelHandle], needed: int) -> bool:
+    def _deficit(self, device: torch.device, handles: Sequence[ModelHandle], extra: int) -> int:
+        return self._weights_needed(handles) + extra - self._available(device, handles)
+
+    def _must_wait(self, device: torch.device, handles: Sequence[ModelHandle], extra: int) -> bool:
         """M8: the minimum working set (high mode: the whole model) does not fit while another
-        request holds components on this device."""
+        request holds components on this device (one of `handles` too, if it is in use)."""
         if self.policy.gpu_jobs <= 1:
             return False
-        others_busy = any(h.in_use and h.device == device and h not in handles for h in self.handles)
-        if not others_busy:
+        if not any(h.in_use and h.device == device for h in self.handles):
             return False
-        if self.policy.vram_mode == "high":
-            floor = sum(h.size_bytes for h in handles)
-        else:
-            floor = sum(h.min_working_set for h in handles)
-        extra = needed - sum(self._ceiling(h) for h in handles)  # working memory + reserve
+        high = self.policy.vram_mode == "high"
+        floor = sum(_footprint(h) if h.in_use else h.size_bytes if high else h.min_working_set for h in handles)
         return self._available(device, handles) < floor + extra
 
     def _yield(self, device: torch.device, deficit: int, keep: Sequence[ModelHandle]) -> int:
@@ -312,7 +412,7 @@ class ModelManager:
         mode = self.policy.vram_mode
         if mode == "high":
             return {h: None for h in handles}, {}
-        if mode == "none":
+        if mode == "none":  # every unit streams (`load(stream_all=True)`)
             return {h: 0 for h in handles}, {h: REASON_MODE.format(mode=mode) for h in handles}
         budgets, reasons = self._split(handles, room)
         if mode == "low":
@@ -372,3 +472,10 @@ class ModelManager:
                 if (device is None or h.device == device) and h not in keep and not h.in_use and h.device_bytes:
                     freed += self.record_yield(h, h.offload(), for_)
         return freed
+
+
+def _footprint(handle: ModelHandle) -> int:
+    """The most a placed handle holds on the device: its placement, plus room for its streamer
+    copies when units stream (M16)."""
+    copies = handle.min_working_set - handle.plan.fixed_bytes if handle.streamed_units else 0
+    return handle.loaded_bytes + copies

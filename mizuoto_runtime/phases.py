@@ -6,6 +6,11 @@ the same for a pure function and adds the exact retry of M40: the failed attempt
 left, the manager makes room (`after_oom`), every random state the run can read is restored,
 and the function runs again — same random numbers, same result, slower. Phases under `use`
 are not retried (M41).
+
+What a request is charged lives in the request, never in a per-device streamer shared with
+other requests: its cancel check (run before every streamed copy and while waiting for the
+device, M8, M23), the bytes streamed for it (`meta.memory.streamed_mb`, M50) and its exact
+retries, which add up over its phases (`meta.applied.oom_retries`, M40).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch
 from .calibration import PhaseMeter
 from .errors import ArgumentError, DeviceTooSmallError
 from .report import MemoryReport, Placement
+from .streamer import StreamCharge, charging
 
 if TYPE_CHECKING:
     from .handle import ModelHandle
@@ -73,7 +79,7 @@ class RequestContext:
         self.on_progress = on_progress  # (done, total) per token or step; a host's progress bar
         self.report = MemoryReport()
         self.applied: dict[str, Any] = {"oom_retries": 0, "fallbacks": []}
-        self._streamed_at_start = manager.streamed_bytes()
+        self.charge = StreamCharge(cancel_check)  # its streamed bytes and cancel check (M23, M50)
         self._handles: dict[str, ModelHandle] = {}
 
     @property
@@ -84,7 +90,7 @@ class RequestContext:
 
     def _refresh(self) -> None:
         """Fold in what happened after each phase: who gave VRAM up for later phases (M50)."""
-        self.report.streamed_bytes = self.manager.streamed_bytes() - self._streamed_at_start
+        self.report.streamed_bytes = self.charge.streamed_bytes
         for key, h in self._handles.items():
             p = self.report.components.get(key)
             if p is not None and h.gave_up_for:
@@ -106,12 +112,13 @@ class RequestContext:
         _check_memory(memory, name)
         self.check_cancelled()
         placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check)
-        for h, p in zip(dict.fromkeys(handles), placements):
-            self._handles[p.component] = h
-            self.report.add(p)
-        meter = self._meter(handles)
         try:
-            yield placements
+            for h, p in zip(dict.fromkeys(handles), placements):
+                self._handles[p.component] = h
+                self.report.add(p)
+            meter = self._meter(handles)
+            with charging(self.charge):
+                yield placements
             if meter is not None:
                 copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
                 self.manager.calibrate(handles, name, memory, meter.working_bytes(copies, _held_copies(handles)))
@@ -158,7 +165,7 @@ class RequestContext:
                     break
             # M40.1: we are out of the except block, so the failed attempt's frames are gone.
             attempt += 1
-            self.applied["oom_retries"] = attempt
+            self.applied["oom_retries"] += 1  # all phases of the request together
             log.warning("phase %r ran out of memory; retrying exactly with less on the device (%d/%d)",
                         name, attempt, retries)
             self.manager.after_oom(handles)

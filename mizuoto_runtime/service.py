@@ -5,9 +5,11 @@ first), unloads engines idle longer than `compute.unload_after_minutes` (a serve
 `unload_idle` on a timer), relieves host RAM when free RAM falls below
 `compute.ram_reserve_mb` — first dropping host copies of whole-loaded components, then
 unloading idle engines least recently used first — moves idle components off a device before
-fine-tuning on it (`release_device`), and after a job fails with OOM moves every unused
-component off every device (`release_after_oom`, ComfyUI's `unload_all_models`). It never
-unloads an engine in use or one with a component in `engines.<id>.pinned_models`.
+fine-tuning on it (`release_device`; a training job that owns the device takes it with
+`manager.exclusive(device)`, which waits for running requests, keeps new ones out and moves
+idle components off, M60), and after a job fails with OOM moves every unused component off
+every device (`release_after_oom`, ComfyUI's `unload_all_models`). It never unloads an engine
+in use or one with a component in `engines.<id>.pinned_models`.
 """
 from __future__ import annotations
 

@@ -1,40 +1,100 @@
 """Streamer: device copies of streamed units — few, reused, in learned order (M18–M20, M23).
 
 A handle whose units do not all fit keeps the rest in host RAM; the handle's hooks ask the
-streamer for a unit's device copy on entry and give it back on exit. Per handle the streamer
-keeps at most `capacity` live copies: the running unit plus those in flight
-(`compute.async_offload` + 1 for `oneshot`, one for `sequence`, M20). A unit that runs again
-before its copy is dropped (CFG halves, beams) reuses it (M18). It learns each unit's
-successor and copies the next units ahead (M19); on CUDA those copies run on a side stream
-(see `transfer.py`), elsewhere synchronously. A unit entered out of the learned order is
-copied on the spot, so correctness never depends on the order. After each placement change
-the handle calls `placed`: the copy engine pins host copies (M21, M22), sizes its copy
-buffers and makes compiled parents of streamed units eager (M23). CUDA Graph replays are
-counted with `count_replay` so `streamed_bytes` stays exact (M24).
+streamer for a unit's device copy when a thread enters the unit and give it back when the
+thread leaves it. Per handle the streamer keeps at most `capacity` copies: the running unit
+plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequence`, M20).
+
+* Threads (two requests sharing one handle, M8). Everything here runs under `lock`, one
+  thread at a time. A thread entering a unit another thread is inside shares its copy (a
+  module's weights are one attribute: every caller sees the same tensor); the copy stays until
+  the last of them leaves. A thread that needs a new copy while every copy is in use by other
+  threads waits for one to be released — cancellably — so concurrent calls never hold more
+  than the handle's minimum working set counted (M16). A thread already inside a unit never
+  waits (that could deadlock); it goes over capacity instead, like a nested entry.
+* Copies live as long as their unit runs (M18): when the last thread leaves a unit its copy
+  is dropped, unless the unit may run again while the copy could stay — nothing is learned yet
+  about what follows it, or the learned order brings it back within the copies the handle may
+  keep (CFG halves and beams run a block twice in a row) — or it was copied ahead and not yet
+  entered. The manager drops the rest when the last phase using the handle ends.
+* Learned order (M19). Each thread's previous unit is its own; a thread's order starts afresh
+  with each phase (`end_call`), so successors never cross a phase boundary. The copies of the
+  next units are made ahead (on CUDA on a side stream, see `transfer.py`). A unit entered out
+  of the learned order is copied on the spot: correctness never depends on the order.
+* Per request (M23, M50). The request running on a thread is `charging` the streamers: its
+  cancel check runs before every copy, and the bytes copied for it are counted in its own
+  `StreamCharge`, never mixed with another request's.
+
+After each placement change the handle calls `placed`: the copy engine pins host copies (M21,
+M22), sizes its copy buffers and makes compiled parents of streamed units eager (M23). CUDA
+Graph replays are counted with `count_replay` so streamed bytes stay exact (M24).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .devices import DeviceService
-from .transfer import CopyEngine, Lease, make_copy_engine
+from .transfer import BufferedCopyEngine, Lease, make_copy_engine
 
 if TYPE_CHECKING:
     from .units import Slot, Unit
 
 log = logging.getLogger(__name__)
 
+# How long a thread waits for another thread to release a copy before going over capacity.
+COPY_WAIT_S = 600.0
+_POLL_S = 0.5  # cancellation is checked this often while waiting
+
+
+@dataclasses.dataclass(eq=False)
+class StreamCharge:
+    """What one request is charged by the streamers: bytes copied for it from host RAM (its
+    `meta.memory.streamed_mb`, M50) and its cancel check, run before every copy (M23)."""
+
+    cancel_check: Callable[[], None] | None = None
+    streamed_bytes: int = 0
+
+    def check(self) -> None:
+        if self.cancel_check is not None:
+            self.cancel_check()
+
+
+_charge: contextvars.ContextVar[StreamCharge | None] = contextvars.ContextVar("mizuoto_stream_charge", default=None)
+
+
+@contextlib.contextmanager
+def charging(charge: StreamCharge) -> Iterator[StreamCharge]:
+    """Charge the copies this thread makes in the block to `charge` (a request's phase)."""
+    token = _charge.set(charge)
+    try:
+        yield charge
+    finally:
+        _charge.reset(token)
+
+
+class _Inside(threading.local):
+    """How many units (any handle) the current thread is inside: such a thread never waits."""
+
+    units = 0
+
+
+_inside = _Inside()
+
 
 @dataclasses.dataclass(eq=False)
 class UnitCopy:
-    """A unit's weights on the device: the copy engine's lease (tensors, ready event, buffer)."""
+    """A unit's weights on the device: the copy engine's lease, and how many threads use it."""
 
     unit: Unit
     lease: Lease
@@ -46,6 +106,12 @@ class UnitCopy:
         return self.lease.tensors
 
 
+class _Order(threading.local):
+    """A thread's previous unit in one handle (M19: learned per call, reset per phase)."""
+
+    last: int | None = None
+
+
 @dataclasses.dataclass(eq=False)
 class _HandleCopies:
     key: int  # id of the handle: the copy engine's key
@@ -53,7 +119,8 @@ class _HandleCopies:
     prefetch: int  # how many successors to copy ahead (0 for sequence handles, M20)
     copies: collections.OrderedDict[int, UnitCopy] = dataclasses.field(default_factory=collections.OrderedDict)
     successor: dict[int, Unit] = dataclasses.field(default_factory=dict)
-    last: int | None = None
+    repeats: set[int] = dataclasses.field(default_factory=set)  # units that ran twice in a row
+    order: _Order = dataclasses.field(default_factory=_Order)
     streamed: int = 0  # bytes this handle's units were copied from host RAM
     placements: int = 0  # counts `placed` calls (a CUDA Graph checks its placement then, M24)
 
@@ -61,38 +128,43 @@ class _HandleCopies:
 class Streamer:
     """Device copies of streamed units for one device (M18–M20)."""
 
-    def __init__(self, devices: DeviceService, device: torch.device, engine: CopyEngine | None = None) -> None:
+    def __init__(self, devices: DeviceService, device: torch.device, engine: BufferedCopyEngine | None = None) -> None:
         self.devices = devices
         self.device = device
         self.engine = engine or make_copy_engine(devices, device)
-        self.streamed_bytes = 0  # every byte copied from host RAM (M50's streamed_mb)
-        self.cancel_check: Callable[[], None] | None = None  # set by the running request (M23)
+        self.streamed_bytes = 0  # every byte copied from host RAM on this device, all requests together
+        # The handles' hooks and the copy engine run under it; waiting for a copy releases it.
+        self.lock = threading.Condition(threading.RLock())
+        self._waiting = 0  # threads waiting in `_copy_for` for a copy to be released
         self._handles: dict[int, _HandleCopies] = {}
 
     # ---- registration --------------------------------------------------------------------
     def configure(self, owner: object, capacity: int, prefetch: int) -> None:
         """Set how many copies `owner` (a handle) may keep, and how far ahead to copy."""
-        state = self._handles.get(id(owner))
-        if state is None:
-            self._handles[id(owner)] = _HandleCopies(id(owner), max(1, capacity), max(0, prefetch))
-        else:
-            state.capacity, state.prefetch = max(1, capacity), max(0, prefetch)
+        with self.lock:
+            state = self._handles.get(id(owner))
+            if state is None:
+                self._handles[id(owner)] = _HandleCopies(id(owner), max(1, capacity), max(0, prefetch))
+            else:
+                state.capacity, state.prefetch = max(1, capacity), max(0, prefetch)
 
     def forget(self, owner: object) -> int:
         """Drop `owner`'s copies and learned order; returns bytes freed."""
-        freed = self.drop(owner)
-        self.engine.forget(id(owner))
-        self._handles.pop(id(owner), None)
-        return freed
+        with self.lock:
+            freed = self.drop(owner)
+            self.engine.forget(id(owner))
+            self._handles.pop(id(owner), None)
+            return freed
 
     def placed(self, owner: object, root: nn.Module, streamed: list[Unit], kept: list[Slot],
                pinned_limit: int) -> None:
         """`owner`'s placement changed: `streamed` units stream, `kept` slots keep host copies."""
-        state = self._handles.get(id(owner))
-        if state is None:
-            return  # forgotten (unloaded): nothing streams
-        state.placements += 1
-        self.engine.placed(state.key, root, streamed, kept, state.capacity, pinned_limit)
+        with self.lock:
+            state = self._handles.get(id(owner))
+            if state is None:
+                return  # forgotten (unloaded): nothing streams
+            state.placements += 1
+            self.engine.placed(state.key, root, streamed, kept, state.capacity, pinned_limit)
 
     def placements(self, owner: object) -> int:
         state = self._handles.get(id(owner))
@@ -104,53 +176,80 @@ class Streamer:
 
     def count_replay(self, owner: object, nbytes: int) -> None:
         """Bytes a CUDA Graph replay copied from host RAM for `owner` (M24, M50)."""
-        self.streamed_bytes += nbytes
-        state = self._handles.get(id(owner))
-        if state is not None:
-            state.streamed += nbytes
+        with self.lock:
+            self._count(self._handles.get(id(owner)), nbytes)
 
-    # ---- the hooks' side -----------------------------------------------------------------
+    # ---- the hooks' side --------------------------------------------------------------------
     def acquire(self, owner: object, unit: Unit) -> list[torch.Tensor]:
-        """The unit's device tensors, ready for use on the compute stream."""
-        state = self._handles[id(owner)]
-        self._learn(state, unit)
-        copy = state.copies.get(unit.index)
-        if copy is None:
-            copy = self._make(state, unit)
-        else:
-            state.copies.move_to_end(unit.index)
-        copy.refs += 1
-        self.engine.wait(copy.lease)
-        if state.prefetch:
-            self._prefetch(state, unit)
-        return copy.tensors
+        """The unit's device tensors for the calling thread, ready on the compute stream."""
+        with self.lock:
+            state = self._handles[id(owner)]
+            self._learn(state, unit)
+            copy = self._copy_for(state, unit)
+            copy.refs += 1
+            _inside.units += 1
+            try:
+                self.engine.wait(copy.lease)
+                if state.prefetch:
+                    self._prefetch(state, unit)  # its copies check for cancellation too
+            except BaseException:
+                self.release(owner, unit)
+                raise
+            return copy.tensors
+
+    def users(self, owner: object, unit: Unit) -> int:
+        """How many threads are inside `unit` now."""
+        copy = self._handles[id(owner)].copies.get(unit.index)
+        return copy.refs if copy is not None else 0
 
     def release(self, owner: object, unit: Unit) -> None:
-        state = self._handles[id(owner)]
-        copy = state.copies.get(unit.index)
-        if copy is not None:
+        """The calling thread left `unit`: its copy goes unless the learned order keeps it."""
+        with self.lock:
+            state = self._handles[id(owner)]
+            copy = state.copies.get(unit.index)
+            if copy is None:
+                return
             copy.refs -= 1
+            _inside.units = max(0, _inside.units - 1)
             self.engine.record_use(copy.lease)
+            if copy.refs == 0 and not self._may_run_again(state, unit):
+                self._evict(state, unit.index)
+            if self._waiting:
+                self.lock.notify_all()
+
+    def end_call(self, owner: object) -> None:
+        """The calling thread's phase with `owner` ended: its learned order starts afresh (M19)."""
+        state = self._handles.get(id(owner))
+        if state is not None:
+            state.order.last = None
 
     # ---- cache control -------------------------------------------------------------------
     def drop(self, owner: object | None = None) -> int:
         """Drop cached copies not in use (all handles when `owner` is None); bytes freed (M40)."""
-        states = self._handles.values() if owner is None else [self._handles.get(id(owner))]
-        freed = 0
-        for state in states:
-            if state is None:
-                continue
-            held = self.engine.held_bytes(state.key)
-            for index in [i for i, c in state.copies.items() if c.refs == 0]:
-                self._evict(state, index)
-            self.engine.trim(state.key)  # copy buffers kept for reuse go too
-            freed += held - self.engine.held_bytes(state.key)
-        return freed
+        with self.lock:
+            states = self._handles.values() if owner is None else [self._handles.get(id(owner))]
+            freed = 0
+            for state in states:
+                if state is None:
+                    continue
+                held = self.engine.held_bytes(state.key)
+                for index in [i for i, c in state.copies.items() if c.refs == 0]:
+                    self._evict(state, index)
+                self.engine.trim(state.key)  # copy buffers kept for reuse go too
+                freed += held - self.engine.held_bytes(state.key)
+            if self._waiting:
+                self.lock.notify_all()
+            return freed
 
     def cached_bytes(self, owner: object) -> int:
-        """Device bytes the copy engine holds for `owner` (its copies, or its copy buffers)."""
+        """Device bytes the copy engine holds for `owner` (its copy buffers)."""
         state = self._handles.get(id(owner))
         return self.engine.held_bytes(state.key) if state else 0
+
+    def live_copies(self, owner: object) -> int:
+        """Copies of `owner`'s units on the device now (in use, kept for reuse, or ahead)."""
+        state = self._handles.get(id(owner))
+        return len(state.copies) if state else 0
 
     def streamed_bytes_of(self, owner: object) -> int:
         state = self._handles.get(id(owner))
@@ -158,19 +257,74 @@ class Streamer:
 
     # ---- internals -----------------------------------------------------------------------
     def _learn(self, state: _HandleCopies, unit: Unit) -> None:
-        if state.last is not None and state.last != unit.index:
-            state.successor[state.last] = unit
-        state.last = unit.index
+        last = state.order.last
+        if last == unit.index:
+            state.repeats.add(unit.index)
+        elif last is not None:
+            state.successor[last] = unit
+        state.order.last = unit.index
+
+    def _may_run_again(self, state: _HandleCopies, unit: Unit) -> bool:
+        """Whether `unit` may run again while its copy could stay (M18): nothing is learned yet
+        about what follows it, or the learned order brings it back within the copies the handle
+        may keep (a repeat: CFG halves, beams)."""
+        if unit.index in state.repeats or unit.index not in state.successor:
+            return True
+        nxt = state.successor.get(unit.index)
+        for _ in range(state.capacity - 1):
+            if nxt is None:
+                return False
+            if nxt.index == unit.index:
+                return True
+            nxt = state.successor.get(nxt.index)
+        return False
+
+    def _copy_for(self, state: _HandleCopies, unit: Unit) -> UnitCopy:
+        """The unit's copy: shared if present, else made — after waiting for room if every copy
+        is in use by other threads and this thread is inside no unit."""
+        deadline = time.monotonic() + COPY_WAIT_S
+        while True:
+            copy = state.copies.get(unit.index)
+            if copy is not None:
+                state.copies.move_to_end(unit.index)
+                return copy
+            if self._has_room(state) or _inside.units > 0:
+                return self._make(state, unit)
+            charge = _charge.get()
+            if charge is not None:
+                charge.check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("waited %.0f s for another request to release a streamed copy; copying anyway",
+                            COPY_WAIT_S)
+                return self._make(state, unit)
+            self._waiting += 1
+            try:
+                self.lock.wait(timeout=min(remaining, _POLL_S))
+            finally:
+                self._waiting -= 1
+
+    @staticmethod
+    def _has_room(state: _HandleCopies) -> bool:
+        return len(state.copies) < state.capacity or any(c.refs == 0 for c in state.copies.values())
 
     def _make(self, state: _HandleCopies, unit: Unit, ahead: bool = False) -> UnitCopy:
         self._make_room(state, keep=unit.index)
-        if self.cancel_check is not None:
-            self.cancel_check()  # M23: every copy checks for cancellation
+        charge = _charge.get()
+        if charge is not None:
+            charge.check()  # M23: every copy checks for cancellation
         copy = UnitCopy(unit, self.engine.copy_unit(state.key, unit, ahead=ahead), unit.nbytes)
         state.copies[unit.index] = copy
-        self.streamed_bytes += unit.nbytes
-        state.streamed += unit.nbytes
+        self._count(state, unit.nbytes)
         return copy
+
+    def _count(self, state: _HandleCopies | None, nbytes: int) -> None:
+        self.streamed_bytes += nbytes
+        if state is not None:
+            state.streamed += nbytes
+        charge = _charge.get()
+        if charge is not None:
+            charge.streamed_bytes += nbytes
 
     def _make_room(self, state: _HandleCopies, keep: int) -> None:
         while len(state.copies) >= state.capacity:
@@ -193,8 +347,7 @@ class Streamer:
             if nxt.index not in state.copies:
                 if not self.engine.can_prefetch(state.key, nxt):
                     return  # pageable: copied on the spot when entered (M21)
-                idle = [i for i, c in state.copies.items() if c.refs == 0]
-                if len(state.copies) >= state.capacity and not idle:
+                if not self._has_room(state):
                     return
                 self._make(state, nxt, ahead=True)
             nxt = state.successor.get(nxt.index)

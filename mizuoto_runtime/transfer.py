@@ -1,24 +1,27 @@
 """How a unit's weights get to the device (M18–M23).
 
-`SyncCopyEngine` serves the CPU-simulated device, XPU and MPS (M21: copies there are
-synchronous): each copy is a fresh counted allocation, freed when the streamer drops it.
+One engine, `BufferedCopyEngine`, serves every device that moves weights: CUDA and ROCm with a
+side stream for copies made ahead (`CudaStreams`), and the CPU-simulated device, XPU and MPS
+with work in order on one stream (`SimulatedStreams`; M21: copies there are synchronous). So the
+strict simulated device runs the same copy path as a GPU, and neither allocates per step.
 
-`BufferedCopyEngine` serves CUDA and ROCm. **Copy-buffer protection: static, event-guarded
-copy buffers**, not `record_stream`. Each handle has a small pool of preallocated device
+**Copy-buffer protection: static, event-guarded copy buffers**, not `record_stream`. Each handle has a small pool of preallocated device
 buffers; a unit's tensors are views into one buffer (each at a 512-byte offset, like the
 caching allocator's blocks, with the strides `.to(device)` would give, so a streamed layer
 runs the same kernel as a resident one). Every buffer is allocated on the compute stream
 and carries one event, recorded at allocation (the block's previous user may still be
 queued), re-recorded after each write on the copy stream and after each use on the compute
 stream; before a buffer is written again — on either stream — or handed back to the
-allocator, the writing stream waits on that event. Why not `record_stream`: it defers the block's reuse to the allocator, which
-polls events at allocation time and, when they have not completed, takes fresh memory or
-stalls freeing the cache; and each step would allocate and free one block per weight.
+allocator, the writing stream waits on that event. Why not `record_stream`: it defers the
+block's reuse to the allocator, which polls events at allocation time and, when they have not
+completed, takes fresh memory or stalls freeing the cache; and each step would allocate and
+free one block per weight.
 Static buffers allocate nothing per step, hold exactly the memory the handle's budget
 counted (M16), and the single wait is explicit and cheap. Buffers are chosen best-fit (for
 equal-sized units: round-robin), the pool never exceeds the `capacity` largest streamed
-units, and it is released when the streamer drops the handle's copies (new placement,
-yielding, OOM: M32, M40).
+units, and it is released when the streamer drops the handle's copies (end of the last phase
+using the handle, new placement, yielding, OOM: M32, M40). The streamer calls the engine
+under its lock: one thread at a time.
 
 Prefetched copies (M19) run on a side stream while the current unit computes; the compute
 stream waits on the buffer's event before use. Only pinned host tensors (see `pinning.py`)
@@ -65,90 +68,6 @@ class Lease:
     buffer: _Buffer | None = None
 
 
-class CopyEngine(Protocol):
-    """What the streamer asks of an engine; `key` is the handle's identity."""
-
-    pinner: Pinner | None
-
-    def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
-               capacity: int, pinned_limit: int) -> None: ...
-    def can_prefetch(self, key: int, unit: Unit) -> bool: ...
-    def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease: ...
-    def wait(self, lease: Lease) -> None: ...
-    def record_use(self, lease: Lease) -> None: ...
-    def free(self, key: int, lease: Lease) -> None: ...
-    def held_bytes(self, key: int) -> int: ...
-    def trim(self, key: int) -> int: ...
-    def forget(self, key: int) -> None: ...
-    def is_pinned(self, tensor: torch.Tensor) -> bool: ...
-
-
-class SyncCopyEngine:
-    """Copies on the spot, in the weight's own dtype, counted by the device service."""
-
-    def __init__(self, devices: DeviceService, device: torch.device, pinner: Pinner | None = None) -> None:
-        self.devices = devices
-        self.device = device
-        self.pinner = pinner
-        self._held: dict[int, int] = {}  # key -> bytes of live copies
-        self._eager: dict[int, list[_Restore]] = {}  # key -> compiled modules made eager (M23)
-
-    # ---- placement -----------------------------------------------------------------------
-    def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
-               capacity: int, pinned_limit: int) -> None:
-        """After a placement change: compiled parents eager (M23), host copies pinned (M21, M22)."""
-        self._restore_compiled(key)
-        if streamed:
-            self._eager[key] = run_compiled_eagerly(root, streamed)
-        if self.pinner is not None:
-            self.pinner.budget.limit = pinned_limit
-            _pin_slots([s for u in streamed for s in u.slots], self.pinner.pin_streamed)
-            _pin_slots([s for s in kept if not s.is_buffer], self.pinner.pin_kept)
-
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
-        return self.pinner is not None and self.pinner.is_pinned(tensor)
-
-    def can_prefetch(self, key: int, unit: Unit) -> bool:
-        return True  # a synchronous copy ahead costs no correctness, only the wait
-
-    # ---- copies --------------------------------------------------------------------------
-    def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:
-        tensors: list[torch.Tensor] = []
-        try:
-            for slot in unit.slots:
-                tensors.append(self.devices.copy_to(_host_of(slot), self.device))
-        except BaseException:
-            self.devices.release(self.device, sum(_nbytes(t) for t in tensors))
-            raise
-        self._held[key] = self._held.get(key, 0) + unit.nbytes
-        return Lease(tensors, unit.nbytes)
-
-    def wait(self, lease: Lease) -> None:
-        return None
-
-    def record_use(self, lease: Lease) -> None:
-        return None
-
-    def free(self, key: int, lease: Lease) -> None:
-        lease.tensors.clear()
-        self._held[key] = self._held.get(key, 0) - lease.nbytes
-        self.devices.release(self.device, lease.nbytes)
-
-    def held_bytes(self, key: int) -> int:
-        return self._held.get(key, 0)
-
-    def trim(self, key: int) -> int:
-        return 0  # nothing is kept beyond the live copies
-
-    def forget(self, key: int) -> None:
-        self._held.pop(key, None)
-        self._restore_compiled(key)
-
-    def _restore_compiled(self, key: int) -> None:
-        for restore in reversed(self._eager.pop(key, [])):
-            restore()
-
-
 # ---- streams and events: CUDA, or a stand-in for the simulated device -----------------------
 class StreamBackend(Protocol):
     def current(self) -> Any: ...
@@ -188,7 +107,8 @@ class CudaStreams:
 
 
 class SimulatedStreams:
-    """Streams for the simulated device: work runs in order, so events only get logged.
+    """Streams where work runs in order on one stream (the simulated device, XPU, MPS): events
+    only get logged.
 
     With `log` set, every record and wait is appended as (op, event id, stream) so tests can
     check the guard order that the CUDA engine relies on.
@@ -234,6 +154,7 @@ class _Buffer:
     done: Any  # event: at allocation, then after each write (copy stream) or use (compute stream)
     stream: Any  # the stream it was allocated on (where the allocator reuses it)
     busy: bool = False
+    views: dict[_Layout, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # made once per layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,32 +177,52 @@ class _Pool:
     limit: int = 0  # bytes: the `capacity` largest streamed units (0: not placed, no cap)
 
 
-class BufferedCopyEngine(SyncCopyEngine):
-    """Side-stream prefetch into static, event-guarded buffers (M19, M21; module doc)."""
+class BufferedCopyEngine:
+    """Copies into static, event-guarded buffers, ahead on a side stream where the device has one
+    (M18–M23; module doc). `key` is the handle's identity."""
 
     def __init__(self, devices: DeviceService, device: torch.device, streams: StreamBackend,
                  pinner: Pinner | None = None) -> None:
-        super().__init__(devices, device, pinner)
+        self.devices = devices
+        self.device = device
         self.streams = streams
+        self.pinner = pinner
         self._pools: dict[int, _Pool] = {}
+        self._eager: dict[int, list[_Restore]] = {}  # key -> compiled modules made eager (M23)
 
+    # ---- placement -----------------------------------------------------------------------
     def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
                capacity: int, pinned_limit: int) -> None:
-        super().placed(key, root, streamed, kept, capacity, pinned_limit)  # pins first: layouts read it
+        """After a placement change: compiled parents eager (M23), host copies pinned (M21, M22),
+        then the streamed units' layouts (they read whether a host tensor is pinned)."""
+        self._restore_compiled(key)
+        if streamed:
+            self._eager[key] = run_compiled_eagerly(root, streamed)
+        if self.pinner is not None:
+            self.pinner.budget.limit = pinned_limit
+            _pin_slots([s for u in streamed for s in u.slots], self.pinner.pin_streamed)
+            _pin_slots([s for s in kept if not s.is_buffer], self.pinner.pin_kept)
         pool = self._pools.setdefault(key, _Pool())
         pool.layouts = {u.index: self._layout(u) for u in streamed}
         sizes = sorted((lay.nbytes for lay in pool.layouts.values()), reverse=True)
         pool.limit = sum(sizes[:max(1, capacity)])
 
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        return self.pinner is not None and self.pinner.is_pinned(tensor)
+
     def can_prefetch(self, key: int, unit: Unit) -> bool:
+        """Only pinned units are copied ahead: a pageable copy blocks the host anyway (M21)."""
         return self._layout_of(key, unit).pinned
 
+    # ---- copies --------------------------------------------------------------------------
     def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:
         layout = self._layout_of(key, unit)
         buffer = self._take(self._pools.setdefault(key, _Pool()), layout.nbytes)
         try:
             with torch.inference_mode(False):  # M23: normal tensors, the resident kernels
-                views = _views(buffer.data, layout)
+                views = buffer.views.get(layout)
+                if views is None:  # units of one shape share them: nothing is made per step
+                    views = buffer.views[layout] = _views(buffer.data, layout)
                 ready = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout, ahead)
         except BaseException:
             buffer.busy = False
@@ -316,7 +257,7 @@ class BufferedCopyEngine(SyncCopyEngine):
             self.streams.record(lease.buffer.done, self.streams.current())
 
     def free(self, key: int, lease: Lease) -> None:
-        lease.tensors.clear()
+        lease.tensors = []  # the views stay with their buffer
         if lease.buffer is not None:
             lease.buffer.busy = False  # stays allocated for the next unit: reuse, not release
 
@@ -336,7 +277,11 @@ class BufferedCopyEngine(SyncCopyEngine):
     def forget(self, key: int) -> None:
         self.trim(key)
         self._pools.pop(key, None)
-        super().forget(key)
+        self._restore_compiled(key)
+
+    def _restore_compiled(self, key: int) -> None:
+        for restore in reversed(self._eager.pop(key, [])):
+            restore()
 
     # ---- buffers -------------------------------------------------------------------------
     def _take(self, pool: _Pool, need: int) -> _Buffer:
@@ -436,10 +381,6 @@ def _host_of(slot: Slot) -> torch.Tensor:
     return host
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 # ---- M23: compiled modules above streamed units run eagerly --------------------------------
 _Restore = Any  # a zero-argument callable that undoes one change
 
@@ -486,9 +427,10 @@ def _setter(module: nn.Module, attr: str, value: Any) -> _Restore:
     return lambda: setattr(module, attr, value)
 
 
-def make_copy_engine(devices: DeviceService, device: torch.device) -> SyncCopyEngine:
-    """CUDA and ROCm: side-stream prefetch into static buffers; elsewhere synchronous copies."""
+def make_copy_engine(devices: DeviceService, device: torch.device) -> BufferedCopyEngine:
+    """CUDA and ROCm: side-stream prefetch, pinned host memory. Elsewhere (the simulated device,
+    XPU, MPS): the same static buffers, copies in order on one stream, nothing pinned (M21)."""
     simulated = devices.is_simulated(device)
     if device.type == "cuda" and not simulated:
         return BufferedCopyEngine(devices, device, CudaStreams(device), shared_pinner(device, simulated))
-    return SyncCopyEngine(devices, device)
+    return BufferedCopyEngine(devices, device, SimulatedStreams())

@@ -1,20 +1,27 @@
 """Units: which weights move together, which stay fixed, and the minimum working set.
 
 M11: a unit is a group of weights that moves together (a decoder layer, a DiT block).
-M12: `memory_units()` names them; else every child >= 1 MB of the outermost
-`nn.ModuleList` / `nn.Sequential` is a unit (outermost list wins, units are not split).
-M13: only weights of Linear, Conv1d/2d, ConvTranspose1d/2d and `STREAMABLE = True`
-classes stream. M14: everything else is the fixed part. M16: minimum working set.
+M12: `memory_units()` names them, on the component or on any submodule (that subtree's units
+then come from it); else every child >= 1 MB of the outermost `nn.ModuleList` /
+`nn.Sequential` is a unit (outermost list wins, units are not split).
+M13: only weights of Linear, Conv1d/2d, ConvTranspose1d/2d and `STREAMABLE = True` classes
+stream — also when weight norm holds them: `parametrizations.weight.original0/1` (read by
+the parametrized layer) or the legacy `weight_g`/`weight_v` (whose derived `weight` the
+handle drops when the unit exits). M14: everything else is the fixed part, and the plan says
+why each fixed weight is fixed (`UnitPlan.why_fixed`). M16: minimum working set.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.weight_norm import WeightNorm
 
-from .devices import AbsentParameter, AbsentTensor, DeviceService
+from .devices import DeviceService, absent_like
 
 UNIT_MIN_CHILD_BYTES = 1 << 20  # M12: a list child of at least 1 MB is a unit
 UNIT_MIN_STREAM_BYTES = 64 << 10  # M14: units smaller than 64 KB stay fixed
@@ -22,6 +29,17 @@ UNIT_MIN_STREAM_BYTES = 64 << 10  # M14: units smaller than 64 KB stay fixed
 STREAMABLE_TYPES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d,
 )
+
+# Why a weight is in the fixed part (M14), as `UnitPlan.why_fixed` reports it.
+WHY_BUFFER = "buffers"
+WHY_OUTSIDE = "outside every unit (no nn.ModuleList / nn.Sequential child of at least 1 MB, no memory_units())"
+WHY_ANCHOR = "the first parameter of a model (code finds the model's device and dtype from it)"
+WHY_MARKED = "marked fixed"
+WHY_SHARED = "shared with modules outside its unit (e.g. a tied embedding and head)"
+WHY_SMALL = "in units under 64 KB"
+WHY_LAYER = "read by {cls} layers (only Linear and Conv layers stream; embeddings and norms stay)"
+WHY_CUSTOM_LAYER = ("read by {cls} layers, which do not declare STREAMABLE = True (a layer that reads its "
+                    "weights only inside its own forward may declare it, as GPT-2's Conv1D can)")
 
 
 def is_streamable(module: nn.Module) -> bool:
@@ -46,6 +64,8 @@ class Slot:
     param: nn.Parameter | None  # None for a buffer
     host: torch.Tensor | None
     nbytes: int
+    why_fixed: str = ""  # M14: set when the slot is in the fixed part
+    standin: torch.Tensor | None = None  # M56: the strict stand-in, made once and reused
 
     @property
     def is_buffer(self) -> bool:
@@ -59,12 +79,8 @@ class Slot:
         return module._buffers[attr]
 
     def hold(self, tensor: torch.Tensor) -> None:
-        """Make every owner hold `tensor` (a device copy, the host tensor, or a strict stand-in)."""
+        """Make every owner hold `tensor` (a device copy or the host tensor)."""
         if self.param is not None:
-            if isinstance(tensor, AbsentParameter):
-                for module, attr in self.owners:
-                    module._parameters[attr] = tensor
-                return
             self.param.data = tensor
             for module, attr in self.owners:
                 module._parameters[attr] = self.param
@@ -72,10 +88,24 @@ class Slot:
         for module, attr in self.owners:
             module._buffers[attr] = tensor
 
-    def is_absent(self) -> bool:
-        module, attr = self.owners[0]
-        held = module._buffers[attr] if self.param is None else module._parameters[attr]
-        return isinstance(held, (AbsentParameter, AbsentTensor))
+    def hold_absent(self, backing: torch.Tensor | None, label: str) -> None:
+        """M56: every owner holds the strict stand-in (named `label`); the parameter object itself
+        points at `backing` (the host tensor, or an empty one), so no device copy outlives its use."""
+        # A buffer may come back with another shape (model code rebinds it); a parameter cannot.
+        stale = self.standin is None or (self.param is None and backing is not None and (
+            self.standin.shape != backing.shape or self.standin.dtype != backing.dtype))
+        if stale:
+            like = backing if backing is not None else self.current()
+            self.standin = absent_like(like, label, self.param is not None)
+        if self.param is not None:
+            self.param.data = backing if backing is not None else _empty(self.param.dtype)
+        table = "_parameters" if self.param is not None else "_buffers"
+        for module, attr in self.owners:
+            getattr(module, table)[attr] = self.standin
+
+
+def _empty(dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype)
 
 
 @dataclasses.dataclass(eq=False)
@@ -86,8 +116,13 @@ class Unit:
     name: str
     module: nn.Module
     slots: list[Slot]
-    leaves: list[nn.Module]  # modules that own the unit's slots (hooked, M17)
+    leaves: list[nn.Module]  # the layers that read the unit's slots (hooked, M17)
     nbytes: int
+    derived: list[tuple[nn.Module, str]] = dataclasses.field(default_factory=list)  # legacy weight norm
+
+    def hooked(self) -> list[nn.Module]:
+        """The modules that get streaming hooks: the unit and each layer reading its weights (M17)."""
+        return [self.module, *(m for m in self.leaves if m is not self.module)]
 
 
 @dataclasses.dataclass
@@ -97,6 +132,7 @@ class UnitPlan:
     units: list[Unit]
     fixed: list[Slot]
     pinned: list[Slot]
+    derived: list[tuple[nn.Module, str]] = dataclasses.field(default_factory=list)  # legacy weight norm, fixed part
 
     @property
     def fixed_bytes(self) -> int:
@@ -110,6 +146,18 @@ class UnitPlan:
         """M16: fixed part + the streamer's simultaneous copies of the largest units."""
         largest = sorted((u.nbytes for u in self.units), reverse=True)[:copies]
         return self.fixed_bytes + sum(largest)
+
+    def why_fixed(self) -> list[tuple[str, int]]:
+        """M14: why the fixed part is fixed — (reason, bytes), largest first."""
+        totals: collections.Counter[str] = collections.Counter()
+        for slot in self.fixed:
+            totals[slot.why_fixed or WHY_OUTSIDE] += slot.nbytes
+        return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+
+    def describe_fixed(self, limit: int = 3) -> str:
+        """One line for logs: the fixed part's size and its largest reasons."""
+        parts = [f"{nbytes / 2**20:.1f} MB {why}" for why, nbytes in self.why_fixed()[:limit]]
+        return f"fixed part {self.fixed_bytes / 2**20:.1f} MB" + (f": {'; '.join(parts)}" if parts else "")
 
 
 def collect_slots(root: nn.Module) -> dict[int, Slot]:
@@ -150,25 +198,36 @@ def _module_bytes(module: nn.Module) -> int:
     return total
 
 
+def _named_units(module: nn.Module) -> list[nn.Module] | None:
+    """What `module.memory_units()` names (M12), or None when it names nothing."""
+    named = getattr(module, "memory_units", None)
+    if callable(named) and not isinstance(named, nn.Module):
+        return list(named())
+    return None
+
+
 def candidate_units(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """M12: `memory_units()` if the module names them, else the outermost lists' large children."""
-    named = getattr(root, "memory_units", None)
-    if callable(named):
-        names = {id(m): n for n, m in root.named_modules()}
-        return [(names.get(id(m), f"unit{i}"), m) for i, m in enumerate(named())]
+    """M12: `memory_units()` wherever a module names them, else the outermost lists' large children."""
     found: list[tuple[str, nn.Module]] = []
-    _find_lists(root, "", found)
+    _find_units(root, "", found)
     return found
 
 
-def _find_lists(module: nn.Module, prefix: str, found: list[tuple[str, nn.Module]]) -> None:
-    if isinstance(module, (nn.ModuleList, nn.Sequential)):
+def _find_units(module: nn.Module, prefix: str, found: list[tuple[str, nn.Module]]) -> None:
+    named = _named_units(module)
+    if named is not None:
+        names = {id(m): n for n, m in module.named_modules()}
+        found.extend((f"{prefix}{names.get(id(m), f'unit{i}')}", m) for i, m in enumerate(named))
+        return
+    if isinstance(module, (nn.ModuleList, nn.Sequential)) and not isinstance(module, parametrize.ParametrizationList):
         for name, child in module.named_children():
             if _module_bytes(child) >= UNIT_MIN_CHILD_BYTES:
                 found.append((f"{prefix}{name}", child))
         return
     for name, child in module.named_children():
-        _find_lists(child, f"{prefix}{name}.", found)
+        if name == "parametrizations" and parametrize.is_parametrized(module):
+            continue  # weight norm's tensors belong to the layer that reads them
+        _find_units(child, f"{prefix}{name}.", found)
 
 
 def _marked_ids(marks: Iterable[nn.Module]) -> set[int]:
@@ -186,31 +245,89 @@ def _pinned_ids(root: nn.Module) -> set[int]:
     return ids
 
 
+def _readers(root: nn.Module) -> dict[int, nn.Module]:
+    """A parametrization's tensors (`X.parametrizations.weight.original0`) are read by X."""
+    readers: dict[int, nn.Module] = {}
+    for module in root.modules():
+        if parametrize.is_parametrized(module):
+            for plist in module.parametrizations.values():
+                readers[id(plist)] = module
+    return readers
+
+
+def _legacy_weight_norm(module: nn.Module) -> list[str]:
+    """Attributes that legacy `nn.utils.weight_norm` recomputes before each forward."""
+    return [h.name for h in module._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+
+
+@dataclasses.dataclass
+class _Rules:
+    """What decides whether a slot streams (M13, M14)."""
+
+    fixed_ids: set[int]
+    anchors: set[int]
+    readers: dict[int, nn.Module]
+
+    def reader(self, module: nn.Module) -> nn.Module:
+        return self.readers.get(id(module), module)
+
+    def why_fixed(self, slot: Slot, inside: set[int]) -> str | None:
+        """Why `slot`, all of whose readers are inside a unit, does not stream; None if it does."""
+        if slot.param is None:
+            return WHY_BUFFER
+        if id(slot.param) in self.anchors:
+            return WHY_ANCHOR
+        readers = [self.reader(m) for m, _ in slot.owners]
+        if any(id(m) not in inside for m in readers):
+            return WHY_SHARED
+        if any(id(m) in self.fixed_ids for m in readers):
+            return WHY_MARKED
+        layer = next((m for m in readers if not is_streamable(m)), None)
+        if layer is None:
+            return None
+        # torch's own layers, and norms and scales (1-D weights) anywhere, stay as they are;
+        # another class may be a layer that could declare itself streamable.
+        plain = type(layer).__module__.startswith("torch.nn.") or all(p.dim() <= 1 for p in layer.parameters())
+        return (WHY_LAYER if plain else WHY_CUSTOM_LAYER).format(cls=type(layer).__name__)
+
+
 def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPlan:
-    """Split `root` into units and the fixed part (M11–M14)."""
+    """Split `root` into units and the fixed part, saying why each fixed weight is fixed (M11–M14)."""
     slots = collect_slots(root)
     pinned_ids = _pinned_ids(root)
-    fixed_ids = _marked_ids(fixed_marks)
-    anchors = _device_anchors(root)
+    rules = _Rules(_marked_ids(fixed_marks), _device_anchors(root), _readers(root))
     pinned = [s for s in slots.values() if any(id(m) in pinned_ids for m, _ in s.owners)]
     taken = {id(s) for s in pinned}
+    why: dict[int, str] = {}
     units: list[Unit] = []
     for name, module in candidate_units(root):
-        if id(module) in pinned_ids or id(module) in fixed_ids:
+        if id(module) in pinned_ids:
             continue
         inside = _subtree_ids(module)
-        unit_slots = [
-            s for s in slots.values()
-            if id(s) not in taken and _streams(s, inside, fixed_ids, anchors)
-        ]
+        touching = [s for s in slots.values() if id(s) not in taken
+                    and any(id(rules.reader(m)) in inside for m, _ in s.owners)]
+        unit_slots = []
+        for slot in touching:
+            reason = WHY_MARKED if id(module) in rules.fixed_ids else rules.why_fixed(slot, inside)
+            if reason is None:
+                unit_slots.append(slot)
+            else:
+                why.setdefault(id(slot), reason)
         nbytes = sum(s.nbytes for s in unit_slots)
         if nbytes < UNIT_MIN_STREAM_BYTES:
-            continue  # M14: a unit under 64 KB is part of the fixed part
-        leaves = list({id(m): m for s in unit_slots for m, _ in s.owners}.values())
-        units.append(Unit(len(units), name, module, unit_slots, leaves, nbytes))
+            for slot in unit_slots:
+                why.setdefault(id(slot), WHY_SMALL)  # M14: a unit under 64 KB is part of the fixed part
+            continue
+        leaves = list({id(r): r for s in unit_slots for r in (rules.reader(m) for m, _ in s.owners)}.values())
+        derived = [(m, attr) for m in leaves for attr in _legacy_weight_norm(m)]
+        units.append(Unit(len(units), name, module, unit_slots, leaves, nbytes, derived))
         taken |= {id(s) for s in unit_slots}
     fixed = [s for s in slots.values() if id(s) not in taken]
-    return UnitPlan(units, fixed, pinned)
+    for slot in fixed:
+        slot.why_fixed = why.get(id(slot), WHY_BUFFER if slot.is_buffer else WHY_OUTSIDE)
+    streamed = {id(m) for u in units for m in u.leaves} | pinned_ids
+    derived = [(m, attr) for m in root.modules() if id(m) not in streamed for attr in _legacy_weight_norm(m)]
+    return UnitPlan(units, fixed, pinned, derived)
 
 
 def _device_anchors(root: nn.Module) -> set[int]:
@@ -225,21 +342,3 @@ def _device_anchors(root: nn.Module) -> set[int]:
             if first is not None:
                 anchors.add(id(first))
     return anchors
-
-
-def _streams(slot: Slot, inside: set[int], fixed_ids: set[int], anchors: set[int]) -> bool:
-    """M13/M14: a slot streams if it is a weight of a streamable layer wholly inside the unit."""
-    if slot.param is None or id(slot.param) in anchors:
-        return False
-    return all(
-        id(m) in inside and id(m) not in fixed_ids and is_streamable(m) for m, _ in slot.owners
-    )
-
-
-def iter_unit_modules(plan: UnitPlan) -> Iterator[tuple[Unit, nn.Module]]:
-    """The modules that get streaming hooks: each unit and each leaf holding its weights (M17)."""
-    for unit in plan.units:
-        yield unit, unit.module
-        for leaf in unit.leaves:
-            if leaf is not unit.module:
-                yield unit, leaf

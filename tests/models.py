@@ -1,6 +1,8 @@
 """Small models for the streaming tests (M57): each stands for a family the runtime must serve."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -197,3 +199,67 @@ class BufferModel(nn.Module):
         for block in self.blocks:
             x = torch.tanh(block(x))
         return x + self.seen
+
+
+def weight_norm(module: nn.Module, legacy: bool) -> nn.Module:
+    if not legacy:
+        return nn.utils.parametrizations.weight_norm(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated, but what many vocoders still use
+        return nn.utils.weight_norm(module)
+
+
+class WeightNormResBlock(nn.Module):
+    def __init__(self, width: int, legacy: bool) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(weight_norm(nn.Conv1d(width, width, kernel_size=3, padding=d, dilation=d), legacy)
+                                   for d in (1, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = x + conv(F.leaky_relu(x, 0.1))
+        return x
+
+
+class WeightNormVocoder(nn.Module):
+    """HiFi-GAN's shape, every conv weight-normed — `parametrizations.weight_norm`
+    (`original0/1`) or the legacy `nn.utils.weight_norm` (`weight_g`/`weight_v` and a pre-hook
+    that computes `weight`): `ups` is a list of bare transposed convs (each unit is the layer
+    itself), `resblocks` a list of blocks. BigVGAN, Encodec and HiFT are built the same way."""
+
+    def __init__(self, mels: int = 80, width: int = 256, legacy: bool = False) -> None:
+        super().__init__()
+        self.pre = weight_norm(nn.Conv1d(mels, width, kernel_size=7, padding=3), legacy)
+        self.ups = nn.ModuleList(weight_norm(nn.ConvTranspose1d(width, width, kernel_size=8, stride=4, padding=2),
+                                             legacy) for _ in range(3))
+        self.resblocks = nn.ModuleList(WeightNormResBlock(width, legacy) for _ in range(3))
+        self.post = weight_norm(nn.Conv1d(width, 1, kernel_size=7, padding=3), legacy)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = self.pre(mel)
+        for up, block in zip(self.ups, self.resblocks):
+            x = block(up(F.leaky_relu(x, 0.1)))
+        return torch.tanh(self.post(F.leaky_relu(x, 0.1)))
+
+
+class LegacyWeightNormVocoder(WeightNormVocoder):
+    def __init__(self) -> None:
+        super().__init__(legacy=True)
+
+
+class PlainConv1D(Conv1D):
+    """GPT-2's `Conv1D` as transformers ships it: it does not declare STREAMABLE."""
+
+    STREAMABLE = False
+
+
+class UnmarkedGPT2(TinyGPT2):
+    """GPT-2 blocks of layers that do not declare themselves streamable: everything is fixed."""
+
+    def __init__(self, dim: int = 256, layers: int = 3) -> None:
+        super().__init__(dim, layers)
+        for block in self.h:
+            for name in ("c_attn", "c_proj", "c_fc", "c_out"):
+                old = getattr(block, name)
+                new = PlainConv1D(old.weight.shape[1], old.weight.shape[0])
+                setattr(block, name, new)

@@ -16,7 +16,7 @@ from mizuoto_runtime import DeviceService, ModelHandle, VramPolicy, graphs
 from mizuoto_runtime.devices import allocator_env
 from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
 from mizuoto_runtime.streamer import Streamer
-from mizuoto_runtime.transfer import SyncCopyEngine
+from mizuoto_runtime.transfer import BufferedCopyEngine, SimulatedStreams
 
 MB = 1 << 20
 CPU = torch.device("cpu")
@@ -26,7 +26,7 @@ def lm_handle(*, graphable: bool = True, kind: str = "sequence", pinned: bool = 
               strict: bool = True, **settings: object) -> ModelHandle:
     devices = DeviceService(simulate={"cpu": 64 * MB}, strict=strict)
     pinner = Pinner("register", RecordingRegistrar(), PinnedBudget(1 << 30)) if pinned else None
-    streamer = Streamer(devices, CPU, SyncCopyEngine(devices, CPU, pinner))
+    streamer = Streamer(devices, CPU, BufferedCopyEngine(devices, CPU, SimulatedStreams(), pinner))
     policy = VramPolicy({f"compute.{k}": v for k, v in settings.items()})
     return ModelHandle(TinyLM(), devices=devices, policy=policy, streamer=streamer, kind=kind,  # type: ignore[arg-type]
                        graphable=graphable)

@@ -23,7 +23,7 @@ from mizuoto_runtime.pinning import (
     shared_pinner,
 )
 from mizuoto_runtime.streamer import Streamer
-from mizuoto_runtime.transfer import SyncCopyEngine
+from mizuoto_runtime.transfer import BufferedCopyEngine, SimulatedStreams
 
 MB = 1 << 20
 
@@ -219,7 +219,7 @@ class Wide(nn.Module):
 def _handle(p: Pinner, model: nn.Module, **settings: object) -> ModelHandle:
     devices = DeviceService(simulate={"cpu": 64 * MB}, strict=True)
     cpu = torch.device("cpu")
-    streamer = Streamer(devices, cpu, SyncCopyEngine(devices, cpu, p))
+    streamer = Streamer(devices, cpu, BufferedCopyEngine(devices, cpu, SimulatedStreams(), p))
     policy = VramPolicy({f"compute.{k}": v for k, v in settings.items()})
     return ModelHandle(model, devices=devices, policy=policy, streamer=streamer)
 

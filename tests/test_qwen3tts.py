@@ -344,3 +344,20 @@ def test_cli_say_and_tiny_checkpoint(qwen3tts_checkpoint: Checkpoint, tmp_path: 
         digest = [hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (folder, tmp_path / "again")]
         assert digest[0] == digest[1], f"{name} is not byte-identical across runs"
     shutil.rmtree(tmp_path / "again")
+
+
+@pytest.mark.parametrize("ran", [False, True])
+def test_unloading_on_the_simulated_device_leaves_nothing(qwen3tts_checkpoint: Checkpoint, ran: bool) -> None:
+    """Issue 10, item 9: unloading an engine whose buffers are strict stand-ins (never placed,
+    or moved off) raises nothing and leaves no component registered and nothing on the device."""
+    rt = simulated(24)
+    folder = qwen3tts_checkpoint("base")
+    engine = rt.engine("qwen3tts", folder)
+    if ran:
+        say(rt, folder)
+    assert rt.unload_engine("qwen3tts", folder)
+    assert rt.manager.handles == [] and all(h.unloaded for h in engine.handles())
+    assert rt.devices.counted_bytes(torch.device("cpu")) == 0
+    assert rt.describe()["models"] == []
+    again, _ = say(rt, folder)  # the engine loads again and runs
+    assert again.numel() > 0

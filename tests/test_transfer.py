@@ -15,8 +15,8 @@ from torch import nn
 from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, VramPolicy
 from mizuoto_runtime.errors import CancelledError
 from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
-from mizuoto_runtime.streamer import Streamer
-from mizuoto_runtime.transfer import ALIGN, BufferedCopyEngine, SimulatedStreams, SyncCopyEngine, make_copy_engine
+from mizuoto_runtime.streamer import StreamCharge, Streamer, charging
+from mizuoto_runtime.transfer import ALIGN, BufferedCopyEngine, SimulatedStreams, make_copy_engine
 
 MB = 1 << 20
 CPU = torch.device("cpu")
@@ -178,7 +178,8 @@ def test_copies_are_made_outside_inference_mode(buffered: bool) -> None:
 
 
 def test_every_copy_checks_for_cancellation() -> None:
-    """M23: a cancelled request stops at the next copy."""
+    """M23: a cancelled request stops at the next copy; the check is the request's own, so a
+    thread charging no request (or another one) is not cancelled by it."""
     model = TinyDiT()
     h, _, _ = handle(model)
     h.load(h.min_working_set)
@@ -189,10 +190,12 @@ def test_every_copy_checks_for_cancellation() -> None:
         if len(checks) > 2:
             raise CancelledError("cancelled")
 
-    h.streamer.cancel_check = check
-    with pytest.raises(CancelledError):
+    with pytest.raises(CancelledError), charging(StreamCharge(check)):
         dit_run(model)
     assert len(checks) == 3
+    with charging(StreamCharge()) as other:
+        dit_run(model)  # another request's copies: not this cancel check
+    assert len(checks) == 3 and other.streamed_bytes > 0
 
 
 def test_drop_releases_the_copy_buffers() -> None:
@@ -243,11 +246,13 @@ def test_compiled_parent_of_streamed_units_runs_eagerly() -> None:
         assert torch.equal(compiled(tokens), expected)
 
 
-def test_make_copy_engine_is_synchronous_off_cuda() -> None:
-    """M21: CPU, the simulated device, XPU and MPS copy synchronously, nothing pinned."""
+def test_make_copy_engine_uses_static_buffers_in_order_off_cuda() -> None:
+    """M21: the simulated device, XPU and MPS copy in order on one stream, nothing pinned, into
+    the same static buffers as CUDA: a streamed step allocates nothing (issue 13)."""
     devices = DeviceService(simulate={"cpu": MB})
     engine = make_copy_engine(devices, CPU)
-    assert type(engine) is SyncCopyEngine and engine.pinner is None
+    assert type(engine) is BufferedCopyEngine and engine.pinner is None
+    assert type(engine.streams) is SimulatedStreams
 
 
 def test_event_protocol_check_catches_a_missing_wait() -> None:

@@ -190,3 +190,46 @@ def test_qwen3tts_templates_speak_with_a_tiny_checkpoint(qwen_server: ComfyServe
     files = [qwen_server.output / item["subfolder"] / item["filename"]
              for output in history["outputs"].values() for item in output.get("audio", [])]
     assert len(files) == 1 and flac_stream_info(files[0])[0] == SAMPLE_RATE
+
+
+def free_until(server: ComfyServer, condition: Any, attempts: int = 12) -> None:
+    """POST /free until `condition(GET /mizuoto/runtime)` holds. ComfyUI's prompt worker reads the
+    flag when its queue wakes it; a /free sent while the worker runs its garbage collection after
+    a prompt misses that wake-up and waits for the next one (up to 1000 s in v0.3.64), so ask again."""
+    for _ in range(attempts - 1):
+        server.post("/free", {"unload_models": True, "free_memory": True})
+        try:
+            server.wait_runtime(condition, timeout_s=10.0)
+            return
+        except TimeoutError:
+            continue
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    server.wait_runtime(condition, timeout_s=10.0)
+
+
+def with_memory_settings(prompt: dict[str, Any], simulate_vram_mb: int) -> dict[str, Any]:
+    """The graph under Mizuoto Memory Settings: the CPU acts as a `simulate_vram_mb` GPU (M55)."""
+    prompt["8"] = {"class_type": "MizuotoMemorySettings",
+                   "inputs": {"vram_mode": "normal", "vram_reserve_mb": -1, "vram_limit_mb": 0, "async_offload": 1,
+                              "host_copies": "auto", "oom_retry": True, "oom_fallback": False,
+                              "simulate_vram_mb": simulate_vram_mb}}
+    prompt["1"]["inputs"]["memory"] = ["8", 0]
+    return prompt
+
+
+@runs_qwen3tts
+def test_unloading_on_the_simulated_device_leaves_nothing(qwen_server: ComfyServer) -> None:
+    """Issue 10, item 9: a new simulated size reloads the engine, and "Unload Models and
+    Execution Cache" (`/free`) unloads it — with no error in a finalizer and no component left
+    registered (each is listed once, then none)."""
+    for size in (64, 48):  # the second size replaces the runtime: the first one's engine unloads
+        prompt = with_memory_settings(clone_prompt(seed=3, prefix=f"audio/qwen_sim{size}"), size)
+        history = qwen_server.wait_history(qwen_server.queue(prompt), RUN_TIMEOUT_S)
+        assert history["status"]["status_str"] == "success", messages(history)
+        state = qwen_server.get("/mizuoto/runtime")
+        assert state["device"]["simulated"] and state["device"]["total_mb"] == size
+        names = [m["name"] for m in state["models"]]
+        assert sorted(names) == ["codec_decoder", "codec_encoder", "speaker_encoder", "talker"], names
+    free_until(qwen_server, lambda s: s["models"] == [])
+    log = qwen_server.log_path.read_text(errors="replace")
+    assert "StrictDeviceError" not in log and "Exception ignored" not in log, log[-4000:]

@@ -8,14 +8,13 @@ Each output is compared with `torch.equal` to the plain CPU run: not close — i
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
-from models import BufferModel, ConvVocoder, TinyDiT, TinyGPT2, TinyLM
+from models import BufferModel, ConvVocoder, LegacyWeightNormVocoder, TinyDiT, TinyGPT2, TinyLM, WeightNormVocoder
 from oom import allocations_during
 from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, Runtime, VramPolicy
 from mizuoto_runtime.audio import Audio
@@ -64,16 +63,25 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], torch.Ten
     "dit_cfg": (TinyDiT, _dit_run, "oneshot"),
     "gpt2_conv1d": (TinyGPT2, _gpt2_run, "oneshot"),
     "inplace_buffers": (BufferModel, _buffer_run, "oneshot"),
+    "weightnorm_vocoder": (WeightNormVocoder, _vocoder_run, "oneshot"),  # parametrizations.weight_norm
+    "legacy_weightnorm_vocoder": (LegacyWeightNormVocoder, _vocoder_run, "oneshot"),  # nn.utils.weight_norm
 }
+
+
+def _twins(factory: Callable[[], nn.Module]) -> tuple[nn.Module, nn.Module]:
+    """Two identical models (not `deepcopy`: a legacy weight-normed model cannot be copied)."""
+    torch.manual_seed(0)
+    plain = factory().eval()
+    torch.manual_seed(0)
+    placed = factory().eval()
+    return plain, placed
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_streams_exactly(name: str, placement: str) -> None:
     factory, run, kind = MODELS[name]
-    torch.manual_seed(0)
-    plain = factory().eval()
-    placed = copy.deepcopy(plain)
+    plain, placed = _twins(factory)
     expected = run(plain)
 
     devices = DeviceService(simulate={"cpu": 256 * MB}, strict=True)
