@@ -206,7 +206,11 @@ class Streamer:
         return copy.refs if copy is not None else 0
 
     def release(self, owner: object, unit: Unit) -> None:
-        """The calling thread left `unit`: its copy goes unless the learned order keeps it."""
+        """The calling thread left `unit`. Its copy goes now only when another thread waits for
+        room and the learned order does not bring the unit back; otherwise it stays until the
+        next copy needs its room. Upstream code that runs a layer's submodules directly (VoxCPM's
+        `forward_step`) enters the unit once per leaf, and an eager drop would copy it again for
+        the next leaf."""
         with self.lock:
             state = self._handles[id(owner)]
             copy = state.copies.get(unit.index)
@@ -215,7 +219,7 @@ class Streamer:
             copy.refs -= 1
             _inside.units = max(0, _inside.units - 1)
             self.engine.record_use(copy.lease)
-            if copy.refs == 0 and not self._may_run_again(state, unit):
+            if copy.refs == 0 and self._waiting and not self._may_run_again(state, unit):
                 self._evict(state, unit.index)
             if self._waiting:
                 self._released.notify_all()
