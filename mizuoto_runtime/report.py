@@ -154,7 +154,7 @@ class Placement:
 
     def as_partial(self) -> dict[str, Any]:
         """A component partial in its phase keeps that phase's figures; one that ran whole and
-        then yielded shows what it holds now (`held_mb` says which is which)."""
+        then yielded shows what it holds now (its `components` entry has both)."""
         loaded = self.loaded_bytes if self.reason is not None else self.held_bytes
         return {
             "reason": self.reason or REASON_YIELDED,
@@ -163,7 +163,6 @@ class Placement:
             "working_mb": mb(self.working_bytes),
             "reserve_mb": mb(self.reserve_bytes),
             "loaded_mb": mb(loaded),
-            "held_mb": mb(self.held_bytes),
             "size_mb": mb(self.size_bytes),
             "gave_up_for": list(self.gave_up_for),
         }
