@@ -291,8 +291,10 @@ def component_line(entry: Mapping[str, Any], moves: bool) -> str:
         text = head + "all on the GPU"
     else:
         why = PLAIN_REASONS.get(entry["why"], entry["why"]) if entry["why"] else None
-        text = (head + f"{_mb_text(entry['on_device_mb'])} on the GPU, {_mb_text(entry['from_ram_mb'])} streamed "
-                f"from RAM" + (f" ({why})" if why else ""))
+        # Rounded so that the two parts the line shows add up to the total it shows.
+        on_device = round(entry["on_device_mb"], 1)
+        text = (head + f"{_mb_text(on_device)} on the GPU, {_mb_text(round(entry['total_mb'], 1) - on_device)} "
+                f"streamed from RAM" + (f" ({why})" if why else ""))
     if entry["streamed_mb"] > 0:
         text += f", {_mb_text(entry['streamed_mb'])} copied in all"
     if entry["held_why"]:
