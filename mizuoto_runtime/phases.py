@@ -22,7 +22,6 @@ import contextlib
 import logging
 import math
 import numbers
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,7 +29,7 @@ import torch
 
 from .calibration import PhaseMeter
 from .errors import ArgumentError, DeviceTooSmallError
-from .report import Held, MemoryReport, PhaseRun, Placement, Where, mb, where
+from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, Where, mb, where
 from .streamer import StreamCharge, charging
 
 if TYPE_CHECKING:
@@ -87,8 +86,7 @@ class RequestContext:
         self.charge = StreamCharge(cancel_check)  # its streamed bytes and cancel check (M23, M50)
         self._handles: dict[str, ModelHandle] = {}
         self.id = manager.requests.new_id()
-        self.started_at = time.time()
-        self._t0 = time.monotonic()
+        self.clock = RequestClock()
         self._running = 0  # phases begun and not ended
         self._where: Where | None = None
 
@@ -114,7 +112,7 @@ class RequestContext:
 
     # ---- the request report and its timeline (report.py) ---------------------------------
     def _now(self) -> float:
-        return time.monotonic() - self._t0
+        return self.clock.now()
 
     def report_dict(self) -> dict[str, Any]:
         """This request's report (the route's `requests` entries; format in report.py)."""
@@ -125,7 +123,7 @@ class RequestContext:
         now = self._now()
         return {
             "id": self.id,
-            "started_at": round(self.started_at, 3),
+            "started_at": round(self.clock.started_at, 3),
             "duration_s": round(now, 4),
             "running": self._running > 0,
             "device": place.name,
