@@ -133,3 +133,77 @@ def test_gpt2_streams_exactly_once_conv1d_declares_itself_streamable(placement: 
     place(placed, placement)
     got = run(placed)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+# ---- weight-normed vocoders as transformers ships them (issue 10, item 2; M13, M57) -------------
+def hifigan(legacy: bool = False) -> nn.Module:
+    """SpeechT5's HiFi-GAN with weight norm on every conv: transformers' own `apply_weight_norm`
+    (`parametrizations.weight_norm`, `original0/1`), or the legacy `nn.utils.weight_norm`
+    (`weight_g`/`weight_v` and a pre-hook computing the weight) as older vocoders apply it."""
+    config = transformers.SpeechT5HifiGanConfig(model_in_dim=80, upsample_initial_channel=512, upsample_rates=[4, 4],
+                                                upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3, 5],
+                                                resblock_dilation_sizes=[[1, 3], [1, 3]])
+    model = transformers.SpeechT5HifiGan(config)
+    if not legacy:
+        model.apply_weight_norm()
+        return model
+    for layer in model.modules():
+        if isinstance(layer, (nn.Conv1d, nn.ConvTranspose1d)):
+            nn.utils.weight_norm(layer)
+    return model
+
+
+def encodec() -> nn.Module:
+    """Encodec's convs are weight-normed by default (`norm_type = "weight_norm"`)."""
+    config = transformers.EncodecConfig(num_filters=128, upsampling_ratios=[4, 4], codebook_size=64, codebook_dim=128,
+                                        hidden_size=128, num_lstm_layers=1)
+    return transformers.EncodecModel(config)
+
+
+def _vocode(model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.randn(2, 12, 80, generator=torch.Generator().manual_seed(4)))
+
+
+def _encodec_round_trip(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        audio = torch.randn(1, 1, 1600, generator=torch.Generator().manual_seed(5))
+        codes = model.encode(audio).audio_codes
+        return codes, model.decode(codes, [None]).audio_values
+
+
+VOCODERS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object], str]] = {
+    "hifigan": (hifigan, _vocode, "upsampler.0.parametrizations.weight.original1"),
+    "hifigan_legacy": (lambda: hifigan(legacy=True), _vocode, "upsampler.0.weight_v"),
+    "encodec": (encodec, _encodec_round_trip, "encoder.layers.6.conv.parametrizations.weight.original1"),
+}
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+    return torch.equal(a, b)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", sorted(VOCODERS))
+def test_weight_normed_vocoders_stream_exactly(name: str, placement: str) -> None:
+    """Their weight-normed convs are streamable leaves (the original tensors stream), so the
+    vocoders have units and stream none / half / whole, `torch.equal` to the plain run."""
+    factory, call, streamed_tensor = VOCODERS[name]
+    plain, placed = twins(factory)
+    expected = call(plain)
+    h = ModelHandle(placed, devices=DeviceService(simulate={"cpu": 256 * MB}, strict=True), kind="oneshot",
+                    name=name)
+    assert streamed_tensor in {s.name for u in h.units for s in u.slots}
+    assert h.min_working_set < h.size_bytes  # no longer the whole model
+    h.load({"none": 0, "half": (h.min_working_set + h.size_bytes) // 2, "whole": None}[placement])
+    streamed = len(h.streamed_units)
+    assert streamed == {"none": len(h.units), "whole": 0}.get(placement, streamed)
+    assert placement != "half" or 0 < streamed < len(h.units)
+    assert _same(call(placed), expected), f"{name} ({placement}) differs from the plain run"
+    assert _same(call(placed), expected), f"{name} ({placement}): a second call differs"
+    if streamed:
+        assert h.streamer.streamed_bytes_of(h) > 0
+    h.offload()
+    assert h.device_bytes == 0 and h.devices.counted_bytes(torch.device("cpu")) == 0
