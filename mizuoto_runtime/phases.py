@@ -117,9 +117,12 @@ class RequestContext:
                 self._handles[p.component] = h
                 self.report.add(p)
             meter = self._meter(handles)
+            slots = self.manager.phase_slots(handles)
+            alone = slots.alone() if meter is not None and slots is not None else None
             with charging(self.charge):
                 yield placements
-            if meter is not None:
+            # M47 learns only from a phase no other request overlapped: the peak is the device's.
+            if meter is not None and alone is not None and slots is not None and slots.alone() == alone:
                 copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
                 self.manager.calibrate(handles, name, memory, meter.working_bytes(copies, _held_copies(handles)))
         finally:
