@@ -16,8 +16,9 @@ Requests (M8, M31). `compute.gpu_jobs = N`: at most N requests hold a device at 
 phase holds one of the device's slots (`slots.py`) while it runs; `exclusive(device)` takes
 them all (M60: a training job owns the device). Two requests may use one handle at once: a
 handle in use keeps its placement — the manager budgets around what it holds (its placement
-and its streamer copies) and never re-places, yields or caps it until the last request using
-it releases it; then its copies are dropped, so an idle component holds only its placement.
+and its streamer copies) and never re-places or yields it until the last request using it
+releases it (an OOM's cap, M40, applies when it is next placed); then its copies are dropped,
+so an idle component holds only its placement.
 A request waits only for other requests: what its own thread's phases hold (a phase nested in
 another) is never waited for.
 """
