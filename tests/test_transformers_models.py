@@ -1,7 +1,8 @@
-"""Model code nobody here wrote (M17, M23, M57): Hugging Face Llama and Qwen3 causal LMs from tiny
-configs with random weights, streamed none / half / whole on the strict simulated device —
-logits and greedy `generate` `torch.equal` to the plain run, with a user's hook on a streamed
-leaf, and under `torch.compile`. Skipped where transformers is not installed."""
+"""Model code nobody here wrote (M13, M17, M23, M57): Hugging Face Llama and Qwen3 causal LMs, GPT-2,
+T5 and Whisper, and weight-normed vocoders (HiFi-GAN, Encodec) from tiny configs with random
+weights, streamed none / half / whole on the strict simulated device — logits, greedy `generate`
+and audio `torch.equal` to the plain run, with a user's hook on a streamed leaf, and under
+`torch.compile`. Skipped where transformers is not installed."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -207,3 +208,57 @@ def test_weight_normed_vocoders_stream_exactly(name: str, placement: str) -> Non
         assert h.streamer.streamed_bytes_of(h) > 0
     h.offload()
     assert h.device_bytes == 0 and h.devices.counted_bytes(torch.device("cpu")) == 0
+
+
+# ---- encoder-decoder models (issue 10; M12, M57): T5 and Whisper --------------------------------
+def t5() -> nn.Module:
+    config = transformers.T5Config(vocab_size=512, d_model=256, d_kv=32, d_ff=1024, num_layers=3, num_decoder_layers=3,
+                                   num_heads=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(config)
+
+
+def whisper() -> nn.Module:
+    config = transformers.WhisperConfig(vocab_size=512, num_mel_bins=80, encoder_layers=2, decoder_layers=2, d_model=256,
+                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                                        decoder_ffn_dim=1024, max_source_positions=32, max_target_positions=32,
+                                        decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    return transformers.WhisperForConditionalGeneration(config)
+
+
+def _t5_run(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logits = model(input_ids=PROMPT, decoder_input_ids=PROMPT[:, :3]).logits
+        tokens = model.generate(PROMPT, max_new_tokens=5, do_sample=False)
+    return logits, tokens
+
+
+def _whisper_run(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    mel = torch.randn(1, 80, 64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        first = model(input_features=mel, decoder_input_ids=torch.tensor([[1, 5, 9]])).logits
+        again = model(input_features=mel, decoder_input_ids=torch.tensor([[1, 5, 9, 13]])).logits
+    return first, again
+
+
+SEQ2SEQ: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], tuple[torch.Tensor, torch.Tensor]]]] = {
+    "t5": (t5, _t5_run),
+    "whisper": (whisper, _whisper_run),
+}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ))
+def test_encoder_decoder_models_stream_exactly(name: str, placement: str) -> None:
+    """The encoder's and the decoder's layers are units of one component; streamed none / half /
+    whole, logits (and T5's greedy `generate`) equal the plain run."""
+    factory, call = SEQ2SEQ[name]
+    plain, placed = twins(factory)
+    expected = call(plain)
+    h = ModelHandle(placed, devices=DeviceService(simulate={"cpu": 256 * MB}, strict=True), kind="oneshot", name=name)
+    assert any(".encoder." in f".{u.name}" for u in h.units) and any(".decoder." in f".{u.name}" for u in h.units)
+    h.load({"none": 0, "half": (h.min_working_set + h.size_bytes) // 2, "whole": None}[placement])
+    streamed = len(h.streamed_units)
+    assert streamed == {"none": len(h.units), "whole": 0}.get(placement, streamed)
+    assert placement != "half" or 0 < streamed < len(h.units)
+    got = call(placed)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"{name} ({placement})"
