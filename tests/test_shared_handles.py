@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from threads import run_on_threads
-from mizuoto_runtime import CancelledError, DeviceService, ModelManager, VramPolicy
+from mizuoto_runtime import CancelledError, DeviceService, ModelManager, OomInjector, VramPolicy
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.demo import DemoEngine
 
@@ -130,3 +130,27 @@ def test_an_interrupted_request_leaves_the_other_exact(plain: dict[str, torch.Te
     assert_nothing_held(m, engine)
     got, _ = say(m, engine, *REQUESTS["left"])  # the interrupted request's next run is exact
     assert torch.equal(got, plain["left"])
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("mode", ["none", "normal"])
+def test_an_oom_while_two_requests_share_the_handles_is_retried_exactly(plain: dict[str, torch.Tensor],
+                                                                        mode: str) -> None:
+    """M40 with M8: out-of-memory errors hit whichever request allocates then; each reruns its
+    phase exactly (the other request's handles keep their placement), and both stay exact."""
+    m = ModelManager(DeviceService(simulate={"cpu": (14 if mode == "none" else 10) << 20}, strict=True),
+                     VramPolicy({"compute.gpu_jobs": 2, "compute.vram_mode": mode}))
+    engine = DemoEngine(m)
+    injector = OomInjector(at=[3, 20])
+    m.devices.fault_hook = injector
+    retries: list[int] = []
+
+    def run(name: str) -> None:
+        for _ in range(4):
+            got, meta = say(m, engine, *REQUESTS[name])
+            assert torch.equal(got, plain[name]), f"{name} differs from its plain run"
+            retries.append(meta["applied"]["oom_retries"])
+
+    assert threads(run) == []
+    assert injector.raised == 2 and sum(retries) == 2
+    assert_nothing_held(m, engine)
