@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_OOM_RETRIES = 2  # M40
+# Torch's global RNG is one per process. Code that draws from it (upstream engines' sampling, in
+# `Engine.seeded`) and the retry's restore of it hold this lock, so two requests at once
+# (`compute.gpu_jobs` > 1, M8) take turns there instead of drawing from each other's sequence.
+GLOBAL_RNG = threading.RLock()
 
 
 class _RngState:
@@ -49,9 +54,10 @@ class _RngState:
         self.states = [g.get_state() for g in self.generators]
 
     def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
+        with GLOBAL_RNG:
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state_all(self.cuda)
         for g, s in zip(self.generators, self.states):
             g.set_state(s)
 
