@@ -228,3 +228,4 @@ def test_two_qwen3tts_requests_at_once_stay_exact(qwen3tts_checkpoint: Callable[
 
     assert run_on_threads([lambda seed=seed: run(seed) for seed in texts]) == []
     assert mismatches == [] and together[0] == 2  # both requests were in the talker's phase at once
+    assert len(rt.manager.handles) == 4  # both asked for the engine at once: it was loaded once
