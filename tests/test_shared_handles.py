@@ -10,6 +10,8 @@ M56).
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -161,8 +163,6 @@ def test_an_oom_while_two_requests_share_the_handles_is_retried_exactly(plain: d
 def test_draws_from_torchs_global_rng_never_interleave_across_requests() -> None:
     """Upstream engines sample from torch's one global RNG inside `Engine.seeded`: two requests
     at once take turns there, so each sees exactly its own seed's sequence (M8, M57)."""
-    import threading
-
     engine = DemoEngine(ModelManager(DeviceService(), VramPolicy()))
     first_drawn, second_drawn, first_done = threading.Event(), threading.Event(), threading.Event()
 
@@ -207,10 +207,13 @@ def test_two_qwen3tts_requests_at_once_stay_exact(qwen3tts_checkpoint: Callable[
 
     together = [0]
 
-    def say_qwen(rt: Runtime, seed: int) -> torch.Tensor:
+    def say_qwen(rt: Runtime, seed: int, meet: bool = False) -> torch.Tensor:
         engine = rt.engine("qwen3tts", folder)  # type: ignore[arg-type]
 
         def watch(done: int, total: int) -> None:
+            deadline = time.monotonic() + 10
+            while meet and together[0] < 2 and engine.talker.in_use < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the first request to get here waits until the other has the talker too
             together[0] = max(together[0], engine.talker.in_use)
 
         sampling = Sampling(seed=seed, max_new_tokens=4, language="english")
@@ -223,7 +226,7 @@ def test_two_qwen3tts_requests_at_once_stay_exact(qwen3tts_checkpoint: Callable[
 
     def run(seed: int) -> None:
         for _ in range(2):
-            if not torch.equal(say_qwen(rt, seed), expected[seed]):
+            if not torch.equal(say_qwen(rt, seed, meet=True), expected[seed]):
                 mismatches.append(seed)
 
     assert run_on_threads([lambda seed=seed: run(seed) for seed in texts]) == []
