@@ -128,6 +128,11 @@ class ModelManager:
             self._streamers[key] = Streamer(self.devices, device)
         return self._streamers[key]
 
+    def streamed_bytes(self) -> int:
+        """Bytes copied from host RAM on every device so far, all requests and jobs together
+        (what one request streamed is its own `meta.memory.streamed_mb`, M50)."""
+        return sum(s.streamed_bytes for s in self._streamers.values())
+
     def slots(self, device: torch.device) -> DeviceSlots:
         """The device's request slots: `compute.gpu_jobs` of them (M8, M60)."""
         with self._cond:
