@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_OOM_RETRIES = 2  # M40
+# Torch's global RNG is one per process. Code that draws from it (upstream engines' sampling, in
+# `Engine.seeded`) and the retry's restore of it hold this lock, so two requests at once
+# (`compute.gpu_jobs` > 1, M8) take turns there instead of drawing from each other's sequence.
+GLOBAL_RNG = threading.RLock()
 
 
 class _RngState:
@@ -53,9 +58,10 @@ class _RngState:
         self.states = [g.get_state() for g in self.generators]
 
     def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
+        with GLOBAL_RNG:
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state_all(self.cuda)
         for g, s in zip(self.generators, self.states):
             g.set_state(s)
 
@@ -224,9 +230,12 @@ class RequestContext:
                 self._handles[p.component] = h
                 self.report.add(p)
             meter = self._meter(handles)
+            slots = self.manager.phase_slots(handles)
+            alone = slots.alone() if meter is not None and slots is not None else None
             with charging(self.charge):
                 yield placements
-            if meter is not None:
+            # M47 learns only from a phase no other request overlapped: the peak is the device's.
+            if meter is not None and alone is not None and slots is not None and slots.alone() == alone:
                 copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
                 self.manager.calibrate(handles, name, memory, meter.working_bytes(copies, _held_copies(handles)))
         finally:

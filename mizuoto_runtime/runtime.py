@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class Runtime:
         self.manager = ModelManager(self.devices, self.policy, calibration=Calibration(default_path()))
         apply_allocator_env(self.policy.cuda_allocator)
         self.service = RuntimeService(self.manager, self.policy)  # M29, M34: which engines stay loaded
+        self._loading = threading.Lock()  # two requests asking at once load an engine once (M8)
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32",
                device: str | torch.device | None = None) -> Engine:
@@ -53,13 +55,14 @@ class Runtime:
         its components run — "auto"/None for the compute device, or one of `devices.devices()`."""
         where = self.device(device)
         key = self._engine_key(engine_id, model_dir, dtype, where)
-        engine = self.service.get(key)
-        if engine is None:
-            # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
-            # have no version counter, and placing them swaps their data.
-            with torch.inference_mode(False):
-                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), where)
-            self.service.add(key, engine)
+        with self._loading:
+            engine = self.service.get(key)
+            if engine is None:
+                # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
+                # have no version counter, and placing them swaps their data.
+                with torch.inference_mode(False):
+                    engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), where)
+                self.service.add(key, engine)
         return engine
 
     def loaded_engine(self, engine_id: str, model_dir: str | Path | None = None,
