@@ -120,7 +120,7 @@ class Runtime:
         ctx = self.request(sampling.seed, cancel_check, progress if on_progress else None)
         pieces: list[Audio] = []
         try:
-            with contextlib.ExitStack() as whole:
+            with self.service.serving(engine), contextlib.ExitStack() as whole:
                 if engine.PHASED:
                     voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
                 else:
