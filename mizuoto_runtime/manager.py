@@ -36,7 +36,7 @@ from .devices import DeviceService
 from .errors import DeviceTooSmallError, MizuotoError
 from .handle import Kind, ModelHandle
 from .policy import VramPolicy
-from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement
+from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement, RequestLog
 from .slots import DeviceSlots
 from .streamer import Streamer
 
@@ -104,6 +104,7 @@ class ModelManager:
         self.external: ExternalAccounting | None = None
         self.calibration = calibration or Calibration()  # M47: factors on working-memory estimates
         self.events = EventLog()  # the placement log: (action, component, bytes)
+        self.requests = RequestLog()  # the last requests' reports (M50; the route's `requests`)
         self._streamers: dict[str, Streamer] = {}
         self._slots: dict[str, DeviceSlots] = {}
         self._unload_pending: list[ModelHandle] = []  # unregistered while in use (M31)

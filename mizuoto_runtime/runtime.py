@@ -19,6 +19,7 @@ from .errors import DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
 from .phases import RequestContext
 from .policy import MB, VramPolicy
+from .report import model_state, where
 from .service import RuntimeService
 
 log = logging.getLogger(__name__)
@@ -139,11 +140,14 @@ class Runtime:
         return join_chunks(pieces, chunking.crossfade_ms), {**ctx.meta, "chunks": len(chunks)}
 
     def describe(self) -> dict[str, Any]:
-        """M51: per model loaded, streamed and host bytes."""
-        return {
-            "device": self.devices.describe(),
-            "policy": self.policy.describe(),
-            "models": [
-                {**h.describe(), "streamed_bytes": h.streamer.streamed_bytes_of(h)} for h in self.manager.handles
-            ],
-        }
+        """M51: the device, the policy, per model loaded, streamed (last request) and host bytes,
+        and the last requests' reports (the `/mizuoto/runtime` payload, see report.py)."""
+        device = self.devices.describe()
+        device["name"] = where(self.devices, self.devices.compute_device()).name
+        last = self.manager.requests.last_streamed()
+        models = []
+        for h in list(self.manager.handles):
+            key = self.manager.key(h)
+            models.append(model_state(key, h, last.get(key, 0), self.devices.moves(h.device)))
+        return {"device": device, "policy": self.policy.describe(), "models": models,
+                "requests": self.manager.requests.reports()}

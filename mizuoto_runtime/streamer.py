@@ -64,6 +64,7 @@ class StreamCharge:
 
     cancel_check: Callable[[], None] | None = None
     streamed_bytes: int = 0
+    by_owner: dict[int, int] = dataclasses.field(default_factory=dict)  # id(handle) -> its bytes of these
 
     def check(self) -> None:
         if self.cancel_check is not None:
@@ -325,6 +326,8 @@ class Streamer:
         charge = _charge.get()
         if charge is not None:
             charge.streamed_bytes += nbytes
+            if state is not None:
+                charge.by_owner[state.key] = charge.by_owner.get(state.key, 0) + nbytes
 
     def _make_room(self, state: _HandleCopies, keep: int) -> None:
         while len(state.copies) >= state.capacity:
