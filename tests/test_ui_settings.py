@@ -184,36 +184,34 @@ def test_the_dialog_offers_the_policys_settings_with_its_defaults_and_ranges(tmp
 PANEL_PROBE = """
 import * as p from "./panel.mjs";
 const data = JSON.parse(process.argv[2]);
-const model = data.models[0];
-const layout = p.timelineShapes(p.lastRequest(data), 300);
+const layout = p.timelineShapes(data.requests[data.requests.length - 1], 300);
 console.log(JSON.stringify({
-  bars: p.modelBars(data, model), label: p.deviceLabel(data.device), empty: p.timelineShapes(null).shapes,
-  shapes: layout.shapes, seconds: layout.seconds,
+  bars: p.modelBars(data.models[0]), label: p.deviceLabel(data.device), plain: p.deviceLabel({device: "cuda:0"}),
+  empty: p.timelineShapes(null).shapes, shapes: layout.shapes, seconds: layout.seconds,
 }));
 """
 
 
 def route_payload() -> dict[str, Any]:
-    """A `/mizuoto/runtime` answer in the agreed format (TEAM.md): two requests, newest last."""
-    def request(streamed: float) -> dict[str, Any]:
-        return {
-            "components": [{"name": "talker", "total_mb": 11.7, "on_device_mb": 4.2, "streamed_mb": streamed,
-                            "held_mb": 0.0, "why": "budget", "line": "talker 11.7 MB"}],
-            "timeline": [
-                {"name": "talker", "start_s": 0.0, "end_s": 1.0,
-                 "components": [{"name": "talker", "loaded_mb": 4.2, "streamed_mb": streamed, "working_mb": 1.0}],
-                 "yields": [], "retries": 1, "fallbacks": []},
-                {"name": "decoder", "start_s": 1.0, "end_s": 1.5,
-                 "components": [{"name": "decoder", "loaded_mb": 2.0, "streamed_mb": 0.0, "working_mb": 0.5}],
-                 "yields": [{"component": "talker", "for_whom": "decoder", "mb": 4.2, "at_s": 1.0}],
-                 "retries": 0, "fallbacks": ["dtype"]},
-            ],
-        }
-    return {"device": {"device": "cpu", "simulated": True, "free_mb": 10, "total_mb": 16},
+    """A `/mizuoto/runtime` answer in report.py's documented format: a request whose talker
+    phase ran twice (two chunks), a yield, a retry and a fallback."""
+    def run(name: str, start: float, end: float, component: str, loaded: float, streamed: float,
+            **marks: Any) -> dict[str, Any]:
+        return {"name": name, "lane": 0, "start_s": start, "end_s": end, "working_mb": 1.0, "reserve_mb": 0.0,
+                "components": [{"name": component, "loaded_mb": loaded, "streamed_mb": streamed, "working_mb": 1.0}],
+                "yields": [], "retries": [], "fallbacks": [], **marks}
+    timeline = [
+        run("talker", 0.0, 1.0, "demo:talker", 4.2, 7.5, retries=[{"at_s": 0.5, "attempt": 1, "error": "out of memory"}]),
+        run("decoder", 1.0, 1.5, "demo:decoder", 2.0, 0.0,
+            yields=[{"component": "demo:talker", "for_whom": ["demo:decoder"], "mb": 4.2, "at_s": 1.0}],
+            fallbacks=[{"what": "tiled decode", "at_s": 1.4}]),
+        run("talker", 1.5, 2.0, "demo:talker", 4.2, 7.5),
+    ]
+    return {"device": {"device": "cpu", "simulated": True, "free_mb": 10, "total_mb": 16, "name": "simulated GPU, 16 MB"},
             "policy": {"mode": "normal"},
             "models": [{"engine": "demo", "name": "talker", "size_bytes": 12_268_339, "loaded_bytes": 4_404_019,
-                        "host_bytes": 12_268_339, "streamed_bytes": 347_000_000, "units": 4, "resident_units": 1}],
-            "requests": [request(300.0), request(7.5)]}
+                        "host_bytes": 12_268_339, "streamed_bytes": 15_728_640, "streamed_bytes_total": 347_000_000}],
+            "requests": [{"id": 1, "timeline": []}, {"id": 2, "streamed_mb": 15.0, "timeline": timeline}]}
 
 
 @needs_node
@@ -221,15 +219,20 @@ def test_the_panel_shows_the_last_requests_streamed_bytes_and_each_phase(tmp_pat
     data = route_payload()
     out = run_module(tmp_path, "panel", PANEL_PROBE, json.dumps(data))
     bars = {label: (nbytes, whole) for label, nbytes, whole in out["bars"]}
-    assert bars["loaded"][0] == data["models"][0]["loaded_bytes"]
-    assert bars["streamed"][0] == round(7.5 * 1024 * 1024)  # the last request's, not the cumulative counter
-    assert out["label"] == "simulated GPU, 16 MB" and out["empty"] == []
+    model = data["models"][0]
+    assert bars["loaded"] == (model["loaded_bytes"], model["size_bytes"])
+    assert bars["streamed"][0] == model["streamed_bytes"]  # the last request's, not the running total
+    assert bars["host"][0] == model["host_bytes"]
+    assert (out["label"], out["plain"]) == ("simulated GPU, 16 MB", "cuda:0") and out["empty"] == []
     lanes = [s for s in out["shapes"] if s["kind"] == "lane"]
-    assert [lane["phase"] for lane in lanes] == ["talker", "decoder"] and out["seconds"] == 1.5
-    assert lanes[0]["x"] < lanes[1]["x"] and lanes[1]["y"] > lanes[0]["y"]  # later in time, its own lane
+    assert [lane["phase"] for lane in lanes] == ["talker", "decoder"] and out["seconds"] == 2.0  # one lane per phase
+    runs = [s for s in out["shapes"] if s["kind"] == "run"]
+    assert [r["phase"] for r in runs] == ["talker", "decoder", "talker"]
+    assert runs[0]["x"] < runs[1]["x"] < runs[2]["x"] and runs[0]["y"] == runs[2]["y"] < runs[1]["y"]
     parts = {(s["component"], s["part"]): s for s in out["shapes"] if s["kind"] == "bar"}
-    assert parts[("talker", "streamed")]["w"] > parts[("talker", "loaded")]["w"] > 0  # 7.5 MB > 4.2 MB
+    assert parts[("demo:talker", "streamed")]["w"] > parts[("demo:talker", "loaded")]["w"] > 0  # 7.5 MB > 4.2 MB
     (mark,) = [s for s in out["shapes"] if s["kind"] == "yield"]
-    assert (mark["component"], mark["forWhom"]) == ("talker", "decoder") and "decoder" in mark["title"]
+    assert (mark["component"], mark["forWhom"]) == ("demo:talker", "decoder") and "for decoder" in mark["title"]
     assert [(s["kind"], s["phase"]) for s in out["shapes"] if s["kind"] in ("retry", "fallback")] == [
         ("retry", "talker"), ("fallback", "decoder")]
+    assert not any("M5" in s.get("title", "") for s in out["shapes"])

@@ -65,12 +65,15 @@ function drawShape(shape) {
     case "lane": {
       const g = svg("g", data, shape.title);
       g.append(svg("rect", { x: shape.x, y: shape.y, width: shape.w, height: shape.h, rx: 3,
-                             fill: "rgba(127,127,127,.15)", stroke: "rgba(127,127,127,.5)" }));
-      const text = svg("text", { x: shape.x + 3, y: shape.y + shape.h - 3, "font-size": 9, fill: "currentColor", opacity: 0.7 });
+                             fill: "rgba(127,127,127,.10)", stroke: "rgba(127,127,127,.4)" }));
+      const text = svg("text", { x: shape.x + 4, y: shape.y + 9, "font-size": 9, fill: "currentColor", opacity: 0.8 });
       text.textContent = shape.label;
       g.append(text);
       return g;
     }
+    case "run":
+      return svg("rect", { ...data, x: shape.x, y: shape.y, width: shape.w, height: shape.h,
+                           fill: "rgba(127,127,127,.18)" }, shape.title);
     case "label": {
       const text = svg("text", { ...data, x: shape.x, y: shape.y, "font-size": 10, fill: "currentColor" });
       text.textContent = shape.text;
@@ -84,7 +87,7 @@ function drawShape(shape) {
                            d: `M${shape.x - 4},${shape.y} L${shape.x + 4},${shape.y} L${shape.x},${shape.y + 7} Z` }, shape.title);
     case "retry":
     case "fallback":
-      return svg("rect", { ...data, "data-count": shape.count, x: shape.x, y: shape.y, width: 3, height: shape.h,
+      return svg("rect", { ...data, x: shape.x - 1, y: shape.y, width: 3, height: shape.h,
                            fill: shape.kind === "retry" ? "#f44336" : "#9c27b0" }, shape.title);
     default:
       return null;
@@ -96,8 +99,10 @@ function timelineChart(request, index) {
   box.className = "mizuoto-timeline";
   box.dataset.request = String(index);
   const layout = timelineShapes(request, 300);
-  const phases = (request.timeline ?? []).map((p) => p.name).join(" → ");
-  box.append(element("div", "font-size:11px;opacity:.8", `Request ${index + 1}: ${phases || "no phases"} · ${layout.seconds.toFixed(2)} s`));
+  const streamed = request.streamed_mb ?? 0;
+  const state = request.running ? " (running)" : "";
+  box.append(element("div", "font-size:11px;opacity:.8",
+                     `Run ${request.id ?? index + 1}${state}: ${layout.seconds.toFixed(2)} s, ${streamed.toFixed(1)} MB streamed from RAM`));
   const chart = svg("svg", { width: "100%", viewBox: `0 0 ${layout.width} ${layout.height}`, role: "img" });
   for (const shape of layout.shapes) {
     const drawn = drawShape(shape);
@@ -134,9 +139,8 @@ function renderRuntime(el, data) {
     box.className = "mizuoto-model";
     box.dataset.name = m.name;
     box.append(element("div", "font-weight:bold;font-size:12px", `${m.engine}: ${m.name} — ${(m.size_bytes / MB).toFixed(1)} MB`));
-    for (const [label, bytes, whole] of modelBars(data, m)) {
-      box.append(bar(label, bytes, whole, COLORS[label === "loaded" ? "loaded" : label]));
-    }
+    if (m.line) box.append(element("div", "font-size:11px;opacity:.8", m.line));
+    for (const [label, bytes, whole] of modelBars(m)) box.append(bar(label, bytes, whole, COLORS[label]));
     models.append(box);
   }
   el.append(models);
