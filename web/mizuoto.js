@@ -103,7 +103,8 @@ function timelineChart(request, index) {
   const state = request.running ? " (running)" : "";
   box.append(element("div", "font-size:11px;opacity:.8",
                      `Run ${request.id ?? index + 1}${state}: ${layout.seconds.toFixed(2)} s, ${streamed.toFixed(1)} MB streamed from RAM`));
-  const chart = svg("svg", { width: "100%", viewBox: `0 0 ${layout.width} ${layout.height}`, role: "img" });
+  const chart = svg("svg", { width: "100%", viewBox: `0 0 ${layout.width} ${layout.height}`, role: "img",
+                             style: "display:block;max-width:100%" });
   for (const shape of layout.shapes) {
     const drawn = drawShape(shape);
     if (drawn) chart.append(drawn);
@@ -154,7 +155,7 @@ function renderRuntime(el, data) {
 
 function mountPanel(el) {
   const body = document.createElement("div");
-  body.style.cssText = "padding:8px";
+  body.style.cssText = "padding:8px;box-sizing:border-box;width:100%;overflow-wrap:anywhere";
   el.append(body);
   // The frontend calls render before it attaches the element: stop polling only once the
   // panel has been shown and then closed.

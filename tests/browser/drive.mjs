@@ -54,8 +54,9 @@ async function setWidgets(page, values) {
 
 async function queueAndWait(page, timeoutS) {
   const before = Object.keys(await route("/history")).length;
-  await page.locator("canvas").first().click({ position: { x: 5, y: 300 } });
-  await page.keyboard.press("Control+Enter"); // ComfyUI's "Queue prompt" shortcut
+  // The action bar's Run button ("Queue" in older frontends).
+  const run = page.getByRole("button", { name: /^\s*(Run|Queue)\s*$/ }).first();
+  await run.click();
   const deadline = Date.now() + timeoutS * 1000;
   while (Date.now() < deadline) {
     const history = await route("/history");
@@ -116,6 +117,16 @@ async function panelMatchesRoute(page) {
   return last;
 }
 
+async function closeSettings(page) {
+  await page.keyboard.press("Escape"); // an open dropdown first
+  const mask = page.locator(".p-dialog-mask");
+  if (await mask.count()) {
+    const close = page.locator(".p-dialog .p-dialog-close-button, .p-dialog button[aria-label=Close]").first();
+    if (await close.count()) await close.click().catch(() => page.keyboard.press("Escape"));
+    await mask.first().waitFor({ state: "detached", timeout: 15000 });
+  }
+}
+
 async function openSettings(page) {
   await page.keyboard.press("Control+Comma"); // ComfyUI's settings shortcut
   const dialog = page.locator(".settings-container, .p-dialog").first();
@@ -136,20 +147,22 @@ async function chooseInDialog(page, name, option) {
   const row = await searchSetting(page, dialog, name);
   await row.locator(".p-select, .p-dropdown").first().click();
   await page.locator(`li[role=option]`).filter({ hasText: new RegExp(`^\\s*${option}\\s*$`) }).first().click();
+  await page.locator("li[role=option]").first().waitFor({ state: "detached", timeout: 10000 }).catch(() => {});
   await shot(page, `settings-${option}`, `Settings dialog: "${name}" set to ${option}`);
-  await page.keyboard.press("Escape");
+  await closeSettings(page);
 }
 
 async function typeInDialog(page, name, value) {
   const dialog = await openSettings(page);
   const row = await searchSetting(page, dialog, name);
   const input = row.locator("input").first();
-  await input.fill(String(value));
-  await input.press("Enter");
-  await input.blur();
+  await input.click();
+  await page.keyboard.press("Control+A"); // a number field formats as it is typed: type, as a user would
+  await page.keyboard.type(String(value));
+  await page.keyboard.press("Tab");
   await page.waitForTimeout(300);
   await shot(page, `settings-number-${value}`, `Settings dialog: "${name}" set to ${value}`);
-  await page.keyboard.press("Escape");
+  await closeSettings(page);
 }
 
 async function storedSetting(id, value) {
@@ -190,13 +203,13 @@ async function main() {
     });
     step("loaded page");
 
-    // 1. The demo template on the simulated 16 MB GPU (the dialog's value, stored before start).
+    // 1. The demo template on the simulated 16 MB GPU (the dialog value stored before start).
     await loadWorkflow(page, plan.demo);
     await setWidgets(page, { max_new_tokens: 64 });
     seen.demo = await queueAndWait(page, 300);
     await openPanel(page);
     seen.demoPanel = await panelMatchesRoute(page);
-    await shot(page, "1-demo-panel", "Demo template ran on the simulated 16 MB GPU; Mizuoto panel: bars and the run's VRAM timeline");
+    await shot(page, "1-demo-panel", "Demo template ran on the simulated 12 MB GPU; Mizuoto panel: bars and the run's VRAM timeline");
     step("demo");
 
     // 2. A setting changed in the dialog applies to the next run.
