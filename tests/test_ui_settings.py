@@ -226,11 +226,15 @@ def test_the_panel_shows_the_last_requests_streamed_bytes_and_each_phase(tmp_pat
     assert (out["label"], out["plain"]) == ("simulated GPU, 16 MB", "cuda:0") and out["empty"] == []
     lanes = [s for s in out["shapes"] if s["kind"] == "lane"]
     assert [lane["phase"] for lane in lanes] == ["talker", "decoder"] and out["seconds"] == 2.0  # one lane per phase
-    runs = [s for s in out["shapes"] if s["kind"] == "run"]
-    assert [r["phase"] for r in runs] == ["talker", "decoder", "talker"]
-    assert runs[0]["x"] < runs[1]["x"] < runs[2]["x"] and runs[0]["y"] == runs[2]["y"] < runs[1]["y"]
+    runs = sorted((s for s in out["shapes"] if s["kind"] == "run"), key=lambda r: r["x"])
+    assert [r["phase"] for r in runs] == ["talker", "decoder", "talker"]  # placed by time
+    assert runs[0]["y"] == runs[2]["y"] < runs[1]["y"] and runs[2]["x"] >= runs[1]["x"] + runs[1]["w"] - 0.01
     parts = {(s["component"], s["part"]): s for s in out["shapes"] if s["kind"] == "bar"}
-    assert parts[("demo:talker", "streamed")]["w"] > parts[("demo:talker", "loaded")]["w"] > 0  # 7.5 MB > 4.2 MB
+    talker = {part: parts[("demo:talker", part)] for part in ("loaded", "working", "streamed")}
+    assert talker["streamed"]["mb"] == 15.0  # its two runs summed
+    assert talker["working"]["x"] == pytest.approx(talker["loaded"]["x"] + talker["loaded"]["w"])  # stacked
+    assert talker["loaded"]["w"] / talker["working"]["w"] == pytest.approx(4.2)  # one VRAM scale
+    assert parts[("demo:decoder", "streamed")]["w"] == 0 < talker["streamed"]["w"]
     (mark,) = [s for s in out["shapes"] if s["kind"] == "yield"]
     assert (mark["component"], mark["forWhom"]) == ("demo:talker", "decoder") and "for decoder" in mark["title"]
     assert [(s["kind"], s["phase"]) for s in out["shapes"] if s["kind"] in ("retry", "fallback")] == [

@@ -66,16 +66,21 @@ function drawShape(shape) {
       const g = svg("g", data, shape.title);
       g.append(svg("rect", { x: shape.x, y: shape.y, width: shape.w, height: shape.h, rx: 3,
                              fill: "rgba(127,127,127,.10)", stroke: "rgba(127,127,127,.4)" }));
-      const text = svg("text", { x: shape.x + 4, y: shape.y + 9, "font-size": 9, fill: "currentColor", opacity: 0.8 });
+      const text = svg("text", { x: shape.x + 4, y: shape.y + 9, "font-size": 9, "font-weight": "bold", fill: "currentColor" });
       text.textContent = shape.label;
       g.append(text);
       return g;
     }
     case "run":
-      return svg("rect", { ...data, x: shape.x, y: shape.y, width: shape.w, height: shape.h,
-                           fill: "rgba(127,127,127,.18)" }, shape.title);
+      return svg("rect", { ...data, x: shape.x, y: shape.y, width: shape.w, height: shape.h, rx: 2,
+                           fill: "rgba(127,127,127,.55)" }, shape.title);
+    case "heading": {
+      const text = svg("text", { x: shape.x, y: shape.y, "font-size": 8, fill: "currentColor", opacity: 0.6 });
+      text.textContent = shape.text;
+      return text;
+    }
     case "label": {
-      const text = svg("text", { ...data, x: shape.x, y: shape.y, "font-size": 10, fill: "currentColor" });
+      const text = svg("text", { ...data, x: shape.x, y: shape.y, "font-size": 9, fill: "currentColor", opacity: 0.8 });
       text.textContent = shape.text;
       return text;
     }
@@ -84,7 +89,7 @@ function drawShape(shape) {
                            width: Math.max(0, shape.w), height: shape.h, fill: shape.color }, shape.title);
     case "yield":
       return svg("path", { ...data, "data-for": shape.forWhom ?? "", fill: "#e91e63",
-                           d: `M${shape.x - 4},${shape.y} L${shape.x + 4},${shape.y} L${shape.x},${shape.y + 7} Z` }, shape.title);
+                           d: `M${shape.x - 4},${shape.y} L${shape.x + 4},${shape.y} L${shape.x},${shape.y + shape.h} Z` }, shape.title);
     case "retry":
     case "fallback":
       return svg("rect", { ...data, x: shape.x - 1, y: shape.y, width: 3, height: shape.h,

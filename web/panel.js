@@ -41,87 +41,88 @@ function names(value) {
   return (Array.isArray(value) ? value : [value]).filter(Boolean).map(short).join(", ");
 }
 
-// The shapes of one request's timeline chart, in a `width`-wide box: one lane per phase name
-// (a phase run again, chunk after chunk, stays in its lane), each run placed by time; per
-// component a stacked bar of loaded / streamed / working MB (scaled to the request's largest);
-// a mark where components yielded VRAM (and for whom), where a step was retried after running
-// out of memory, and where a fallback was used.
+// The shapes of one request's timeline chart, `width` wide. One lane per phase name (a phase
+// run again, chunk after chunk, stays in its lane). A lane's top strip is time: a box where each
+// run of the phase ran, a mark where components yielded VRAM (and for whom), where a step was
+// retried after running out of memory, where a fallback was used. Under it, one row per
+// component: its VRAM in the phase (on the GPU, then working memory) on the device's scale, and
+// what streamed from RAM in the phase on the request's largest stream (streaming can copy a
+// model many times over, so the two get their own scales).
 export function timelineShapes(request, width = 300) {
   const runs = listOf(request?.timeline);
   const left = 70;
-  const span = Math.max(1, width - left - 8);
+  const right = width - 4;
   const end = Math.max(0, ...runs.map((r) => r.end_s ?? 0));
-  const seconds = end > 0 ? end : 1;
-  const x = (s) => left + ((s ?? 0) / seconds) * span;
+  const x = (s) => left + ((s ?? 0) / (end > 0 ? end : 1)) * (right - left);
+  const middle = left + (right - left) * 0.6;
   const lanes = [];
   for (const r of runs) if (!lanes.includes(r.name)) lanes.push(r.name);
-  const row = 14;
-  const laneComponents = lanes.map((name) => {
-    const found = [];
-    for (const r of runs) {
-      if (r.name !== name) continue;
-      for (const c of listOf(r.components)) if (!found.includes(c.name)) found.push(c.name);
-    }
-    return found;
-  });
-  let largest = 0;
-  for (const r of runs) {
-    for (const c of listOf(r.components)) {
-      largest = Math.max(largest, (c.loaded_mb ?? 0) + (c.streamed_mb ?? 0) + (c.working_mb ?? 0));
-    }
-  }
-  const tops = [];
-  let y = 4;
-  const shapes = [];
-  lanes.forEach((name, index) => {
-    const height = Math.max(1, laneComponents[index].length) * row + 16;
-    tops.push(y);
-    shapes.push({ kind: "lane", phase: name, index, x: 2, y, w: width - 4, h: height, label: name,
-                  title: `${name}: ${runs.filter((r) => r.name === name).length} run(s)` });
-    laneComponents[index].forEach((component, i) => {
-      shapes.push({ kind: "label", phase: name, component, x: 6, y: y + 12 + i * row + 10, text: short(component) });
-    });
-    y += height + 4;
-  });
-  for (const r of runs) {
-    const index = lanes.indexOf(r.name);
-    const top = tops[index];
-    const height = Math.max(1, laneComponents[index].length) * row + 16;
-    const x0 = x(r.start_s);
-    const x1 = Math.max(x0 + 3, x(r.end_s));
-    shapes.push({ kind: "run", phase: r.name, x: x0, y: top + 10, w: x1 - x0, h: height - 12,
-                  title: `${r.name}: ${(r.start_s ?? 0).toFixed(2)}–${(r.end_s ?? 0).toFixed(2)} s, ` +
-                         `working memory ${(r.working_mb ?? 0).toFixed(1)} MB` });
-    for (const c of listOf(r.components)) {
-      const i = laneComponents[index].indexOf(c.name);
-      let at = x0 + 1;
-      const room = Math.max(3, x1 - x0 - 2);
-      for (const part of ["loaded", "streamed", "working"]) {
-        const value = c[`${part}_mb`] ?? 0;
-        const w = largest > 0 ? (value / largest) * room : 0;
-        shapes.push({ kind: "bar", part, phase: r.name, component: c.name, mb: value, x: at, y: top + 13 + i * row,
-                      w, h: row - 4, color: COLORS[part],
-                      title: `${short(c.name)} in ${r.name}: ${value.toFixed(1)} MB ${partWords(part)}` });
-        at += w;
+  const perLane = lanes.map((name) => {
+    const components = new Map();
+    for (const r of runs.filter((run) => run.name === name)) {
+      for (const c of listOf(r.components)) {
+        const seen = components.get(c.name) ?? { loaded: 0, working: 0, streamed: 0 };
+        seen.loaded = Math.max(seen.loaded, c.loaded_mb ?? 0);
+        seen.working = Math.max(seen.working, c.working_mb ?? 0);
+        seen.streamed += c.streamed_mb ?? 0;
+        components.set(c.name, seen);
       }
     }
-    for (const given of listOf(r.yields)) {
-      shapes.push({ kind: "yield", phase: r.name, component: given.component, forWhom: names(given.for_whom),
-                    x: x(given.at_s ?? r.start_s), y: top, h: height,
-                    title: `${short(given.component)} gave up ${(given.mb ?? 0).toFixed(1)} MB of VRAM for ` +
-                           `${names(given.for_whom)}` });
+    return components;
+  });
+  const vram = Math.max(request?.device_mb ?? 0,
+                        ...perLane.flatMap((m) => [...m.values()].map((c) => c.loaded + c.working)), 1e-9);
+  const streamed = Math.max(1e-9, ...perLane.flatMap((m) => [...m.values()].map((c) => c.streamed)));
+  const row = 12;
+  const strip = 12;
+  const device = request?.device_mb ? `VRAM (of ${request.device_mb} MB)` : "VRAM";
+  const shapes = runs.length ? [{ kind: "heading", x: left, y: 9, text: device },
+                                { kind: "heading", x: middle, y: 9, text: "streamed from RAM" }] : [];
+  let y = 14;
+  lanes.forEach((name, index) => {
+    const components = [...perLane[index].entries()];
+    const height = strip + Math.max(1, components.length) * row + 6;
+    const count = runs.filter((r) => r.name === name).length;
+    shapes.push({ kind: "lane", phase: name, index, x: 2, y, w: width - 4, h: height, label: name,
+                  title: `${name}: ran ${count} time${count > 1 ? "s" : ""}` });
+    for (const r of runs.filter((run) => run.name === name)) {
+      const x0 = x(r.start_s);
+      shapes.push({ kind: "run", phase: name, x: x0, y: y + 2, w: Math.max(2, x(r.end_s) - x0), h: strip - 4,
+                    title: `${name}: ${(r.start_s ?? 0).toFixed(2)}–${(r.end_s ?? 0).toFixed(2)} s, ` +
+                           `working memory ${(r.working_mb ?? 0).toFixed(1)} MB` });
+      for (const given of listOf(r.yields)) {
+        shapes.push({ kind: "yield", phase: name, component: given.component, forWhom: names(given.for_whom),
+                      x: x(given.at_s ?? r.start_s), y: y + 1, h: strip - 2,
+                      title: `${short(given.component)} gave up ${(given.mb ?? 0).toFixed(1)} MB of VRAM for ` +
+                             `${names(given.for_whom)}` });
+      }
+      for (const retry of listOf(r.retries)) {
+        shapes.push({ kind: "retry", phase: name, x: x(retry.at_s ?? r.end_s), y: y + 1, h: strip - 2,
+                      title: `${name}: ran out of VRAM (${retry.error ?? "out of memory"}); ` +
+                             `retry ${retry.attempt ?? ""} with more streamed from RAM, same result` });
+      }
+      for (const fallback of listOf(r.fallbacks)) {
+        shapes.push({ kind: "fallback", phase: name, x: x(fallback.at_s ?? r.end_s), y: y + 1, h: strip - 2,
+                      title: `${name}: used a cheaper fallback (${fallback.what ?? fallback})` });
+      }
     }
-    for (const retry of listOf(r.retries)) {
-      shapes.push({ kind: "retry", phase: r.name, x: x(retry.at_s ?? r.end_s), y: top, h: height,
-                    title: `${r.name}: ran out of VRAM (${retry.error ?? "out of memory"}); ` +
-                           `retry ${retry.attempt ?? ""} with more streamed from RAM, same result` });
-    }
-    for (const fallback of listOf(r.fallbacks)) {
-      shapes.push({ kind: "fallback", phase: r.name, x: x(fallback.at_s ?? r.end_s), y: top, h: height,
-                    title: `${r.name}: used a cheaper fallback (${fallback.what ?? fallback})` });
-    }
-  }
-  return { width, height: y + 4, shapes, seconds: runs.length ? end : 0 };
+    components.forEach(([component, c], i) => {
+      const top = y + strip + i * row;
+      shapes.push({ kind: "label", phase: name, component, x: 8, y: top + 9, text: short(component) });
+      let at = left;
+      for (const part of ["loaded", "working"]) {
+        const w = (c[part] / vram) * (middle - left - 4);
+        shapes.push({ kind: "bar", part, phase: name, component, mb: c[part], x: at, y: top + 1, w, h: row - 3,
+                      color: COLORS[part], title: `${short(component)} in ${name}: ${c[part].toFixed(1)} MB ${partWords(part)}` });
+        at += w;
+      }
+      shapes.push({ kind: "bar", part: "streamed", phase: name, component, mb: c.streamed, x: middle,
+                    y: top + 1, w: (c.streamed / streamed) * (right - middle - 2), h: row - 3, color: COLORS.streamed,
+                    title: `${short(component)} in ${name}: ${c.streamed.toFixed(1)} MB ${partWords("streamed")}` });
+    });
+    y += height + 3;
+  });
+  return { width, height: y + 2, shapes, seconds: runs.length ? end : 0 };
 }
 
 function partWords(part) {
