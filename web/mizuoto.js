@@ -103,6 +103,8 @@ function timelineChart(request, index) {
   const box = element("div", "margin:8px 0");
   box.className = "mizuoto-timeline";
   box.dataset.request = String(index);
+  box.dataset.id = String(request.id ?? "");
+  box.dataset.running = String(Boolean(request.running));
   const layout = timelineShapes(request, 300);
   const streamed = request.streamed_mb ?? 0;
   const state = request.running ? " (running)" : "";
@@ -160,7 +162,7 @@ function renderRuntime(el, data) {
 
 function mountPanel(el) {
   const body = document.createElement("div");
-  body.style.cssText = "padding:8px;box-sizing:border-box;width:100%;overflow-wrap:anywhere";
+  body.style.cssText = "padding:8px 16px 8px 8px;box-sizing:border-box;width:100%;overflow-wrap:anywhere";
   el.append(body);
   // The frontend calls render before it attaches the element: stop polling only once the
   // panel has been shown and then closed.

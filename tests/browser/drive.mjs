@@ -98,6 +98,8 @@ async function panelMatchesRoute(page) {
       })),
       lanes: [...document.querySelectorAll(".mizuoto-timeline")].map((chart) => ({
         request: Number(chart.dataset.request),
+        id: Number(chart.dataset.id),
+        running: chart.dataset.running === "true",
         lanes: [...chart.querySelectorAll('[data-kind="lane"]')].map((l) => l.dataset.phase),
         bars: chart.querySelectorAll('[data-kind="bar"]').length,
         yields: [...chart.querySelectorAll('[data-kind="yield"]')].map((y) => y.dataset.for),
@@ -110,8 +112,11 @@ async function panelMatchesRoute(page) {
       const box = shown.models.find((s) => s.name === m.name);
       return box && box.bars.loaded === m.loaded_bytes && box.bars.streamed === m.streamed_bytes && box.bars.host === m.host_bytes;
     });
-    const charts = Math.min(3, (state.requests ?? []).length);
-    if (same && shown.lanes.length === charts) return last;
+    const requests = state.requests ?? [];
+    const newest = requests[requests.length - 1];
+    const drawn = shown.lanes[0]; // the newest chart comes first
+    const current = !newest || (drawn && drawn.id === newest.id && drawn.running === newest.running);
+    if (same && current && shown.lanes.length === Math.min(3, requests.length)) return last;
     await new Promise((r) => setTimeout(r, 500));
   }
   return last;

@@ -96,7 +96,9 @@ def check_panel(seen: dict[str, Any]) -> None:
         assert box["bars"] == {"loaded": model["loaded_bytes"], "streamed": model["streamed_bytes"],
                                "host": model["host_bytes"]}, (box, model)
     newest = max(shown["lanes"], key=lambda chart: chart["request"])
-    phases = list(dict.fromkeys(run["name"] for run in last_request(state)["timeline"]))
+    request = last_request(state)
+    assert (newest["id"], newest["running"]) == (request["id"], False), (newest, request)
+    phases = list(dict.fromkeys(run["name"] for run in request["timeline"]))
     assert newest["lanes"] == phases and phases, (newest, phases)
     assert newest["bars"] >= 3 * len(phases)  # loaded, streamed, working per component
     assert state["device"]["name"] in shown["device"]  # "simulated GPU, N MB"
