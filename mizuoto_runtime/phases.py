@@ -119,7 +119,7 @@ class RequestContext:
     def report_dict(self) -> dict[str, Any]:
         """This request's report (the route's `requests` entries; format in report.py)."""
         self._refresh()
-        where = self._where or where(self.manager.devices, self.manager.devices.compute_device())
+        place = self._where or where(self.manager.devices, self.manager.devices.compute_device())
         held = {key: Held(self.report.components[key].held_bytes, tuple(h.gave_up_for), h.unloaded)
                 for key, h in self._handles.items() if key in self.report.components}
         now = self._now()
@@ -128,12 +128,12 @@ class RequestContext:
             "started_at": round(self.started_at, 3),
             "duration_s": round(now, 4),
             "running": self._running > 0,
-            "device": where.name,
-            "device_mb": None if where.total_bytes is None else mb(where.total_bytes),
+            "device": place.name,
+            "device_mb": None if place.total_bytes is None else mb(place.total_bytes),
             "streamed_mb": mb(self.charge.streamed_bytes),
             "oom_retries": self.applied["oom_retries"],
             "fallbacks": list(self.applied["fallbacks"]),
-            "components": self.report.component_entries(held, where),
+            "components": self.report.component_entries(held, place),
             "timeline": self.report.timeline_entries(now),
         }
 

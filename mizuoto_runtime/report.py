@@ -7,10 +7,11 @@ The manager records a `Placement` per component per phase; the request folds the
 ``meta.memory`` (M50; every output's, and the `memory` string output of the nodes as JSON)
 keeps its fields: ``streamed_mb`` (bytes copied from host RAM for this request only),
 ``loaded_mb`` / ``size_mb`` (sums over its components), ``components`` {name: {phase,
-loaded_mb, size_mb}}, ``partial`` {name: {reason, mode, free_mb, working_mb, reserve_mb,
-loaded_mb, size_mb, gave_up_for}} and ``phases`` (an engine's breakdown of a phase's working
-memory). Added beside them: ``request`` — the request report below, the same dict the route
-lists.
+loaded_mb (on the device during its phase), held_mb (NEW: what it holds now), size_mb}},
+``partial`` {name: {reason, mode, free_mb, working_mb, reserve_mb, loaded_mb, size_mb,
+gave_up_for}} (for reason "yielded for another component" loaded_mb is what it holds now, i.e.
+its held_mb) and ``phases`` (an engine's breakdown of a phase's working memory). Added beside
+them: ``request`` — the request report below, the same dict the route lists.
 
 The `/mizuoto/runtime` payload (GET, no input; also `mizuoto runtime [--url]`)
 -------------------------------------------------------------------------------
@@ -30,9 +31,11 @@ All sizes in MB are MiB (2**20 bytes), rounded to 2 decimals; bytes are ints; ti
          "streamed_bytes_total": ...,  # NEW: every byte streamed for it since it loaded
          "fixed_bytes": ...,           # NEW: bytes that always stay on the device when placed
                                        # (not in a unit: embeddings, norms, ...)
-         "why": "budget too small" | "gave its VRAM to comfyui" | null,  # NEW: why not whole now
-         "line": "demo:acoustic 11.7 MB: 4.2 MB on the GPU (0 of 4 layers, 4.2 MB that always "
-                 "stays), 7.5 MB in RAM"}  # NEW: the current state in plain words
+         "why": "budget too small" | "gave its VRAM to ComfyUI's models" | null,  # NEW: why it
+                                       # is not whole on the device now (an M50 reason, or yielded)
+         "line": "demo:acoustic 11.7 MB: 4.2 MB on the GPU (0.5 MB that always stays + 1 of 4 "
+                 "layers), 7.5 MB in RAM, streamed when used (not enough free VRAM)"}
+                                       # NEW: the current state in plain words
       ],
       "requests": [ <request report>, ... ]   # NEW: the last REQUESTS_KEPT requests, newest last
     }
@@ -45,6 +48,7 @@ step-by-step node's run):
      "duration_s": 1.42,           # so far, while "running"
      "running": false,             # true while one of its phases is still running
      "device": "simulated GPU, 16 MB",
+     "device_mb": 16.0,            # the device's size; null where host RAM is the device (CPU)
      "streamed_mb": 30.1,          # copied from RAM for this request only (= meta.memory.streamed_mb)
      "oom_retries": 0, "fallbacks": [],   # = meta.applied
      "components": [               # every component the request used, exactly once
@@ -54,11 +58,12 @@ step-by-step node's run):
         "on_device_mb": 4.2,       # on the device during its (last) phase
         "from_ram_mb": 7.5,        # = total_mb - on_device_mb: the part streamed in per use
         "streamed_mb": 30.1,       # bytes copied for it in this request (every pass counts)
+        "streamed_bytes": 31562138,  # the same in bytes (the panel's bars)
         "held_mb": 0.0,            # what it holds on the device at the end of the request
         "why": "budget too small", # why on_device_mb < total_mb (null when whole)
-        "held_why": "gave its VRAM to demo:vocoder",  # why held_mb < on_device_mb (null if equal)
-        "line": "acoustic 11.7 MB: 4.2 MB on the GPU, 7.5 MB streamed from RAM (budget too "
-                "small); 30.1 MB copied; holds 0.0 MB now (gave its VRAM to demo:vocoder)"}
+        "held_why": "gave its VRAM to vocoder",  # why held_mb differs from on_device_mb (null if not)
+        "line": "acoustic 11.7 MB: 4.2 MB on the GPU, 7.5 MB streamed from RAM (not enough "
+                "free VRAM), 30.1 MB copied in all; now holds 0.0 MB (gave its VRAM to vocoder)"}
      ],
      "timeline": [                 # one entry per phase run, in order; lane = phase name
        {"name": "acoustic",
@@ -70,8 +75,9 @@ step-by-step node's run):
                         "working_mb": 2.0}],   # working_mb: the phase's, on each of its components
         "yields": [{"component": "demo:vocoder", "for_whom": ["demo:acoustic"], "mb": 3.0,
                     "at_s": 0.01}],    # idle components that gave up VRAM for this phase
-        "retries": [{"at_s": 0.4, "attempt": 1, "error": "out of memory"}],  # exact OOM retries
-        "fallbacks": [{"what": "tiled decode", "at_s": 0.7}]}
+        "retries": [{"at_s": 0.4, "attempt": 1,                 # exact OOM retries
+                     "error": "OutOfMemoryError: out of memory"}],
+        "fallbacks": [{"what": "tiled_1d", "at_s": 0.7, "error": "OutOfMemoryError: out of memory"}]}
      ]}
 
 The node text is one `line` per component (plus retries and fallbacks); `mizuoto say
@@ -154,7 +160,7 @@ class Placement:
 
     def as_partial(self) -> dict[str, Any]:
         """A component partial in its phase keeps that phase's figures; one that ran whole and
-        then yielded shows what it holds now (`held_mb` says which is which)."""
+        then yielded shows what it holds now (its `components` entry has both)."""
         loaded = self.loaded_bytes if self.reason is not None else self.held_bytes
         return {
             "reason": self.reason or REASON_YIELDED,
@@ -163,7 +169,6 @@ class Placement:
             "working_mb": mb(self.working_bytes),
             "reserve_mb": mb(self.reserve_bytes),
             "loaded_mb": mb(loaded),
-            "held_mb": mb(self.held_bytes),
             "size_mb": mb(self.size_bytes),
             "gave_up_for": list(self.gave_up_for),
         }
@@ -292,8 +297,10 @@ def component_line(entry: Mapping[str, Any], moves: bool) -> str:
         text = head + "all on the GPU"
     else:
         why = PLAIN_REASONS.get(entry["why"], entry["why"]) if entry["why"] else None
-        text = (head + f"{_mb_text(entry['on_device_mb'])} on the GPU, {_mb_text(entry['from_ram_mb'])} streamed "
-                f"from RAM" + (f" ({why})" if why else ""))
+        # Rounded so that the two parts the line shows add up to the total it shows.
+        on_device = round(entry["on_device_mb"], 1)
+        text = (head + f"{_mb_text(on_device)} on the GPU, {_mb_text(round(entry['total_mb'], 1) - on_device)} "
+                f"streamed from RAM" + (f" ({why})" if why else ""))
     if entry["streamed_mb"] > 0:
         text += f", {_mb_text(entry['streamed_mb'])} copied in all"
     if entry["held_why"]:
