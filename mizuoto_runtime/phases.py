@@ -22,7 +22,6 @@ import contextlib
 import logging
 import math
 import numbers
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,7 +29,7 @@ import torch
 
 from .calibration import PhaseMeter
 from .errors import ArgumentError, DeviceTooSmallError
-from .report import Held, MemoryReport, PhaseRun, Placement, Where, mb, where
+from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, Where, mb, where
 from .streamer import StreamCharge, charging
 
 if TYPE_CHECKING:
@@ -87,8 +86,7 @@ class RequestContext:
         self.charge = StreamCharge(cancel_check)  # its streamed bytes and cancel check (M23, M50)
         self._handles: dict[str, ModelHandle] = {}
         self.id = manager.requests.new_id()
-        self.started_at = time.time()
-        self._t0 = time.monotonic()
+        self.clock = RequestClock()
         self._running = 0  # phases begun and not ended
         self._where: Where | None = None
 
@@ -114,7 +112,7 @@ class RequestContext:
 
     # ---- the request report and its timeline (report.py) ---------------------------------
     def _now(self) -> float:
-        return time.monotonic() - self._t0
+        return self.clock.now()
 
     def report_dict(self) -> dict[str, Any]:
         """This request's report (the route's `requests` entries; format in report.py)."""
@@ -125,7 +123,7 @@ class RequestContext:
         now = self._now()
         return {
             "id": self.id,
-            "started_at": round(self.started_at, 3),
+            "started_at": round(self.clock.started_at, 3),
             "duration_s": round(now, 4),
             "running": self._running > 0,
             "device": place.name,
@@ -188,38 +186,46 @@ class RequestContext:
     @contextlib.contextmanager
     def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:
         """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends."""
-        run = self._begin(name)
+        record = self._begin(name)
         try:
-            with self._phase(handles, memory, name, run) as placements:
+            with self._attempt(handles, memory, name, record) as placements:
                 yield placements
         finally:
-            self._end(run)
+            self._end(record)
 
     @contextlib.contextmanager
-    def _phase(self, handles: Sequence[ModelHandle], memory: int, name: str, run: PhaseRun) -> Iterator[list[Placement]]:
-        """One attempt of a phase, recorded in `run` (the timeline's entry)."""
+    def _attempt(self, handles: Sequence[ModelHandle], memory: int, name: str,
+                 record: PhaseRun) -> Iterator[list[Placement]]:
+        """One attempt of a phase, recorded in its timeline entry: who yielded VRAM while it was
+        placed, its placements, and the bytes streamed for each of its components."""
+        before = self._device_bytes(handles)
+        owners = {self.manager.key(h): id(h) for h in dict.fromkeys(handles)}
+        start = {key: self.charge.by_owner.get(owner, 0) for key, owner in owners.items()}
+        try:
+            with self._placed(handles, memory, name) as placements:
+                self._note_yields(record, before, handles)
+                if handles and self._where is None:
+                    self._where = where(self.manager.devices, handles[0].device)
+                record.placements.extend(placements)
+                self._publish()
+                yield placements
+        finally:
+            for key, owner in owners.items():
+                record.streamed[key] = record.streamed.get(key, 0) + self.charge.by_owner.get(owner, 0) - start[key]
+
+    @contextlib.contextmanager
+    def _placed(self, handles: Sequence[ModelHandle], memory: int, name: str) -> Iterator[list[Placement]]:
+        """`use` without the timeline: place, run the block, calibrate, release."""
         _check_memory(memory, name)
         self.check_cancelled()
-        before = self._device_bytes(handles)
         placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check)
         try:
-            self._note_yields(run, before, handles)
-            if handles and self._where is None:
-                self._where = where(self.manager.devices, handles[0].device)
             for h, p in zip(dict.fromkeys(handles), placements):
                 self._handles[p.component] = h
                 self.report.add(p)
-                run.placements.append(p)
-            self._publish()
             meter = self._meter(handles)
-            owners = {self.manager.key(h): id(h) for h in dict.fromkeys(handles)}
-            start = {key: self.charge.by_owner.get(owner, 0) for key, owner in owners.items()}
-            try:
-                with charging(self.charge):
-                    yield placements
-            finally:
-                for key, owner in owners.items():
-                    run.streamed[key] = run.streamed.get(key, 0) + self.charge.by_owner.get(owner, 0) - start[key]
+            with charging(self.charge):
+                yield placements
             if meter is not None:
                 copies = sum(h.min_working_set - h.plan.fixed_bytes for h in handles if h.is_partial)
                 self.manager.calibrate(handles, name, memory, meter.working_bytes(copies, _held_copies(handles)))
@@ -241,8 +247,18 @@ class RequestContext:
         """M3: run `fn` in a phase; on OOM retry exactly (M40), then fall back if allowed (M42).
 
         `allow_fallback` is the caller's own switch (M44: a node's toggle); None leaves it to
-        `compute.oom_fallback`.
+        `compute.oom_fallback`. The attempts are one entry of the timeline, their retries and
+        fallback marked in it.
         """
+        record = self._begin(name)
+        try:
+            return self._run(record, name, handles, fn, memory, generators, fallback, allow_fallback)
+        finally:
+            self._end(record)
+
+    def _run(self, record: PhaseRun, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int,
+             generators: Sequence[torch.Generator], fallback: tuple[str, Callable[[], T]] | None,
+             allow_fallback: bool | None) -> T:
         gens = ([self.generator] if self.generator is not None else []) + list(generators)
         rng = _RngState(gens)
         policy = self.manager.policy
@@ -250,40 +266,36 @@ class RequestContext:
         allowed = policy.oom_fallback if allow_fallback is None else allow_fallback
         use_fallback = fallback is not None and allowed
         attempt = 0
-        run = self._begin(name)  # one timeline entry, retries and fallback included
-        try:
-            while True:
-                try:
-                    with self._phase(handles, memory, name, run):
-                        return fn()
-                except DeviceTooSmallError:
-                    raise  # no retry makes the device larger (M7)
-                except Exception as exc:
-                    # Whatever the host counts as out of memory (ComfyUI: `AcceleratorError` OOMs too).
-                    if not self.manager.is_oom(exc):
-                        raise
-                    if attempt >= retries and not use_fallback:
-                        raise  # the original error, with its traceback
-                    error = f"{type(exc).__name__}: out of memory"
-                    if attempt >= retries:
-                        break
-                # M40.1: we are out of the except block, so the failed attempt's frames are gone.
-                attempt += 1
-                self.applied["oom_retries"] += 1  # all phases of the request together
-                run.retries.append({"at_s": round(self._now(), 4), "attempt": attempt, "error": error})
-                log.warning("phase %r ran out of memory; retrying exactly with less on the device (%d/%d)",
-                            name, attempt, retries)
-                self._after_oom(handles, run)
-                rng.restore()
-            assert fallback is not None
-            what, fallback_fn = fallback
-            self._after_oom(handles, run)
+        while True:
+            try:
+                with self._attempt(handles, memory, name, record):
+                    return fn()
+            except DeviceTooSmallError:
+                raise  # no retry makes the device larger (M7)
+            except Exception as exc:
+                # Whatever the host counts as out of memory (ComfyUI: `AcceleratorError` OOMs too).
+                if not self.manager.is_oom(exc):
+                    raise
+                if attempt >= retries and not use_fallback:
+                    raise  # the original error, with its traceback
+                error = f"{type(exc).__name__}: out of memory"
+                if attempt >= retries:
+                    break
+            # M40.1: we are out of the except block, so the failed attempt's frames are gone.
+            attempt += 1
+            self.applied["oom_retries"] += 1  # all phases of the request together
+            record.retries.append({"at_s": round(self._now(), 4), "attempt": attempt, "error": error})
+            log.warning("phase %r ran out of memory; retrying exactly with less on the device (%d/%d)",
+                        name, attempt, retries)
+            self._after_oom(handles, record)
             rng.restore()
-            log.warning("phase %r still out of memory after %d retries: using fallback %r (output differs slightly)",
-                        name, retries, what)
-            self.applied["fallbacks"].append(what)
-            run.fallbacks.append({"what": what, "at_s": round(self._now(), 4), "error": error})
-            with self._phase(handles, memory, name, run):
-                return fallback_fn()
-        finally:
-            self._end(run)
+        assert fallback is not None
+        what, fallback_fn = fallback
+        self._after_oom(handles, record)
+        rng.restore()
+        log.warning("phase %r still out of memory after %d retries: using fallback %r (output differs slightly)",
+                    name, retries, what)
+        self.applied["fallbacks"].append(what)
+        record.fallbacks.append({"what": what, "at_s": round(self._now(), 4), "error": error})
+        with self._attempt(handles, memory, name, record):
+            return fallback_fn()

@@ -90,6 +90,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +183,17 @@ class Placement:
                 mb(self.working_bytes), mb(self.reserve_bytes), mb(self.loaded_bytes), mb(self.size_bytes),
                 f"; gave up VRAM for {', '.join(self.gave_up_for)}" if self.gave_up_for else "",
             )
+
+
+class RequestClock:
+    """A request's times: when it started (Unix time), and seconds since then (monotonic)."""
+
+    def __init__(self) -> None:
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
 
 
 @dataclasses.dataclass
