@@ -112,6 +112,31 @@ def _add_routes() -> None:
         return web.json_response(paths.catalog().as_dict())
 
 
+def _current_prompt() -> tuple[str, dict[str, Any]] | None:
+    """The prompt ComfyUI's worker runs now: (prompt id, API prompt), or None (no server, or
+    between prompts). Queue items are (number, prompt id, prompt, extra data, outputs) in
+    v0.3.64 through v0.8.0 and newer."""
+    from server import PromptServer
+
+    queue = getattr(getattr(PromptServer, "instance", None), "prompt_queue", None)
+    if queue is None:
+        return None
+    # The volatile read copies no queued prompt (this runs as each Mizuoto node starts).
+    running, _ = getattr(queue, "get_current_queue_volatile", queue.get_current_queue)()
+    return (str(running[0][1]), running[0][2]) if running else None
+
+
+def _read_settings_dialog() -> None:
+    """Mizuoto nodes apply the `compute.*` values of ComfyUI's settings dialog, read from the
+    file ComfyUI's user manager writes them to (see `mizuoto_runtime.ui_settings`)."""
+    import folder_paths
+
+    from mizuoto_runtime.host import PROCESS
+    from mizuoto_runtime.ui_settings import ComfyUISettings
+
+    PROCESS.use_layers(ComfyUISettings(Path(folder_paths.get_user_directory()), _current_prompt))
+
+
 if _inside_comfyui():
     _active = _claim()
     if _active is None:
@@ -120,6 +145,7 @@ if _inside_comfyui():
             from .nodes import NODES  # noqa: F401  (registers models/mizuoto before ComfyUI lists folders)
 
             _add_routes()
+            _read_settings_dialog()
         except BaseException:
             sys.modules.pop(ACTIVE_PACK_KEY, None)  # a copy that failed to load is not the active one
             raise

@@ -32,8 +32,10 @@ import torch
 
 from .engines import Engine
 from .engines.qwen3tts_lora import LoraChoice, use_lora
+from .policy import VramPolicy
 from .runtime import Runtime
 from .service import RuntimeService
+from .ui_settings import Layers
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,10 @@ class ProcessRuntime:
 
     def __init__(self, settings: Mapping[str, Any] | None = None, join: Join | None = None) -> None:
         self._settings = dict(settings or {})
+        self._base = dict(settings or {})  # below the dialog's and the graph's layers
         self._join = join
+        self._layers: Callable[[], Layers] | None = None
+        self._node_graph: tuple[str | None, dict[str, Any]] = (None, {})  # set_graph_settings
         self._runtime: Runtime | None = None
         self._accounting: Accounting | None = None
         self._refs: collections.Counter[EngineKey] = collections.Counter()
@@ -128,6 +133,36 @@ class ProcessRuntime:
             if runtime.policy.simulate_vram_mb != simulate:
                 self._replace(runtime.policy.as_dict())
             return self.runtime()
+
+    # ---- settings from the dialog and the graph (issue 15 item 3) --------------------------
+    def use_layers(self, layers: Callable[[], Layers] | None) -> None:
+        """Where the settings dialog's and the running graph's layers come from (the pack
+        passes `ui_settings.ComfyUISettings`); each Mizuoto node applies them as it starts."""
+        self._layers = layers
+
+    def set_graph_settings(self, settings: Mapping[str, Any]) -> Runtime:
+        """The Memory Settings node ran: its settings override the dialog's for the rest of
+        the prompt running now (also values it took from links, which the prompt does not show)."""
+        prompt_id = self._layers().prompt_id if self._layers is not None else None
+        self._node_graph = (prompt_id, dict(settings))
+        return self.apply_layers() if self._layers is not None else self.configure(settings)
+
+    def apply_layers(self) -> Runtime:
+        """Make the policy defaults < dialog < this graph's Memory Settings (see `ui_settings`);
+        nothing changes (no engine reloads) when that is the policy already in force."""
+        with self._lock:
+            runtime = self.runtime()
+            if self._layers is None:
+                return runtime
+            layers = self._layers()
+            node_prompt, node_settings = self._node_graph
+            graph = {**layers.graph, **(node_settings if node_prompt == layers.prompt_id else {})}
+            wanted = VramPolicy({**self._base, **layers.dialog, **graph}).as_dict()
+            if wanted != runtime.policy.as_dict():
+                log.info("Mizuoto settings for this request: %s", ", ".join(
+                    f"{key}={value}" for key, value in wanted.items() if runtime.policy.as_dict().get(key) != value))
+                return self.configure(wanted)
+            return runtime
 
     def _replace(self, settings: Mapping[str, Any]) -> None:
         old = self._runtime
@@ -156,7 +191,9 @@ class ProcessRuntime:
 
     # ---- idle and RAM policy (M29, M34) ----------------------------------------------------
     def node_started(self) -> None:
-        """A Mizuoto node begins: unload engines idle past `compute.unload_after_minutes`."""
+        """A Mizuoto node begins: apply the dialog's and the graph's settings, then unload
+        engines idle past `compute.unload_after_minutes`."""
+        self.apply_layers()
         self._apply(RuntimeService.unload_idle)
 
     def node_finished(self) -> None:

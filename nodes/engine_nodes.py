@@ -14,6 +14,7 @@ from mizuoto_runtime.errors import MizuotoError
 from mizuoto_runtime.host import PROCESS
 from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
 from mizuoto_runtime.runtime import DTYPES
+from mizuoto_runtime.ui_settings import from_fields
 
 from . import paths
 from .common import AUTO_LANGUAGE, CATEGORY, EngineSocket, MemorySocket, schema, speaker_value
@@ -60,7 +61,8 @@ def check_choice(engine: str, checkpoint: str, speaker: str | None = None, langu
 
 
 class MizuotoMemorySettings(io.ComfyNode):
-    """`compute.*` settings (M9, M10) for every Mizuoto node in this ComfyUI process."""
+    """`compute.*` settings (M9, M10) for the graph it is in, over those of ComfyUI's settings
+    dialog (`mizuoto_runtime.ui_settings`: defaults < dialog < this node)."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -69,9 +71,10 @@ class MizuotoMemorySettings(io.ComfyNode):
             display_name="TTS Memory Settings (VRAM)",
             category=CATEGORY,
             search_aliases=["vram", "low vram", "memory", "offload", "mizuoto settings"],
-            description="How Mizuoto's TTS models use VRAM, for the whole ComfyUI process: whole, partly, or "
-                        "streamed layer by layer from RAM when VRAM is short (slower, same audio). It runs on its "
-                        "own; connect its output to Load TTS Engine to apply it before that engine loads.",
+            description="How Mizuoto's TTS models use VRAM in this workflow: whole, partly, or streamed layer by "
+                        "layer from RAM when VRAM is short (slower, same audio). Its values replace those of "
+                        "Settings → Mizuoto while this workflow runs; workflows without this node use those. "
+                        "Connect its output to Load TTS Engine to apply it before that engine loads.",
             is_output_node=True,
             inputs=[
                 io.Combo.Input("vram_mode", options=list(VRAM_MODES), default="normal",
@@ -102,17 +105,14 @@ class MizuotoMemorySettings(io.ComfyNode):
     @classmethod
     def execute(cls, vram_mode: str, vram_reserve_mb: int, vram_limit_mb: int, async_offload: int,
                 host_copies: str, oom_retry: bool, oom_fallback: bool, simulate_vram_mb: int) -> io.NodeOutput:
-        settings: dict[str, Any] = {
-            "compute.vram_mode": vram_mode,
-            "compute.vram_reserve_mb": None if vram_reserve_mb < 0 else vram_reserve_mb,
-            "compute.vram_limit_mb": vram_limit_mb or None,
-            "compute.async_offload": async_offload,
-            "compute.host_copies": host_copies,
-            "compute.oom_retry": oom_retry,
-            "compute.oom_fallback": oom_fallback,
-            "compute.simulate_vram_mb": simulate_vram_mb or None,
-        }
-        runtime = PROCESS.configure(settings)
+        # -1 / 0 mean automatic / no limit / off, as in the settings dialog (`from_fields`).
+        settings = from_fields({
+            "compute.vram_mode": vram_mode, "compute.vram_reserve_mb": vram_reserve_mb,
+            "compute.vram_limit_mb": vram_limit_mb, "compute.async_offload": async_offload,
+            "compute.host_copies": host_copies, "compute.oom_retry": oom_retry, "compute.oom_fallback": oom_fallback,
+            "compute.simulate_vram_mb": simulate_vram_mb,
+        })
+        runtime = PROCESS.set_graph_settings(settings)  # over the settings dialog's, for this graph
         policy = json.dumps({**runtime.policy.describe(), "device": runtime.devices.describe()}, indent=1)
         return io.NodeOutput(settings, policy, ui=ui.PreviewText(policy))
 
@@ -151,7 +151,7 @@ class MizuotoEngineLoader(io.ComfyNode):
     def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None,
                 device: str = "auto") -> io.NodeOutput:
         if memory is not None:
-            PROCESS.configure(memory)
+            PROCESS.set_graph_settings(memory)
         ref = PROCESS.engine(engine, paths.resolve(engine, checkpoint), dtype, device)
         components = ", ".join(f"{h.name} {h.size_bytes / MB:.1f} MB" for h in ref.engine.handles())
         return io.NodeOutput(ref, ui=ui.PreviewText(f"{engine} ({dtype}, {ref.engine.device}): {components}"))
