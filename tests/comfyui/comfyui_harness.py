@@ -265,6 +265,21 @@ class ComfyServer:
                 raise TimeoutError(f"/mizuoto/runtime never satisfied the condition: {state}\n{self.log()}")
             time.sleep(0.2)
 
+    def free_until(self, condition: Any, free_memory: bool = True, attempts: int = 12) -> dict[str, Any]:
+        """POST /free until `condition(GET /mizuoto/runtime)` holds. ComfyUI's prompt worker reads
+        the flag when its queue wakes it; a /free sent while the worker runs its garbage collection
+        after a prompt misses that wake-up and waits for the next one (up to 1000 s in v0.3.64),
+        so ask again."""
+        body = {"unload_models": True, **({"free_memory": True} if free_memory else {})}
+        for _ in range(attempts - 1):
+            self.post("/free", body)
+            try:
+                return self.wait_runtime(condition, timeout_s=10.0)
+            except TimeoutError:
+                continue
+        self.post("/free", body)
+        return self.wait_runtime(condition, timeout_s=10.0)
+
 
 @contextlib.contextmanager
 def running_server(prefix: str, prepare: Callable[[Path], None] | None = None,

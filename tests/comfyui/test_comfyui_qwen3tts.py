@@ -192,21 +192,6 @@ def test_qwen3tts_templates_speak_with_a_tiny_checkpoint(qwen_server: ComfyServe
     assert len(files) == 1 and flac_stream_info(files[0])[0] == SAMPLE_RATE
 
 
-def free_until(server: ComfyServer, condition: Any, attempts: int = 12) -> None:
-    """POST /free until `condition(GET /mizuoto/runtime)` holds. ComfyUI's prompt worker reads the
-    flag when its queue wakes it; a /free sent while the worker runs its garbage collection after
-    a prompt misses that wake-up and waits for the next one (up to 1000 s in v0.3.64), so ask again."""
-    for _ in range(attempts - 1):
-        server.post("/free", {"unload_models": True, "free_memory": True})
-        try:
-            server.wait_runtime(condition, timeout_s=10.0)
-            return
-        except TimeoutError:
-            continue
-    server.post("/free", {"unload_models": True, "free_memory": True})
-    server.wait_runtime(condition, timeout_s=10.0)
-
-
 def with_memory_settings(prompt: dict[str, Any], simulate_vram_mb: int) -> dict[str, Any]:
     """The graph under Mizuoto Memory Settings: the CPU acts as a `simulate_vram_mb` GPU (M55)."""
     prompt["8"] = {"class_type": "MizuotoMemorySettings",
@@ -230,6 +215,6 @@ def test_unloading_on_the_simulated_device_leaves_nothing(qwen_server: ComfyServ
         assert state["device"]["simulated"] and state["device"]["total_mb"] == size
         names = [m["name"] for m in state["models"]]
         assert sorted(names) == ["codec_decoder", "codec_encoder", "speaker_encoder", "talker"], names
-    free_until(qwen_server, lambda s: s["models"] == [])
+    qwen_server.free_until(lambda s: s["models"] == [])
     log = qwen_server.log_path.read_text(errors="replace")
     assert "StrictDeviceError" not in log and "Exception ignored" not in log, log[-4000:]

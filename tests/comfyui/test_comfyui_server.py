@@ -234,8 +234,7 @@ def test_unload_models_frees_our_components(comfy_server: ComfyServer) -> None:
     prompt_id = comfy_server.queue(phases_prompt(comfy_server, text="Unload me.", seed=2, prefix="audio/unload"))
     assert comfy_server.wait_history(prompt_id, RUN_TIMEOUT_S)["status"]["status_str"] == "success"
     assert loaded(comfy_server.get("/mizuoto/runtime")) > 0
-    comfy_server.post("/free", {"unload_models": True})
-    state = comfy_server.wait_runtime(lambda s: s["models"] and loaded(s) == 0)
+    state = comfy_server.free_until(lambda s: s["models"] and loaded(s) == 0, free_memory=False)
     assert state["device"]["free_mb"] == state["device"]["total_mb"]
     assert all(m["host_bytes"] == m["size_bytes"] for m in state["models"])  # still in RAM, ready to place
 
@@ -243,13 +242,11 @@ def test_unload_models_frees_our_components(comfy_server: ComfyServer) -> None:
 def test_free_memory_unloads_engines_from_ram(comfy_server: ComfyServer) -> None:
     prompt_id = comfy_server.queue(phases_prompt(comfy_server, text="Free me.", seed=3, prefix="audio/free"))
     assert comfy_server.wait_history(prompt_id, RUN_TIMEOUT_S)["status"]["status_str"] == "success"
-    comfy_server.post("/free", {"unload_models": True, "free_memory": True})
-    comfy_server.wait_runtime(lambda s: s["models"] == [])
+    comfy_server.free_until(lambda s: s["models"] == [])
 
 
 def test_interrupt_ends_generation_midway(comfy_server: ComfyServer) -> None:
-    comfy_server.post("/free", {"unload_models": True})
-    comfy_server.wait_runtime(lambda s: loaded(s) == 0)
+    comfy_server.free_until(lambda s: loaded(s) == 0, free_memory=False)
     prompt = phases_prompt(comfy_server, text=LONG_TEXT, seed=4, prefix="audio/interrupted", max_new_tokens=4096)
     prompt_id = comfy_server.queue(prompt)
     # The talker phase has begun once its component is placed (nothing was placed before).
