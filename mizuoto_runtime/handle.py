@@ -542,7 +542,7 @@ class ModelHandle:
         running = [u.name for u in self.plan.units if self.streamer.users(self, u)]
         if running:
             raise MizuotoError(f"handle {self.name!r}: cannot {what} while a forward runs inside its streamed "
-                               f"unit {running[0]}; its placement changes only between calls (M31)")
+                               f"unit {running[0]}; its placement changes only between calls")
 
     # ---- misc ----------------------------------------------------------------------------
     def _check_alive(self) -> None:

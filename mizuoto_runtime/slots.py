@@ -88,7 +88,7 @@ class DeviceSlots:
         if self._exclusive is not None or self._exclusive_waiting:
             who = self._exclusive[1] if self._exclusive is not None else "an exclusive job"
             raise MizuotoError(f"device {self.name} is held exclusively by {who}; gave up waiting for it")
-        log.warning("waited for a free slot of device %s (compute.gpu_jobs=%d); trying anyway (M8)",
+        log.warning("waited for a free slot of device %s (compute.gpu_jobs=%d); trying anyway",
                     self.name, self.capacity())
 
     def _unlocked(self, fn: Callable[[], None]) -> None:

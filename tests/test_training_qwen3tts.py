@@ -21,6 +21,7 @@ import psutil
 import pytest
 import torch
 
+from conftest import require_qwen_tts
 from mizuoto_runtime import CheckpointError, MizuotoError, Runtime
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.cli import main
@@ -33,8 +34,7 @@ from mizuoto_runtime.training.job import TrainingJob
 from mizuoto_runtime.training.lora import read_lora, save_lora
 from mizuoto_runtime.training.methods import method_module
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("qwen_tts")
+require_qwen_tts()  # skips without the package; imported the engine's way (a bare import fails on transformers 5)
 
 from mizuoto_runtime.training import qwen3tts_lora as method  # noqa: E402  (imports the engine)
 
@@ -315,7 +315,8 @@ def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Pat
     result = job.run()
     inference["thread"].join(120)
     log = rt.manager.events
-    start, end = log.index(("train", "training:qwen3tts_lora", 0)), log.index(("train_end", "training:qwen3tts_lora", 0))
+    held = "training:qwen3tts_lora"
+    start, end = log.index(("exclusive", held, 0)), log.index(("exclusive_end", held, 0))
     released = {component for action, component, _ in log[start:end] if action == "yield"}
     assert released == placed and result["released_mb"] > 0  # release_device: every idle model left
     assert not [e for e in log[start:end] if e[0] == "place"]  # exclusive: nothing placed meanwhile
@@ -368,7 +369,7 @@ def test_cancelling_ends_the_training_process_and_frees_the_device(base: Path, d
     assert seen and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                             for pid in seen)
     assert not (tmp_path / "never.safetensors").exists()
-    assert rt.manager.events[-1] == ("train_end", "training:qwen3tts_lora", 0)
+    assert rt.manager.events[-1] == ("exclusive_end", "training:qwen3tts_lora", 0)
     say(rt, base, data)  # the device is free again: a request runs at once
 
 
