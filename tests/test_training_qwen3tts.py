@@ -92,11 +92,17 @@ def reference(data: Path) -> Audio:
     return load_audio(data / "clip0.wav")
 
 
-def say(rt: Runtime, base: Path, data: Path, lora: Path | None = None, strength: float = 1.0) -> torch.Tensor:
+def spoken(rt: Runtime, base: Path, data: Path, lora: Path | None = None,
+           strength: float = 1.0) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The audio of a short voice-clone request, and its meta (`meta.memory`, M50)."""
     engine = rt.engine("qwen3tts", base)
     use_lora(engine, LoraChoice(lora, strength) if lora is not None else None)
-    audio, _ = rt.say(engine, "hello there", reference=reference(data), sampling=SAY)
-    return audio.waveform
+    audio, meta = rt.say(engine, "hello there", reference=reference(data), sampling=SAY)
+    return audio.waveform, meta
+
+
+def say(rt: Runtime, base: Path, data: Path, lora: Path | None = None, strength: float = 1.0) -> torch.Tensor:
+    return spoken(rt, base, data, lora, strength)[0]
 
 
 # ---- the training inputs -------------------------------------------------------------------------
@@ -239,9 +245,9 @@ def test_every_placement_with_the_lora_gives_the_plain_runs_audio(
     size = {"none": 200, "normal": 10, "high": 200}[mode]  # normal: the 11.7 MB talker does not fit
     rt = Runtime({"compute.simulate_vram_mb": size, "compute.vram_mode": mode})
     say(rt, base, data)  # placed once without the LoRA: applying it must refresh every copy (M28)
-    got = say(rt, base, data, path)
+    got, meta = spoken(rt, base, data, path)
     assert torch.equal(got, expected)
-    assert rt.manager.streamed_bytes() > 0 or mode == "high"
+    assert (meta["memory"]["streamed_mb"] > 0) == (mode != "high"), meta["memory"]  # the placement ran as named
 
 
 def test_a_lora_applies_to_qwen3tts_only(trained: tuple[Path, dict[str, Any]]) -> None:
