@@ -208,7 +208,9 @@ def layouts(folder: Path) -> dict[str, Any]:
 
 
 class PeakTracker(TorchDispatchMode):
-    """Peak bytes of CPU tensor storages created while active (each counted until it is freed)."""
+    """Peak bytes of CPU tensor storages created while active (each counted until it is freed).
+    An output that shares an input's storage (a view: a slice of a model's buffer, say) is no
+    new memory and is not counted."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -220,11 +222,13 @@ class PeakTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor) and not t.is_meta}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta:
                 storage = t.untyped_storage()
                 key = storage.data_ptr()
-                if storage.nbytes() == 0 or key in self.live:
+                if storage.nbytes() == 0 or key in self.live or key in inputs:
                     continue
                 self.live[key] = storage.nbytes()
                 self.current += storage.nbytes()

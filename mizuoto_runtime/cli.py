@@ -18,6 +18,7 @@ from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextCh
 from .engines import ENGINES, Sampling, check_request, install_hint
 from .errors import ArgumentError, MizuotoError
 from .runtime import DTYPES, Runtime
+from .timeline import write_svg
 
 log = logging.getLogger("mizuoto")
 
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     say.add_argument("--device", default="auto", help="where the engine runs: auto, cpu, cuda:0, ...")
     say.add_argument("-o", "--output", default="out.wav")
+    say.add_argument("--timeline", metavar="SVG", help="also draw the request's VRAM timeline to this SVG file")
     say.add_argument("--voice", help="reference WAV for voice cloning")
     say.add_argument("--ref-text", help="transcript of the reference WAV")
     say.add_argument("--speaker", help="a built-in speaker (engines that have them)")
@@ -72,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     runtime = sub.choices["runtime"]
     runtime.add_argument("--url", help="a running ComfyUI with the pack (http://127.0.0.1:8188): show its "
                                        "models instead of a fresh process's")
+    runtime.add_argument("--timeline", metavar="SVG", help="with --url: draw its latest request's VRAM timeline "
+                                                         "to this SVG file")
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
@@ -140,6 +144,7 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     check_request(args.text, sampling)
     chunking = TextChunking(enabled=not args.no_chunking, max_chars=args.chunk_chars)
     output = _output_file(Path(args.output))
+    timeline = _output_file(Path(args.timeline)) if args.timeline else None
     reference = _reference(Path(args.voice)) if args.voice else None
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
@@ -149,7 +154,19 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
         path = write_wav(output, audio)
     except OSError as exc:
         raise ArgumentError(f"cannot write the output file {output}: {exc}") from exc
-    return {"output": str(path), "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate, **meta}
+    request = meta["memory"]["request"]
+    for component in request["components"]:
+        log.info("%s", component["line"])
+    drawn = {"timeline": str(_write_timeline(request, timeline))} if timeline else {}
+    return {"output": str(path), **drawn, "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate,
+            **meta}
+
+
+def _write_timeline(request: dict[str, Any], path: Path) -> Path:
+    try:
+        return write_svg(request, path)
+    except OSError as exc:
+        raise ArgumentError(f"cannot write the timeline file {path}: {exc}") from exc
 
 
 def _output_file(path: Path) -> Path:
@@ -181,11 +198,20 @@ URL_TIMEOUT_S = 10.0
 
 
 def cmd_runtime(args: argparse.Namespace) -> dict[str, Any]:
-    if args.url:
-        if args.setting:
-            raise MizuotoError("--setting applies to a fresh runtime; a running host keeps its own (drop --url)")
-        return remote_runtime(args.url)
-    return Runtime(_settings(args.setting)).describe()
+    if not args.url:
+        if args.timeline:
+            raise MizuotoError("--timeline draws a running host's latest request: give --url too")
+        return Runtime(_settings(args.setting)).describe()
+    if args.setting:
+        raise MizuotoError("--setting applies to a fresh runtime; a running host keeps its own (drop --url)")
+    timeline = _output_file(Path(args.timeline)) if args.timeline else None
+    answer = remote_runtime(args.url)
+    if timeline is not None:
+        requests = answer.get("requests") or []
+        if not requests:
+            raise MizuotoError(f"{answer['url']} has run no Mizuoto request yet: nothing to draw")
+        answer["timeline"] = str(_write_timeline(requests[-1], timeline))
+    return answer
 
 
 def remote_runtime(url: str) -> dict[str, Any]:

@@ -44,7 +44,8 @@ pages up on demand when our allocations need them.
 
 **Budgets** (issue 17, item 2): the default VRAM reserve is ComfyUI's `extra_reserved_memory()`
 (which honours `--reserve-vram`); under aimdo the free memory we measure adds what aimdo would
-give up (`vbars_analyze`, as ComfyUI's `ModelPatcher.get_free_memory` counts it); an
+give up (`vbars_analyze`, as ComfyUI's `ModelPatcher.get_free_memory` counts it, in each of
+the three shapes comfy-aimdo 0.1, 0.2 and 0.4+ give it); an
 out-of-memory is whatever ComfyUI's `is_oom` accepts; pinned host memory shares ComfyUI's
 budget (`ComfyPins`). CUDA Graphs are refused while aimdo is active: its allocation hooks may
 evict or remap memory while a graph is being captured, and a replay would read stale pages.
@@ -118,26 +119,55 @@ def comfy_device(device: torch.device) -> torch.device:
 
 # ---- dynamic VRAM (comfy-aimdo) ------------------------------------------------------------
 def aimdo_active() -> bool:
-    """Whether ComfyUI runs with dynamic VRAM: `comfy.memory_management.aimdo_enabled` (set by
-    ComfyUI once comfy-aimdo initialized; releases before dynamic VRAM have no such flag)."""
+    """Whether ComfyUI runs with dynamic VRAM. ComfyUI sets a flag in `comfy.memory_management`
+    once comfy-aimdo initialized: `aimdo_enabled` (0.16 and later), `aimdo_allocator` (0.12 and
+    0.13: the allocator, None when inactive). Releases before dynamic VRAM have neither."""
     memory_management = sys.modules.get("comfy.memory_management")
-    return bool(getattr(memory_management, "aimdo_enabled", False))
+    if memory_management is None:
+        return False
+    return bool(getattr(memory_management, "aimdo_enabled", False)) or \
+        getattr(memory_management, "aimdo_allocator", None) is not None
 
 
 def aimdo_reclaimable(device: torch.device) -> int:
-    """VRAM aimdo would give up on demand on `device`: the pages of ComfyUI's dynamic models
-    (`comfy_aimdo.model_vbar.vbars_analyze(index)`, what ComfyUI's own dynamic patcher adds
-    to free memory). 0 when aimdo is inactive or not on this device."""
+    """VRAM aimdo would give up on demand on `device`: the pages of ComfyUI's dynamic models,
+    measured as ComfyUI's own dynamic patcher measures them (`ModelPatcher.get_free_memory`).
+    comfy-aimdo's `model_vbar.vbars_analyze` changed shape across the releases ComfyUI pins:
+    0.4 on take the device index; 0.2 take nothing and answer for the one device ComfyUI
+    initialized; 0.1 only log (return None) — there the dynamic entries' resident bytes are
+    counted instead, what their `loaded_size()` reports. 0 when aimdo is inactive or has no
+    context on this device."""
     if device.type != "cuda" or not aimdo_active():
         return 0
     import comfy_aimdo.model_vbar
 
     index = device.index if device.index is not None else torch.cuda.current_device()
+    analyze = getattr(comfy_aimdo.model_vbar, "vbars_analyze", None)
     try:
-        return int(comfy_aimdo.model_vbar.vbars_analyze(index))
+        if analyze is None:
+            pages = None
+        elif _accepts(analyze, "device"):
+            pages = analyze(index)
+        elif index == _comfy_device_index():
+            pages = analyze()
+        else:
+            return 0  # this aimdo initialized ComfyUI's device only
     except RuntimeError as exc:  # the device was never initialized for aimdo
         log.debug("comfy-aimdo has no context on %s (%s): nothing to reclaim there", device, exc)
         return 0
+    return int(pages) if isinstance(pages, int) else _dynamic_resident_bytes(device)
+
+
+def _comfy_device_index() -> int | None:
+    ours = _model_management().get_torch_device()
+    return ours.index if isinstance(ours, torch.device) else None
+
+
+def _dynamic_resident_bytes(device: torch.device) -> int:
+    """Bytes ComfyUI's dynamic models hold on `device` (aimdo pages them out on demand)."""
+    target = comfy_device(device)
+    return sum(int(e.model.loaded_size()) for e in _model_management().current_loaded_models
+               if e.model is not None and e.device == target and getattr(e.model, "is_dynamic", lambda: False)())
 
 
 #: Why no CUDA Graph is captured inside a ComfyUI running dynamic VRAM (M24; `meta.applied` says it).

@@ -96,7 +96,8 @@ def placement_refusal(handle: ModelHandle) -> str | None:
 def eligible(handle: ModelHandle) -> tuple[bool, str]:
     """Whether `handle` may be captured now, and if not, why (M24, M54)."""
     if not usable(handle.policy):
-        return False, "compute.cuda_allocator is async (cudaMallocAsync): no CUDA Graphs (M54)"
+        return False, ("the CUDA allocator is cudaMallocAsync (compute.cuda_allocator = async), "
+                       "whose frees during capture make replays read freed memory")
     refused = host_refusal()
     if refused is not None:
         return False, refused

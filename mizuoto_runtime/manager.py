@@ -16,11 +16,15 @@ Requests (M8, M31). `compute.gpu_jobs = N`: at most N requests hold a device at 
 phase holds one of the device's slots (`slots.py`) while it runs; `exclusive(device)` takes
 them all (M60: a training job owns the device). Two requests may use one handle at once: a
 handle in use keeps its placement — the manager budgets around what it holds (its placement
-and its streamer copies) and never re-places, yields or caps it until the last request using
-it releases it; then its copies are dropped, so an idle component holds only its placement.
+and its streamer copies) and never re-places or yields it until the last request using it
+releases it (an OOM's cap, M40, applies when it is next placed); then its copies are dropped,
+so an idle component holds only its placement.
+A request waits only for other requests: what its own thread's phases hold (a phase nested in
+another) is never waited for.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -36,7 +40,7 @@ from .devices import DeviceService
 from .errors import DeviceTooSmallError, MizuotoError
 from .handle import Kind, ModelHandle
 from .policy import VramPolicy
-from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement
+from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement, RequestLog
 from .slots import DeviceSlots
 from .streamer import Streamer
 
@@ -75,6 +79,13 @@ class EventLog(list[tuple[str, str, int]]):
             del self[: len(self) - EVENTS_KEPT]
 
 
+class _Held(threading.local):
+    """The handles the calling thread's phases hold in use now (nested phases add up)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[ModelHandle] = collections.Counter()
+
+
 class ExternalAccounting(Protocol):
     """Another memory manager on the same device (ComfyUI, M35). `free_for` and `on_placed` are
     required; an accounting may also define (`ModelManager._ask` calls them where present):
@@ -104,9 +115,11 @@ class ModelManager:
         self.external: ExternalAccounting | None = None
         self.calibration = calibration or Calibration()  # M47: factors on working-memory estimates
         self.events = EventLog()  # the placement log: (action, component, bytes)
+        self.requests = RequestLog()  # the last requests' reports (M50; the route's `requests`)
         self._streamers: dict[str, Streamer] = {}
         self._slots: dict[str, DeviceSlots] = {}
         self._unload_pending: list[ModelHandle] = []  # unregistered while in use (M31)
+        self._held = _Held()  # what this thread's own phases hold: never waited for (M8)
         self._cond = threading.Condition(threading.RLock())
 
     # ---- components ----------------------------------------------------------------------
@@ -115,6 +128,11 @@ class ModelManager:
         if key not in self._streamers:
             self._streamers[key] = Streamer(self.devices, device)
         return self._streamers[key]
+
+    def streamed_bytes(self) -> int:
+        """Bytes copied from host RAM on every device so far, all requests and jobs together
+        (what one request streamed is its own `meta.memory.streamed_mb`, M50)."""
+        return sum(s.streamed_bytes for s in self._streamers.values())
 
     def slots(self, device: torch.device) -> DeviceSlots:
         """The device's request slots: `compute.gpu_jobs` of them (M8, M60)."""
@@ -199,7 +217,7 @@ class ModelManager:
                 cancel_check: Callable[[], None] | None = None) -> list[Placement]:
         """Hold a slot of the device (M8), place `handles` for a phase and mark them in use (M2,
         M31) until `release`."""
-        slots = self._phase_slots(handles)
+        slots = self.phase_slots(handles)
         if slots is not None:
             slots.take(cancel_check, self.wait_timeout_s)
         try:
@@ -208,6 +226,7 @@ class ModelManager:
                 for h in handles:
                     h.in_use += 1
                     h.last_used = time.monotonic()
+                    self._held.counts[h] += 1
         except BaseException:
             if slots is not None:
                 slots.give()
@@ -224,13 +243,15 @@ class ModelManager:
                 for h in handles:
                     h.in_use = max(0, h.in_use - 1)
                     h.last_used = time.monotonic()
+                    self._held.counts[h] -= 1
+                self._held.counts = +self._held.counts  # forget what this thread no longer holds
                 for h in dict.fromkeys(handles):
                     if not h.in_use:
                         self._idle(h)
                 self._ask("on_released", None, handles)
                 self._cond.notify_all()
         finally:
-            slots = self._phase_slots(handles)
+            slots = self.phase_slots(handles)
             if slots is not None:
                 slots.give()
 
@@ -241,7 +262,7 @@ class ModelManager:
         elif not handle.unloaded:
             handle.streamer.drop(handle)  # no copy outlives the phases that used it
 
-    def _phase_slots(self, handles: Sequence[ModelHandle]) -> DeviceSlots | None:
+    def phase_slots(self, handles: Sequence[ModelHandle]) -> DeviceSlots | None:
         """The slots a phase holds: its device's, where weights move (none on plain CPU, M5)."""
         if not handles or not self.devices.moves(handles[0].device):
             return None
@@ -369,10 +390,13 @@ class ModelManager:
 
     def _must_wait(self, device: torch.device, handles: Sequence[ModelHandle], extra: int) -> bool:
         """M8: the minimum working set (high mode: the whole model) does not fit while another
-        request holds components on this device (one of `handles` too, if it is in use)."""
+        request holds components on this device (one of `handles` too, if it is in use). What
+        this thread's own phases hold is never waited for: a phase nested in another on the same
+        thread would wait for itself."""
         if self.policy.gpu_jobs <= 1:
             return False
-        if not any(h.in_use and h.device == device for h in self.handles):
+        mine = self._held.counts
+        if not any(h.in_use > mine[h] and h.device == device for h in self.handles):
             return False
         high = self.policy.vram_mode == "high"
         floor = sum(_footprint(h) if h.in_use else h.size_bytes if high else h.min_working_set for h in handles)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from .errors import DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
 from .phases import RequestContext
 from .policy import MB, VramPolicy
+from .report import model_state, where
 from .service import RuntimeService
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class Runtime:
         self.manager = ModelManager(self.devices, self.policy, calibration=Calibration(default_path()))
         apply_allocator_env(self.policy.cuda_allocator)
         self.service = RuntimeService(self.manager, self.policy)  # M29, M34: which engines stay loaded
+        self._loading = threading.Lock()  # two requests asking at once load an engine once (M8)
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32",
                device: str | torch.device | None = None) -> Engine:
@@ -52,13 +55,14 @@ class Runtime:
         its components run — "auto"/None for the compute device, or one of `devices.devices()`."""
         where = self.device(device)
         key = self._engine_key(engine_id, model_dir, dtype, where)
-        engine = self.service.get(key)
-        if engine is None:
-            # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
-            # have no version counter, and placing them swaps their data.
-            with torch.inference_mode(False):
-                engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), where)
-            self.service.add(key, engine)
+        with self._loading:
+            engine = self.service.get(key)
+            if engine is None:
+                # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
+                # have no version counter, and placing them swaps their data.
+                with torch.inference_mode(False):
+                    engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), where)
+                self.service.add(key, engine)
         return engine
 
     def loaded_engine(self, engine_id: str, model_dir: str | Path | None = None,
@@ -116,7 +120,7 @@ class Runtime:
         ctx = self.request(sampling.seed, cancel_check, progress if on_progress else None)
         pieces: list[Audio] = []
         try:
-            with contextlib.ExitStack() as whole:
+            with self.service.serving(engine), contextlib.ExitStack() as whole:
                 if engine.PHASED:
                     voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
                 else:
@@ -139,11 +143,14 @@ class Runtime:
         return join_chunks(pieces, chunking.crossfade_ms), {**ctx.meta, "chunks": len(chunks)}
 
     def describe(self) -> dict[str, Any]:
-        """M51: per model loaded, streamed and host bytes."""
-        return {
-            "device": self.devices.describe(),
-            "policy": self.policy.describe(),
-            "models": [
-                {**h.describe(), "streamed_bytes": h.streamer.streamed_bytes_of(h)} for h in self.manager.handles
-            ],
-        }
+        """M51: the device, the policy, per model loaded, streamed (last request) and host bytes,
+        and the last requests' reports (the `/mizuoto/runtime` payload, see report.py)."""
+        device = self.devices.describe()
+        device["name"] = where(self.devices, self.devices.compute_device()).name
+        last = self.manager.requests.last_streamed()
+        models = []
+        for h in list(self.manager.handles):
+            key = self.manager.key(h)
+            models.append(model_state(key, h, last.get(key, 0), self.devices.moves(h.device)))
+        return {"device": device, "policy": self.policy.describe(), "models": models,
+                "requests": self.manager.requests.reports()}

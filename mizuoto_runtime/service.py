@@ -9,14 +9,17 @@ fine-tuning on it (`release_device`; a training job that owns the device takes i
 `manager.exclusive(device)`, which waits for running requests, keeps new ones out and moves
 idle components off, M60), and after a job fails with OOM moves every unused component off
 every device (`release_after_oom`, ComfyUI's `unload_all_models`). It never unloads an engine
-in use or one with a component in `engines.<id>.pinned_models`.
+in use, one a request is serving (`serving`: between its phases too, so another request's RAM
+relief cannot unload it under it), or one with a component in `engines.<id>.pinned_models`.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 
 import psutil
 import torch
@@ -42,6 +45,8 @@ class RuntimeService:
         self.free_ram = free_ram
         self._engines: collections.OrderedDict[Hashable, Engine] = collections.OrderedDict()
         self._used: dict[Hashable, float] = {}
+        self._serving: collections.Counter[int] = collections.Counter()  # id(engine) -> requests
+        self._serving_lock = threading.Lock()
 
     # ---- the registry ----------------------------------------------------------------------
     def get(self, key: Hashable) -> Engine | None:
@@ -78,14 +83,26 @@ class RuntimeService:
     def __len__(self) -> int:
         return len(self._engines)
 
+    @contextlib.contextmanager
+    def serving(self, engine: Engine) -> Iterator[None]:
+        """A request runs on `engine` for the block: no rule unloads it meanwhile."""
+        with self._serving_lock:
+            self._serving[id(engine)] += 1
+        try:
+            yield
+        finally:
+            with self._serving_lock:
+                self._serving[id(engine)] -= 1
+                if self._serving[id(engine)] <= 0:
+                    del self._serving[id(engine)]
+
     # ---- the rules -------------------------------------------------------------------------
     def _unloadable(self, keep: Hashable | None = None) -> list[Hashable]:
         """Idle, unpinned engines, least recently used first."""
         return [k for k, e in self._engines.items() if k != keep and not self._busy(e) and not self._pinned(e)]
 
-    @staticmethod
-    def _busy(engine: Engine) -> bool:
-        return any(h.in_use for h in engine.handles())
+    def _busy(self, engine: Engine) -> bool:
+        return id(engine) in self._serving or any(h.in_use for h in engine.handles())
 
     def _pinned(self, engine: Engine) -> bool:
         return any(self.policy.is_pinned(engine.id, h.name) for h in engine.handles())

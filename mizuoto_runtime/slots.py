@@ -40,6 +40,7 @@ class DeviceSlots:
         self._held: dict[int, int] = {}  # thread id -> nesting depth (shared holders)
         self._exclusive: tuple[int, str] | None = None  # (thread id, who)
         self._exclusive_waiting = 0
+        self._started = 0  # phases that took a slot (not nested ones): see `alone`
 
     # ---- shared: one request's phase --------------------------------------------------------
     def take(self, cancel_check: Callable[[], None] | None, timeout_s: float) -> None:
@@ -61,6 +62,7 @@ class DeviceSlots:
                 if cancel_check is not None:
                     self._unlocked(cancel_check)
             self._held[me] = 1
+            self._started += 1
 
     def give(self) -> None:
         """Release the calling thread's slot (one nesting level)."""
@@ -79,6 +81,17 @@ class DeviceSlots:
         """Requests (threads) holding a slot now; an exclusive holder counts as every slot."""
         with self._cond:
             return self.capacity() if self._exclusive is not None else len(self._held)
+
+    def alone(self) -> int | None:
+        """None while a request on another thread holds the device (or waits to own it); else
+        how many phases have taken a slot so far. The same mark at a phase's start and end means
+        no other request ran on the device meanwhile (M47 measures a phase only then: the
+        allocator's peak is the device's, not the request's)."""
+        me = threading.get_ident()
+        with self._cond:
+            others = [t for t in self._held if t != me]
+            owner = self._exclusive is not None and self._exclusive[0] != me
+            return None if others or owner or self._exclusive_waiting else self._started
 
     def _free(self) -> bool:
         return (self._exclusive is None and not self._exclusive_waiting

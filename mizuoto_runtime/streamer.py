@@ -64,6 +64,7 @@ class StreamCharge:
 
     cancel_check: Callable[[], None] | None = None
     streamed_bytes: int = 0
+    by_owner: dict[int, int] = dataclasses.field(default_factory=dict)  # id(handle) -> its bytes of these
 
     def check(self) -> None:
         if self.cancel_check is not None:
@@ -133,8 +134,11 @@ class Streamer:
         self.device = device
         self.engine = engine or make_copy_engine(devices, device)
         self.streamed_bytes = 0  # every byte copied from host RAM on this device, all requests together
-        # The handles' hooks and the copy engine run under it; waiting for a copy releases it.
-        self.lock = threading.Condition(threading.RLock())
+        # The handles' hooks and the copy engine run under it. A plain lock (entered several
+        # times per unit, a `Condition`'s own enter and exit are Python calls); waiting for a
+        # copy to be released goes through `_released`, which releases it.
+        self.lock = threading.RLock()
+        self._released = threading.Condition(self.lock)
         self._waiting = 0  # threads waiting in `_copy_for` for a copy to be released
         self._handles: dict[int, _HandleCopies] = {}
 
@@ -203,7 +207,11 @@ class Streamer:
         return copy.refs if copy is not None else 0
 
     def release(self, owner: object, unit: Unit) -> None:
-        """The calling thread left `unit`: its copy goes unless the learned order keeps it."""
+        """The calling thread left `unit`. Its copy goes now only when another thread waits for
+        room and the learned order does not bring the unit back; otherwise it stays until the
+        next copy needs its room. Upstream code that runs a layer's submodules directly (VoxCPM's
+        `forward_step`) enters the unit once per leaf, and an eager drop would copy it again for
+        the next leaf."""
         with self.lock:
             state = self._handles[id(owner)]
             copy = state.copies.get(unit.index)
@@ -212,10 +220,10 @@ class Streamer:
             copy.refs -= 1
             _inside.units = max(0, _inside.units - 1)
             self.engine.record_use(copy.lease)
-            if copy.refs == 0 and not self._may_run_again(state, unit):
+            if copy.refs == 0 and self._waiting and not self._may_run_again(state, unit):
                 self._evict(state, unit.index)
             if self._waiting:
-                self.lock.notify_all()
+                self._released.notify_all()
 
     def end_call(self, owner: object) -> None:
         """The calling thread's phase with `owner` ended: its learned order starts afresh (M19)."""
@@ -238,7 +246,7 @@ class Streamer:
                 self.engine.trim(state.key)  # copy buffers kept for reuse go too
                 freed += held - self.engine.held_bytes(state.key)
             if self._waiting:
-                self.lock.notify_all()
+                self._released.notify_all()
             return freed
 
     def cached_bytes(self, owner: object) -> int:
@@ -282,7 +290,7 @@ class Streamer:
     def _copy_for(self, state: _HandleCopies, unit: Unit) -> UnitCopy:
         """The unit's copy: shared if present, else made — after waiting for room if every copy
         is in use by other threads and this thread is inside no unit."""
-        deadline = time.monotonic() + COPY_WAIT_S
+        deadline: float | None = None
         while True:
             copy = state.copies.get(unit.index)
             if copy is not None:
@@ -293,6 +301,8 @@ class Streamer:
             charge = _charge.get()
             if charge is not None:
                 charge.check()
+            if deadline is None:
+                deadline = time.monotonic() + COPY_WAIT_S
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.warning("waited %.0f s for another request to release a streamed copy; copying anyway",
@@ -300,7 +310,7 @@ class Streamer:
                 return self._make(state, unit)
             self._waiting += 1
             try:
-                self.lock.wait(timeout=min(remaining, _POLL_S))
+                self._released.wait(timeout=min(remaining, _POLL_S))
             finally:
                 self._waiting -= 1
 
@@ -325,6 +335,8 @@ class Streamer:
         charge = _charge.get()
         if charge is not None:
             charge.streamed_bytes += nbytes
+            if state is not None:
+                charge.by_owner[state.key] = charge.by_owner.get(state.key, 0) + nbytes
 
     def _make_room(self, state: _HandleCopies, keep: int) -> None:
         while len(state.copies) >= state.capacity:

@@ -159,7 +159,11 @@ class _Buffer:
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:
-    """Where each of a unit's weights lies in a buffer, and with which strides."""
+    """Where each of a unit's weights lies in a buffer, and with which strides.
+
+    Equal layouts are made one object per pool (`_Pool.canonical`), so the per-copy lookup of
+    a buffer's views is a cached hash and an identity match, not a comparison of every
+    weight's shape and strides."""
 
     offsets: tuple[int, ...]
     spans: tuple[int, ...]
@@ -168,13 +172,25 @@ class _Layout:
     dtypes: tuple[torch.dtype, ...]
     nbytes: int
     pinned: bool
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = (self.offsets, self.spans, self.sizes, self.strides, self.dtypes, self.nbytes, self.pinned)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclasses.dataclass(eq=False)
 class _Pool:
     buffers: list[_Buffer] = dataclasses.field(default_factory=list)
     layouts: dict[int, _Layout] = dataclasses.field(default_factory=dict)
+    canonical: dict[_Layout, _Layout] = dataclasses.field(default_factory=dict)  # one object per layout
     limit: int = 0  # bytes: the `capacity` largest streamed units (0: not placed, no cap)
+
+    def intern(self, layout: _Layout) -> _Layout:
+        return self.canonical.setdefault(layout, layout)
 
 
 class BufferedCopyEngine:
@@ -202,8 +218,8 @@ class BufferedCopyEngine:
             self.pinner.budget.limit = pinned_limit
             _pin_slots([s for u in streamed for s in u.slots], self.pinner.pin_streamed)
             _pin_slots([s for s in kept if not s.is_buffer], self.pinner.pin_kept)
-        pool = self._pools.setdefault(key, _Pool())
-        pool.layouts = {u.index: self._layout(u) for u in streamed}
+        pool = self._pool(key)
+        pool.layouts = {u.index: pool.intern(self._layout(u)) for u in streamed}
         sizes = sorted((lay.nbytes for lay in pool.layouts.values()), reverse=True)
         pool.limit = sum(sizes[:max(1, capacity)])
 
@@ -212,18 +228,20 @@ class BufferedCopyEngine:
 
     def can_prefetch(self, key: int, unit: Unit) -> bool:
         """Only pinned units are copied ahead: a pageable copy blocks the host anyway (M21)."""
-        return self._layout_of(key, unit).pinned
+        return self._layout_of(self._pool(key), unit).pinned
 
     # ---- copies --------------------------------------------------------------------------
     def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:
-        layout = self._layout_of(key, unit)
-        buffer = self._take(self._pools.setdefault(key, _Pool()), layout.nbytes)
+        pool = self._pool(key)
+        layout = self._layout_of(pool, unit)
+        buffer = self._take(pool, layout.nbytes)
         try:
-            with torch.inference_mode(False):  # M23: normal tensors, the resident kernels
-                views = buffer.views.get(layout)
-                if views is None:  # units of one shape share them: nothing is made per step
+            views = buffer.views.get(layout)
+            if views is None:  # units of one shape share them: nothing is made per step
+                with torch.inference_mode(False):  # M23: normal tensors, the resident kernels
                     views = buffer.views[layout] = _views(buffer.data, layout)
-                ready = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout, ahead)
+            # Writing into a normal tensor keeps it normal, in inference mode too.
+            ready = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout, ahead)
         except BaseException:
             buffer.busy = False
             raise
@@ -286,13 +304,11 @@ class BufferedCopyEngine:
     # ---- buffers -------------------------------------------------------------------------
     def _take(self, pool: _Pool, need: int) -> _Buffer:
         """The smallest idle buffer that fits; else a new one, within the pool's limit."""
-        idle = [b for b in pool.buffers if not b.busy]
-        fits = [b for b in idle if b.nbytes >= need]
-        if fits:
-            buffer = min(fits, key=lambda b: b.nbytes)
-        else:
+        buffer = min((b for b in pool.buffers if not b.busy and b.nbytes >= need), key=_size, default=None)
+        if buffer is None:
+            idle = [b for b in pool.buffers if not b.busy]
             held = sum(b.nbytes for b in pool.buffers)
-            for small in sorted(idle, key=lambda b: b.nbytes):
+            for small in sorted(idle, key=_size):
                 if not pool.limit or held + need <= pool.limit:
                     break
                 self._release(pool, small)
@@ -324,11 +340,16 @@ class BufferedCopyEngine:
         self.devices.release(self.device, buffer.nbytes)
 
     # ---- layouts -------------------------------------------------------------------------
-    def _layout_of(self, key: int, unit: Unit) -> _Layout:
-        pool = self._pools.setdefault(key, _Pool())
+    def _pool(self, key: int) -> _Pool:
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool()
+        return pool
+
+    def _layout_of(self, pool: _Pool, unit: Unit) -> _Layout:
         layout = pool.layouts.get(unit.index)
         if layout is None:  # a streamer used without a handle's placement
-            layout = pool.layouts[unit.index] = self._layout(unit)
+            layout = pool.layouts[unit.index] = pool.intern(self._layout(unit))
         return layout
 
     def _layout(self, unit: Unit) -> _Layout:
@@ -349,6 +370,10 @@ class BufferedCopyEngine:
             pinned = pinned and self.is_pinned(host)
         return _Layout(tuple(offsets), tuple(spans), tuple(sizes), tuple(strides), tuple(dtypes),
                        max(end, 1), pinned)
+
+
+def _size(buffer: _Buffer) -> int:
+    return buffer.nbytes
 
 
 def _views(data: torch.Tensor, layout: _Layout) -> list[torch.Tensor]:

@@ -133,20 +133,19 @@ FALLBACK_TOOLTIP = ("When the exact out-of-memory retries fail, decode with the 
 
 
 def memory_text(meta: dict[str, Any]) -> str:
-    """`meta.memory` and `meta.applied` (M50) as the lines a node shows."""
+    """`meta.memory` and `meta.applied` (M50) as the lines a node shows: a summary, then one
+    plain line per component (the request report's `line`), then retries and fallbacks."""
     memory, applied = meta["memory"], meta["applied"]
+    request = memory["request"]
     chunks = int(meta.get("chunks", 1))
     spoken = [f"spoken in {chunks} chunks of text"] if chunks > 1 else []
-    if not memory["components"]:
+    if not request["components"]:
         return "\n".join([*spoken, "no component placed (a cached or built-in voice)"])
-    lines = [*spoken, f"loaded {memory['loaded_mb']:.1f} of {memory['size_mb']:.1f} MB, "
-             f"streamed {memory['streamed_mb']:.1f} MB"]
-    for component, p in memory["partial"].items():
-        gave = f"; gave up VRAM for {', '.join(p['gave_up_for'])}" if p["gave_up_for"] else ""
-        lines.append(f"{component}: {p['loaded_mb']:.1f} of {p['size_mb']:.1f} MB on the device — {p['reason']} "
-                     f"(mode {p['mode']}, free {p['free_mb']:.1f} MB, working {p['working_mb']:.1f} MB{gave})")
+    lines = [*spoken, f"loaded {memory['loaded_mb']:.1f} of {memory['size_mb']:.1f} MB · "
+             f"{memory['streamed_mb']:.1f} MB streamed from RAM · {request['device']}"]
+    lines += [component["line"] for component in request["components"]]
     if applied["oom_retries"]:
-        lines.append(f"out of memory: retried exactly {applied['oom_retries']}×")
+        lines.append(f"out of memory: retried exactly {applied['oom_retries']}× (same result, slower)")
     if applied["fallbacks"]:
         lines.append(f"fallback used (output differs slightly): {', '.join(applied['fallbacks'])}")
     return "\n".join(lines)

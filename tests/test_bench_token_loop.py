@@ -10,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+from conftest import require_qwen_tts
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "token_loop.py"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -26,18 +28,26 @@ def load_bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 def test_token_loop_bench_runs_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("qwen_tts")
+    require_qwen_tts()
     bench = load_bench(monkeypatch)
     out = tmp_path / "token_loop.json"
-    rc = bench.main(["--frames", "3", "--repeat", "1", "--lm-steps", "4", "--lm-layers", "2", "--out", str(out)])
+    rc = bench.main(["--frames", "3", "--repeat", "1", "--lm-steps", "4", "--lm-layers", "2", "--lm-rows", "2",
+                     "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
     rows = {r["variant"]: r for r in result["qwen3tts"] if "variant" in r and "ms_per_frame" in r}
     assert {"cpu plain / upstream loop", "cpu plain / lean", "simulated, all streamed / lean"} <= set(rows)
     assert all(r["equal_to_upstream"] and r["frames"] == 3 for r in rows.values())
     streamed = rows["simulated, all streamed / lean"]
-    assert streamed["streamed_mb_per_frame"] > 0 and streamed["vs_bound"] > 0
+    assert streamed["streamed_mb_per_frame"] > 0 and streamed["vs_bound"] > 0 and streamed["copy_gbps"] > 0
+    assert 0 < streamed["copies_in_loop_ms_per_frame"] < streamed["ms_per_frame"]
     assert rows["cpu plain / lean, static kv"]["applied"]["kv_cache"] == "static"
     lm = result["generic_lm"]
-    assert lm["equal"] and lm["streamed_mb_per_token"] > 0 and lm["profile_streamed"]
-    assert "| cpu plain / lean |" in capsys.readouterr().out
+    assert [r["rows"] for r in lm] == [1, 2]
+    for r in lm:
+        assert r["equal"] and r["streamed_mb_per_token"] > 0 and r["copy_ms_per_token"] > 0
+        assert 0 < r["copies_in_loop_ms_per_token"] < r["streamed_ms_per_token"]
+        assert r["floor_vs_plain"] > 1 and r["vs_bound"] > 0
+    assert lm[0]["profile_streamed"]
+    printed = capsys.readouterr().out
+    assert "| cpu plain / lean |" in printed and "| TinyLM dim 512, 2 layers, 2 row(s)" in printed

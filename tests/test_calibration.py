@@ -239,3 +239,31 @@ def test_a_calibration_file_that_cannot_be_written_never_fails_the_phase(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and str(path) in warnings[0], warnings  # once, not once per phase
     assert not list(tmp_path.rglob("*.tmp"))  # no half-written file left
+
+
+def test_a_phase_another_request_overlapped_teaches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_jobs > 1: the allocator's peak is the device's, so a phase during which another
+    request held the device is not measured; one that ran alone still is (M8, M47)."""
+    import threading
+
+    m = make_manager(64, gpu_jobs=2)
+    a = m.register(TinyLM(layers=1), engine="eng", name="a")
+    b = m.register(TinyLM(layers=1), engine="eng", name="b")
+    monkeypatch.setattr(cal.PhaseMeter, "for_device", staticmethod(lambda device, simulated: FakeMeter(3 << 20)))
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_request() -> None:
+        with m.request().use([b], 1 << 20, "other"):
+            inside.set()
+            leave.wait(5)
+
+    with m.request().use([a], 1 << 20, "started alone"):
+        other = threading.Thread(target=other_request)
+        other.start()
+        assert inside.wait(5)  # another request runs on the device during this phase
+        leave.set()
+        other.join(5)
+    assert m.calibration.ratios == {}  # neither phase ran alone: nothing learned
+    with m.request().use([a], 1 << 20, "alone"):
+        pass
+    assert m.calibration.factor("eng:a") == pytest.approx(3.3)

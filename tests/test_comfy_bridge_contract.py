@@ -739,6 +739,48 @@ def test_aimdo_pages_count_as_free_the_way_comfyui_counts_them(aimdo: StandInVba
     assert aimdo_reclaimable(torch.device("cuda", 0)) == 0
 
 
+def test_older_aimdo_releases_are_read_as_comfyui_read_them(comfy: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ComfyUI 0.12-0.13 flag aimdo with `aimdo_allocator` and pin comfy-aimdo 0.1, whose
+    `vbars_analyze()` takes no device and only logs (returns None): the dynamic entries'
+    resident bytes count. ComfyUI 0.16-0.20 pin comfy-aimdo 0.2: `vbars_analyze()` takes no
+    device and answers for the one device ComfyUI initialized (before, a device argument raised
+    TypeError in every placement)."""
+    from mizuoto_runtime.comfy_bridge import aimdo_active, aimdo_reclaimable
+
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    monkeypatch.setattr(sys.modules["comfy.model_management"], "get_torch_device", lambda: cuda0)
+    memory_management = types.ModuleType("comfy.memory_management")
+    model_vbar = types.ModuleType("comfy_aimdo.model_vbar")
+    package = types.ModuleType("comfy_aimdo")
+    package.model_vbar = model_vbar  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "comfy.memory_management", memory_management)
+    monkeypatch.setitem(sys.modules, "comfy_aimdo", package)
+    monkeypatch.setitem(sys.modules, "comfy_aimdo.model_vbar", model_vbar)
+    assert not aimdo_active() and aimdo_reclaimable(cuda0) == 0  # no flag: a release before aimdo
+
+    # 0.12-0.13 with comfy-aimdo 0.1
+    memory_management.aimdo_allocator = object()  # type: ignore[attr-defined]
+    model_vbar.vbars_analyze = lambda: None  # type: ignore[attr-defined]
+    dynamic = StandInPatcher(DeviceService(), 5 * MB)
+    dynamic.load_device, dynamic.loaded = cuda0, 5 * MB
+    dynamic.is_dynamic = lambda: True  # type: ignore[attr-defined]
+    legacy = StandInPatcher(DeviceService(), 7 * MB)
+    legacy.load_device, legacy.loaded = cuda0, 7 * MB
+    legacy.is_dynamic = lambda: False  # type: ignore[attr-defined]
+    comfy.current_loaded_models[:] = [StandInLoadedModel(dynamic), StandInLoadedModel(legacy)]
+    assert aimdo_active()
+    assert aimdo_reclaimable(cuda0) == 5 * MB and aimdo_reclaimable(cuda1) == 0
+    memory_management.aimdo_allocator = None  # type: ignore[attr-defined]
+    assert not aimdo_active() and aimdo_reclaimable(cuda0) == 0
+
+    # 0.16-0.20 with comfy-aimdo 0.2
+    memory_management.aimdo_enabled = True  # type: ignore[attr-defined]
+    model_vbar.vbars_analyze = lambda: 2 << 30  # type: ignore[attr-defined]
+    assert aimdo_reclaimable(cuda0) == 2 << 30  # aimdo's own figure, not the entries'
+    assert aimdo_reclaimable(cuda1) == 0  # aimdo initialized ComfyUI's device only
+    comfy.current_loaded_models.clear()
+
+
 def test_under_aimdo_our_manager_counts_reclaimable_pages_and_spares_dynamic_models(
         aimdo: StandInVbars, manager: ModelManager, comfy: StandIn, devices: DeviceService,
         accounting: ComfyAccounting, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ The whole path (a ComfyUI environment, every engine, the check) runs in tools/in
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +72,32 @@ def test_every_requirement_has_a_tested_pin() -> None:
             if line:
                 name = engine_env.normalize(line.split("=")[0].split(">")[0].split("<")[0].split("[")[0])
                 assert name in pins, f"{path.name}: {name} has no tested version in constraints-engines.txt"
+
+
+def engine_requirements() -> dict[str, set[str]]:
+    """The distributions each engine file installs."""
+    named: dict[str, set[str]] = {}
+    for path in sorted((REPO / "requirements").glob("*.txt")):
+        if path.name != "comfyui-env.txt":
+            named[path.name] = {engine_env.normalize(re.split(r"[=<>!~\[ ;]", line, maxsplit=1)[0])
+                                for line in (raw.split("#", 1)[0].strip() for raw in path.read_text().splitlines())
+                                if line}
+    return named
+
+
+def test_voxcpm2_installs_neither_funasr_nor_modelscope() -> None:
+    """Issue 12: the VoxCPM 2 closure leaves out what only the package's optional paths import
+    (funasr, modelscope: the denoiser; gradio: the demo), and no engine file brings them in."""
+    named = engine_requirements()
+    assert "voxcpm" in named["voxcpm2.txt"]
+    for unwanted in ("funasr", "modelscope", "gradio", "datasets"):
+        assert all(unwanted not in names for names in named.values()), unwanted
+
+
+def test_no_engine_file_names_torch() -> None:
+    """torch and torchvision are the user's (ComfyUI's): no engine file may name them, so no
+    install can swap the build the user has."""
+    assert all(not {"torch", "torchvision"} & names for names in engine_requirements().values())
 
 
 def test_this_environment_has_no_unaccepted_pip_check_line() -> None:

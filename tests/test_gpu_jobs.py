@@ -206,3 +206,28 @@ def test_waiting_gives_up_after_the_timeout_and_tries() -> None:
         with m.request().use([second], 2 << 20, "p"):  # after 0.3 s it tries, at the minimum
             assert first.in_use == 1 and len(second.streamed_units) == len(second.units)
         assert 0.25 < time.monotonic() - started < 3
+
+
+def test_a_nested_phase_never_waits_for_its_own_thread() -> None:
+    """gpu_jobs > 1: a phase nested in another on the same thread, whose component does not fit
+    beside what the outer phase holds, is placed at once (at its minimum) — the request holding
+    the device is itself, so there is nobody to wait for."""
+    m, first, second = setup(gpu_jobs=2, wait_s=30)
+    started = time.monotonic()
+    with m.request().use([first], 0, "outer"):
+        assert first.is_whole
+        with m.request().use([second], 1 << 20, "inner"):
+            assert second.loaded_bytes > 0 and time.monotonic() - started < 10
+    assert first.in_use == second.in_use == 0
+
+
+def test_a_phase_still_waits_for_another_threads_phase_when_nested_in_its_own() -> None:
+    """What another request holds is still waited for, also from inside a phase of one's own."""
+    m, first, second = setup(gpu_jobs=2)
+    third = m.register(TinyLM(layers=1), engine="c", name="third", kind="sequence")
+    order: list[str] = []
+    with held_by_another_request(m, first) as release:
+        threading.Timer(0.4, lambda: (order.append("released"), release.set())).start()
+        with m.request().use([third], 0, "outer"), m.request().use([second], 2 << 20, "inner"):
+            order.append("placed")
+    assert order == ["released", "placed"]

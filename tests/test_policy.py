@@ -90,3 +90,46 @@ def test_cpu_allocator_is_accepted_now_that_training_applies_it(value: str) -> N
     assert VramPolicy({"compute.cpu_allocator": value}).cpu_allocator == value
     with pytest.raises(SettingError, match=r"'compute\.cpu_allocator' must be one of auto, hugepages, no_hugepages"):
         VramPolicy({"compute.cpu_allocator": "big"})
+
+
+def _reads() -> tuple[set[str], dict[str, set[str]]]:
+    """Attribute names the pack's code reads outside policy.py, and per `VramPolicy` method the
+    settings it reads (`self._values["key"]`)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*(root / "mizuoto_runtime").rglob("*.py"), *(root / "nodes").rglob("*.py"), root / "__init__.py"]
+    read: set[str] = set()
+    methods: dict[str, set[str]] = {}
+    for path in files:
+        tree = ast.parse(path.read_text())
+        if path.name == "policy.py" and path.parent.name == "mizuoto_runtime":
+            cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VramPolicy")
+            for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                methods[fn.name] = {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript)
+                                    and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)}
+            continue
+        read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return read, methods
+
+
+def test_every_setting_is_read_by_the_runtime_or_refused() -> None:
+    """Issue 9, item 5: no setting is accepted and then ignored. Each is read by the runtime's
+    code (as `policy.<key>`, or through a `VramPolicy` method the runtime calls), or it is listed
+    as not yet in effect, which refuses any value but its default."""
+    from mizuoto_runtime import policy
+
+    read, methods = _reads()
+    through = {key for name, keys in methods.items() if name in read for key in keys}
+    ignored = [k for k in _SETTINGS if k not in read and k not in through and k not in policy._NOT_YET]
+    assert ignored == [], f"settings nothing reads: {ignored}"
+
+
+def test_a_setting_not_yet_in_effect_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mizuoto_runtime import policy
+
+    monkeypatch.setitem(policy._NOT_YET, "kv_cache", "no engine reads it")
+    assert VramPolicy({"compute.kv_cache": "dynamic"}).kv_cache == "dynamic"  # the default is fine
+    with pytest.raises(SettingError, match=r"'compute\.kv_cache' has no effect yet \(no engine reads it\)"):
+        VramPolicy({"compute.kv_cache": "static"})

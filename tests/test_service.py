@@ -91,3 +91,25 @@ def test_release_device_moves_idle_components_off() -> None:
     rt.say(demo, "placed")
     assert rt.devices.counted_bytes(CPU) > 0
     assert rt.service.release_device(CPU) > 0 and rt.devices.counted_bytes(CPU) == 0
+
+
+def test_ram_relief_between_phases_never_unloads_an_engine_another_request_is_serving() -> None:
+    """M29 with two requests: one request's RAM relief, run while another request on the same
+    engine is between its phases, keeps that engine (it would otherwise be unloaded under it)."""
+    rt = runtime()
+    demo = rt.engine("demo")
+    rt.policy.update({"compute.ram_reserve_mb": 1})
+    rt.service.free_ram = lambda: 0  # always short of RAM
+    voice_prompt = demo.voice_prompt
+    relieved: list[bool] = []
+
+    def then_another_request_ends(*args: object, **kwargs: object) -> object:
+        voice = voice_prompt(*args, **kwargs)
+        rt.service.relieve_ram()  # what another request's end does, between this one's phases
+        relieved.append(not any(h.unloaded for h in demo.handles()))
+        return voice
+
+    demo.voice_prompt = then_another_request_ends  # type: ignore[method-assign]
+    audio, _ = rt.say(demo, "between phases", sampling=Sampling(seed=3, max_new_tokens=8))
+    assert relieved == [True] and audio.waveform.numel() > 0
+    assert all(h.unloaded for h in demo.handles())  # its own end relieves RAM: idle now, it goes

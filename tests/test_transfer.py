@@ -86,6 +86,28 @@ def test_buffers_are_reused_not_reallocated() -> None:
     assert engine._pools[id(h)].buffers == buffers
 
 
+def test_units_of_one_shape_share_one_layout_and_one_set_of_views() -> None:
+    """Nothing is made per step (issue 13): units of one shape share one layout object, kept
+    across placements, and each buffer's views of it are made once; every copy of a step
+    writes into those same tensors."""
+    model = TinyLM(layers=4)
+    h, engine, _ = handle(model, pinned=False, kind="sequence")
+    h.load(h.min_working_set)
+    pool = engine._pools[id(h)]
+    layouts = {id(pool.layouts[u.index]) for u in h.streamed_units}
+    assert len(h.streamed_units) == 4 and len(layouts) == 1
+    seen: list[int] = []
+    for unit in h.streamed_units * 2:
+        lease = engine.copy_unit(id(h), unit, ahead=False)
+        assert all(torch.equal(t, s.host) for t, s in zip(lease.tensors, unit.slots))
+        seen.append(id(lease.tensors[0]))
+        engine.free(id(h), lease)
+    assert len(set(seen)) == 1 and len(pool.buffers) == 1 and len(pool.buffers[0].views) == 1
+    before = dict(pool.layouts)
+    engine.placed(id(h), model, h.streamed_units, [], h.copies, 0)  # placed again: same objects
+    assert all(pool.layouts[i] is layout for i, layout in before.items())
+
+
 def test_pageable_units_are_copied_on_the_spot_without_side_stream() -> None:
     """M21: beyond the pinned budget copies are synchronous: no prefetch, still exact."""
     model = TinyDiT()

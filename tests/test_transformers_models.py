@@ -1,7 +1,8 @@
-"""Model code nobody here wrote (M17, M23, M57): Hugging Face Llama and Qwen3 causal LMs from tiny
-configs with random weights, streamed none / half / whole on the strict simulated device —
-logits and greedy `generate` `torch.equal` to the plain run, with a user's hook on a streamed
-leaf, and under `torch.compile`. Skipped where transformers is not installed."""
+"""Model code nobody here wrote (M13, M17, M23, M57): Hugging Face Llama and Qwen3 causal LMs, GPT-2,
+T5 and Whisper, and weight-normed vocoders (HiFi-GAN, Encodec) from tiny configs with random
+weights, streamed none / half / whole on the strict simulated device — logits, greedy `generate`
+and audio `torch.equal` to the plain run, with a user's hook on a streamed leaf, and under
+`torch.compile`. Skipped where transformers is not installed."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -133,3 +134,131 @@ def test_gpt2_streams_exactly_once_conv1d_declares_itself_streamable(placement: 
     place(placed, placement)
     got = run(placed)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+# ---- weight-normed vocoders as transformers ships them (issue 10, item 2; M13, M57) -------------
+def hifigan(legacy: bool = False) -> nn.Module:
+    """SpeechT5's HiFi-GAN with weight norm on every conv: transformers' own `apply_weight_norm`
+    (`parametrizations.weight_norm`, `original0/1`), or the legacy `nn.utils.weight_norm`
+    (`weight_g`/`weight_v` and a pre-hook computing the weight) as older vocoders apply it."""
+    config = transformers.SpeechT5HifiGanConfig(model_in_dim=80, upsample_initial_channel=512, upsample_rates=[4, 4],
+                                                upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3, 5],
+                                                resblock_dilation_sizes=[[1, 3], [1, 3]])
+    model = transformers.SpeechT5HifiGan(config)
+    if not legacy:
+        model.apply_weight_norm()
+        return model
+    for layer in model.modules():
+        if isinstance(layer, (nn.Conv1d, nn.ConvTranspose1d)):
+            nn.utils.weight_norm(layer)
+    return model
+
+
+def encodec() -> nn.Module:
+    """Encodec's convs are weight-normed by default (`norm_type = "weight_norm"`)."""
+    config = transformers.EncodecConfig(num_filters=128, upsampling_ratios=[4, 4], codebook_size=64, codebook_dim=128,
+                                        hidden_size=128, num_lstm_layers=1)
+    return transformers.EncodecModel(config)
+
+
+def _vocode(model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.randn(2, 12, 80, generator=torch.Generator().manual_seed(4)))
+
+
+def _encodec_round_trip(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        audio = torch.randn(1, 1, 1600, generator=torch.Generator().manual_seed(5))
+        codes = model.encode(audio).audio_codes
+        return codes, model.decode(codes, [None]).audio_values
+
+
+VOCODERS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object], str]] = {
+    "hifigan": (hifigan, _vocode, "upsampler.0.parametrizations.weight.original1"),
+    "hifigan_legacy": (lambda: hifigan(legacy=True), _vocode, "upsampler.0.weight_v"),
+    "encodec": (encodec, _encodec_round_trip, "encoder.layers.6.conv.parametrizations.weight.original1"),
+}
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, tuple):
+        return all(_same(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+    return torch.equal(a, b)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", sorted(VOCODERS))
+def test_weight_normed_vocoders_stream_exactly(name: str, placement: str) -> None:
+    """Their weight-normed convs are streamable leaves (the original tensors stream), so the
+    vocoders have units and stream none / half / whole, `torch.equal` to the plain run."""
+    factory, call, streamed_tensor = VOCODERS[name]
+    plain, placed = twins(factory)
+    expected = call(plain)
+    h = ModelHandle(placed, devices=DeviceService(simulate={"cpu": 256 * MB}, strict=True), kind="oneshot",
+                    name=name)
+    assert streamed_tensor in {s.name for u in h.units for s in u.slots}
+    assert h.min_working_set < h.size_bytes  # no longer the whole model
+    h.load({"none": 0, "half": (h.min_working_set + h.size_bytes) // 2, "whole": None}[placement])
+    streamed = len(h.streamed_units)
+    assert streamed == {"none": len(h.units), "whole": 0}.get(placement, streamed)
+    assert placement != "half" or 0 < streamed < len(h.units)
+    assert _same(call(placed), expected), f"{name} ({placement}) differs from the plain run"
+    assert _same(call(placed), expected), f"{name} ({placement}): a second call differs"
+    if streamed:
+        assert h.streamer.streamed_bytes_of(h) > 0
+    h.offload()
+    assert h.device_bytes == 0 and h.devices.counted_bytes(torch.device("cpu")) == 0
+
+
+# ---- encoder-decoder models (issue 10; M12, M57): T5 and Whisper --------------------------------
+def t5() -> nn.Module:
+    config = transformers.T5Config(vocab_size=512, d_model=256, d_kv=32, d_ff=1024, num_layers=3, num_decoder_layers=3,
+                                   num_heads=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(config)
+
+
+def whisper() -> nn.Module:
+    config = transformers.WhisperConfig(vocab_size=512, num_mel_bins=80, encoder_layers=2, decoder_layers=2, d_model=256,
+                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                                        decoder_ffn_dim=1024, max_source_positions=32, max_target_positions=32,
+                                        decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    return transformers.WhisperForConditionalGeneration(config)
+
+
+def _t5_run(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logits = model(input_ids=PROMPT, decoder_input_ids=PROMPT[:, :3]).logits
+        tokens = model.generate(PROMPT, max_new_tokens=5, do_sample=False)
+    return logits, tokens
+
+
+def _whisper_run(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    mel = torch.randn(1, 80, 64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        first = model(input_features=mel, decoder_input_ids=torch.tensor([[1, 5, 9]])).logits
+        again = model(input_features=mel, decoder_input_ids=torch.tensor([[1, 5, 9, 13]])).logits
+    return first, again
+
+
+SEQ2SEQ: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], tuple[torch.Tensor, torch.Tensor]]]] = {
+    "t5": (t5, _t5_run),
+    "whisper": (whisper, _whisper_run),
+}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", sorted(SEQ2SEQ))
+def test_encoder_decoder_models_stream_exactly(name: str, placement: str) -> None:
+    """The encoder's and the decoder's layers are units of one component; streamed none / half /
+    whole, logits (and T5's greedy `generate`) equal the plain run."""
+    factory, call = SEQ2SEQ[name]
+    plain, placed = twins(factory)
+    expected = call(plain)
+    h = ModelHandle(placed, devices=DeviceService(simulate={"cpu": 256 * MB}, strict=True), kind="oneshot", name=name)
+    assert any(".encoder." in f".{u.name}" for u in h.units) and any(".decoder." in f".{u.name}" for u in h.units)
+    h.load({"none": 0, "half": (h.min_working_set + h.size_bytes) // 2, "whole": None}[placement])
+    streamed = len(h.streamed_units)
+    assert streamed == {"none": len(h.units), "whole": 0}.get(placement, streamed)
+    assert placement != "half" or 0 < streamed < len(h.units)
+    got = call(placed)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"{name} ({placement})"

@@ -73,6 +73,17 @@ function mountPanel(el) {
   refresh();
 }
 
+// The report's text area grows to show every line (one per component), wrapped at the node's
+// width: the frontend sizes a DOM widget by its options' getMinHeight.
+function reportHeight(node, el, text) {
+  const style = getComputedStyle(el);
+  const fontPx = parseFloat(style.fontSize) || 11;
+  const linePx = parseFloat(style.lineHeight) || fontPx * 1.25;
+  const perLine = Math.max(20, Math.floor((node.size[0] - 24) / (fontPx * 0.62)));
+  const lines = text.split("\n").reduce((n, line) => n + Math.max(1, Math.ceil(line.length / perLine)), 0);
+  return Math.ceil(lines * linePx + 12);
+}
+
 function showReport(node, text) {
   let widget = node.widgets?.find((w) => w.name === "mizuoto_memory");
   if (!widget) {
@@ -80,8 +91,12 @@ function showReport(node, text) {
     widget.options.serialize = false; // a display, not an input of the prompt
     widget.inputEl.readOnly = true;
     widget.inputEl.style.opacity = 0.7;
+    widget.options.getMinHeight = () => reportHeight(node, widget.inputEl, widget.value ?? "");
   }
   widget.value = text;
+  const [width, height] = node.computeSize();
+  node.setSize([Math.max(node.size[0], width), Math.max(node.size[1], height)]);
+  node.setDirtyCanvas?.(true, true);
 }
 
 app.registerExtension({

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..audio import Audio
 from ..errors import ArgumentError, CheckpointError
+from ..phases import GLOBAL_RNG
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
@@ -186,10 +187,11 @@ class Engine(ABC):
     def seeded(self, seed: int) -> Iterator[None]:
         """For upstream code that samples from torch's global RNG (CPU, or this engine's device):
         seeded for one phase only, so retries and placements replay the same draws and the
-        caller's RNG is left as it was (M40, M57)."""
+        caller's RNG is left as it was (M40, M57). The global RNG is one per process: two
+        requests at once (`compute.gpu_jobs` > 1) take turns inside this block (M8)."""
         on_cpu = self.device.type == "cpu"
-        with torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
-                                   device_type=None if on_cpu else self.device.type):
+        with GLOBAL_RNG, torch.random.fork_rng(devices=[] if on_cpu else [self.device.index or 0],
+                                               device_type=None if on_cpu else self.device.type):
             torch.manual_seed(seed)
             yield
 

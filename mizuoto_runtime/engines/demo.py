@@ -172,8 +172,7 @@ class DemoEngine(Engine):
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
                      speaker: str | None, instruct: str | None = None) -> dict[str, Any]:
         if reference is None:
-            with torch.random.fork_rng():
-                torch.manual_seed(sum((speaker or "default").encode()))
+            with self.seeded(sum((speaker or "default").encode())):
                 return {"embedding": torch.randn(1, self.talker.module.dim, dtype=self.dtype)}
         wav = reference.mono().to(self.dtype).unsqueeze(0)
         if wav.shape[-1] < HOP:

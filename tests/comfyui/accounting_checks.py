@@ -8,6 +8,7 @@ would see. Imported by `version_check.py` (each release of the version harness) 
 """
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import json
@@ -155,6 +156,41 @@ def check_every_entry_answers_what_this_release_reads() -> None:
         assert entry.model_mmap_residency(free=True) == (handle.size_bytes, handle.size_bytes)
     assert adapter.is_dynamic() is False and adapter.pinned_memory_size() == 0
     assert adapter.clone_base_uuid != s.accounting.adapter(s.handle("other")).clone_base_uuid
+
+
+def check_under_dynamic_vram_we_ask_comfyui_with_for_dynamic() -> None:
+    """0.12 on, comfy-aimdo active (this release's own flag: `aimdo_allocator` in 0.12-0.13,
+    `aimdo_enabled` later): our manager asks this release's `free_memory` with `for_dynamic`
+    (so it leaves its dynamic models to aimdo's on-demand paging), and that frees ComfyUI's
+    legacy model while every Mizuoto entry is kept. What `free_memory` then does with a dynamic
+    model is the contract test's (a real dynamic patcher needs aimdo on a GPU)."""
+    if "for_dynamic" not in inspect.signature(mm.free_memory).parameters:
+        print("(no dynamic VRAM in this release)", file=sys.stderr)
+        return
+    import comfy.memory_management as memory
+
+    flag, on = ("aimdo_enabled", True) if hasattr(memory, "aimdo_enabled") else ("aimdo_allocator", object())
+    s = SharedDevice(mm)
+    handle = s.handle("tts")
+    legacy = s.comfy_model(4)
+    asked: list[dict[str, object]] = []
+    free_memory = mm.free_memory
+
+    @functools.wraps(free_memory)  # the same signature: the bridge reads it
+    def recorded(*args: object, **kwargs: object) -> object:
+        asked.append(kwargs)
+        return free_memory(*args, **kwargs)
+
+    before, mm.free_memory = getattr(memory, flag), recorded
+    setattr(memory, flag, on)
+    try:
+        gained = s.accounting.free_for(CPU, 2 * MB, [handle])
+    finally:
+        setattr(memory, flag, before)
+        mm.free_memory = free_memory
+    assert asked and asked[0].get("for_dynamic") is True, asked
+    assert legacy.loaded_size() <= 2 * MB and gained == 4 * MB - legacy.loaded_size(), (legacy.loaded_size(), gained)
+    assert handle.is_whole and s.ours() == [handle]
 
 
 def check_reserve_is_comfyuis_reserve_vram() -> None:

@@ -19,6 +19,10 @@ from oom import allocations_during
 from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, Runtime, VramPolicy
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Engine, Sampling
+from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
+from mizuoto_runtime.streamer import Streamer
+from mizuoto_runtime.transfer import BufferedCopyEngine, Lease, SimulatedStreams
+from mizuoto_runtime.units import Unit
 
 PLACEMENTS = ("none", "half", "whole")
 MB = 1 << 20
@@ -447,3 +451,65 @@ def test_f5tts_cfg_halves_share_each_copy(f5tts_checkpoint: Callable[[], object]
         per_step = sum(u.nbytes for u in flow.streamed_units)
         streamed[steps] = flow.streamer.streamed_bytes_of(flow)
     assert streamed[5] - streamed[2] == 3 * per_step
+
+
+# ---- prefetch where CUDA gets it (M19, M20) ------------------------------------------------
+# On CUDA the manager's streamer copies with pinned host memory and a side stream
+# (`transfer.make_copy_engine`). Here the same engine runs on the simulated device with
+# `SimulatedStreams`: which units each component copies ahead is what a GPU would do.
+
+def cuda_copies(rt: Runtime) -> dict[int, list[int]]:
+    """Give `rt`'s device the copy engine CUDA gets (pinned host copies, a side stream for copies
+    ahead) before any engine registers; returns the units copied ahead, per handle key."""
+    device = torch.device("cpu")
+    pinner = Pinner("register", RecordingRegistrar(), PinnedBudget(1 << 30))
+    engine = BufferedCopyEngine(rt.devices, device, SimulatedStreams(), pinner)
+    copied_ahead: dict[int, list[int]] = {}
+    copy_unit = engine.copy_unit
+
+    def logged(key: int, unit: Unit, ahead: bool) -> Lease:
+        if ahead:
+            copied_ahead.setdefault(key, []).append(unit.index)
+        return copy_unit(key, unit, ahead=ahead)
+
+    engine.copy_unit = logged  # type: ignore[method-assign]
+    rt.manager._streamers[str(device)] = Streamer(rt.devices, device, engine)
+    return copied_ahead
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(("mode", "model"), [("f5tts-clone", "flow"), ("omnivoice-clone", "llm")])
+def test_on_cuda_the_oneshot_model_copies_ahead_and_stays_exact(request: pytest.FixtureRequest,
+                                                                mode: str, model: str) -> None:
+    """M19/M20: the model that runs every step is `oneshot`, so with CUDA's copy engine it copies
+    the next units ahead while one computes — in every step — and the audio is the plain run's."""
+    rt = oneshot_runtime("none")
+    ahead = cuda_copies(rt)
+    wav, _ = oneshot_say(rt, _oneshot_folder(request, mode), mode, "none")
+    assert torch.equal(wav, oneshot_plain(request, mode))
+    handle = next(h for h in rt.engine(ONESHOT_MODES[mode][0], _oneshot_folder(request, mode)).handles()  # type: ignore[arg-type]
+                  if h.name == model)
+    assert handle.kind == "oneshot" and handle.prefetch_depth == rt.policy.async_offload >= 1
+    copied_ahead = ahead.get(id(handle), [])
+    # every unit but the first of a step is copied ahead, in every step after the first
+    assert len(copied_ahead) >= (ONESHOT_STEPS - 1) * (len(handle.units) - 1), (len(copied_ahead), len(handle.units))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_on_cuda_voxcpm2s_generator_never_copies_ahead(voxcpm2_checkpoint: Callable[..., object]) -> None:
+    """M20: the autoregressive generator is a `sequence` handle: one copy, nothing ahead (the
+    design note's 29.0 s with side streams against 13.6 s without). The audio is the plain run's."""
+    folder = voxcpm2_checkpoint()
+    expected = _vox_plain.get("reference") or _vox_say(folder, "reference", "plain")[:2]
+    rt = Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none"})
+    ahead = cuda_copies(rt)
+    engine = rt.engine("voxcpm2", folder)  # type: ignore[arg-type]
+    ctx = rt.request(seed=11)
+    voice = engine.voice_prompt(ctx, **VOX_MODES["reference"])  # type: ignore[arg-type]
+    codes = engine.generate(ctx, VOX_TEXT, voice, Sampling(seed=11, max_new_tokens=VOX_PATCHES))
+    audio = engine.decode(ctx, codes)
+    assert torch.equal(codes.tokens, expected[0]) and torch.equal(audio.waveform, expected[1])
+    handles = {h.name: h for h in engine.handles()}
+    generator = handles["generator"]
+    assert generator.kind == "sequence" and generator.prefetch_depth == 0 and id(generator) not in ahead
+    assert generator.streamer.streamed_bytes_of(generator) > 0 and generator.copies == 1  # it did stream
