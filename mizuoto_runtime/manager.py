@@ -193,17 +193,24 @@ class ModelManager:
     @contextlib.contextmanager
     def exclusive(self, device: torch.device, *, who: str = "a training job",
                   cancel_check: Callable[[], None] | None = None,
-                  timeout_s: float | None = None) -> Iterator[None]:
+                  timeout_s: float | None = None) -> Iterator[int]:
         """M60 (`JobSpec.exclusive`): take every slot of `device` for the block — waiting for the
         requests holding it to end, cancellably, within the wait bound (M8) — then move every
-        idle component off it (M34). Requests wait until the block ends."""
+        idle component off it (M34); the block gets the bytes freed. Requests wait until the
+        block ends. The placement log shows the hold: ``("exclusive", who, 0)`` before the
+        yields it caused, ``("exclusive_end", who, 0)`` when it ends."""
         timeout = self.wait_timeout_s if timeout_s is None else timeout_s
         with self.slots(device).exclusive(who, cancel_check, timeout):
-            freed = self.offload_idle(device=device)
-            if freed:
-                self.devices.empty_cache(device)
-            log.info("%s holds %s exclusively (%.1f MB of idle components moved off)", who, device, freed / 2**20)
-            yield
+            self.events.append(("exclusive", who, 0))
+            try:
+                freed = self.offload_idle(device=device)
+                if freed:
+                    self.devices.empty_cache(device)
+                log.info("%s holds %s exclusively (%.1f MB of idle components moved off)", who, device,
+                         freed / 2**20)
+                yield freed
+            finally:
+                self.events.append(("exclusive_end", who, 0))
 
     # ---- placement -----------------------------------------------------------------------
     def acquire(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",

@@ -15,13 +15,13 @@ from comfy_api.latest import io, ui
 
 from mizuoto_runtime import MizuotoError
 from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check
-from mizuoto_runtime.host import EngineRef
+from mizuoto_runtime.host import PROCESS, EngineRef
 from mizuoto_runtime.engines.qwen3tts_lora import LoraChoice
 from mizuoto_runtime.training.job import TrainingJob
 from mizuoto_runtime.training.memory import PRESET_NAMES
 from mizuoto_runtime.training.qwen3tts_lora import DEFAULTS, METHOD
 
-from .common import CATEGORY, SEED_MAX, EngineSocket
+from .common import CATEGORY, SEED_MAX, EngineSocket, schema
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ LORA_FOLDER = "loras"  # ComfyUI's own folder for LoRA files
 SUBFOLDER = "mizuoto"
 NONE = "none"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+TRAIN_TITLE = "Train Voice LoRA (Qwen3-TTS)"
+APPLY_TITLE = "Apply Voice LoRA (Qwen3-TTS)"
 MEMORY_TOOLTIP = ("training.memory — default: fastest; low: gradient checkpointing and the optimizer's state in host "
                   "RAM; lowest: also activations in host RAM and no huge pages (least device memory, slowest)")
 
@@ -68,16 +70,17 @@ class MizuotoTrainQwen3TTSLoRA(io.ComfyNode):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoTrainQwen3TTSLoRA",
-            display_name="Mizuoto Train Qwen3-TTS LoRA",
+            display_name=TRAIN_TITLE,
             category=CATEGORY,
+            search_aliases=["fine-tune voice", "train tts", "voice lora", "qwen3-tts lora", "mizuoto training"],
             description="Trains a LoRA of the Qwen3-TTS talker on your clips, in its own process. While it trains it "
                         "has the device to itself: idle models are moved off first. Outputs the engine with the "
                         "LoRA applied and the LoRA's name under models/loras.",
             is_output_node=True,
             inputs=[
-                EngineSocket.Input("engine", tooltip="A Qwen3-TTS Base checkpoint from Mizuoto Engine Loader"),
+                EngineSocket.Input("engine", tooltip="A Qwen3-TTS Base checkpoint from Load TTS Engine"),
                 io.String.Input("dataset", default="mizuoto_voice",
                                 tooltip="A folder of clips (.wav, .flac), each with a .txt transcript of the same "
                                         "name; absolute, or relative to ComfyUI's input folder"),
@@ -97,9 +100,10 @@ class MizuotoTrainQwen3TTSLoRA(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, dataset: str, lora_name: str, memory: str, steps: int, batch_size: int,
                 learning_rate: float, rank: int, seed: int, language: str = "") -> io.NodeOutput:
-        node = "Mizuoto Train Qwen3-TTS LoRA"
+        node = TRAIN_TITLE
         if not NAME.match(lora_name):
             raise MizuotoError(f"{node}: lora_name {lora_name!r} must be a file name (letters, digits, . _ -)")
         params = {"model": qwen3tts_folder(engine, node), "data": str(resolve_dataset(dataset)),
@@ -147,10 +151,11 @@ class MizuotoQwen3TTSLoRA(io.ComfyNode):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return schema(
             node_id="MizuotoQwen3TTSLoRA",
-            display_name="Mizuoto Qwen3-TTS LoRA",
+            display_name=APPLY_TITLE,
             category=CATEGORY,
+            search_aliases=["load voice lora", "voice lora", "qwen3-tts lora", "mizuoto lora"],
             description="Applies a LoRA trained by Mizuoto to a Qwen3-TTS engine. Nodes using the output run with "
                         "the LoRA; nodes using the loader's own output run without it.",
             inputs=[
@@ -163,8 +168,9 @@ class MizuotoQwen3TTSLoRA(io.ComfyNode):
         )
 
     @classmethod
+    @PROCESS.around_node
     def execute(cls, engine: EngineRef, lora: str, strength: float) -> io.NodeOutput:
-        qwen3tts_folder(engine, "Mizuoto Qwen3-TTS LoRA")
+        qwen3tts_folder(engine, APPLY_TITLE)
         choice = None if lora == NONE else LoraChoice(resolve_lora(lora), strength)
         ref = engine.with_lora(choice)
         _ = ref.engine  # applied now: a bad file fails at this node

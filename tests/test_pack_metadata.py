@@ -3,10 +3,13 @@ install into ComfyUI's environment), pyproject's `[tool.comfy]` and the files it
 the rule that nothing a user reads cites a requirement ID."""
 from __future__ import annotations
 
+import argparse
 import ast
+import importlib.util
 import re
 import struct
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,8 @@ def test_the_readme_points_only_at_files_a_clone_has() -> None:
 
 
 LOG_CALLS = {"debug", "info", "warning", "error", "exception", "critical"}
+#: Calls whose every string a user reads: a node's shown text and progress text.
+SHOWN = {"PreviewText", "send_progress_text"}
 USER_KEYWORDS = {"tooltip", "description", "display_name", "help"}
 
 
@@ -91,7 +96,7 @@ def user_strings(path: Path) -> list[tuple[int, str]]:
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         parts: list[ast.AST] = [k.value for k in node.keywords if k.arg in USER_KEYWORDS]
-        if name in LOG_CALLS or name.endswith("Error") or name == "add_argument":
+        if name in LOG_CALLS or name in SHOWN or name.endswith(("Error", "Failed")) or name == "add_argument":
             parts += [*node.args, *(k.value for k in node.keywords)]
         found += [(node.lineno, text) for part in parts for text in _strings(part, constants)]
     return found
@@ -107,5 +112,39 @@ def test_nothing_a_user_reads_cites_a_requirement_id(path: str) -> None:
 def test_the_id_check_can_fail(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text('TIP = "retry (M40)"\nlog.info("placed (M35)")\nInput("x", tooltip=TIP)\n'
-                      'raise MizuotoError(f"bad {x} (M7)")\n# a comment may cite M1\n"""So may M2 a docstring."""\n')
-    assert [line for line, text in user_strings(sample) if REQUIREMENT_ID.search(text)] == [2, 3, 4]
+                      'raise MizuotoError(f"bad {x} (M7)")\n# a comment may cite M1\n"""So may M2 a docstring."""\n'
+                      'raise TrainingFailed("ended (M60)")\nui.PreviewText("peak (M63)")\n')
+    assert [line for line, text in user_strings(sample) if REQUIREMENT_ID.search(text)] == [2, 3, 4, 7, 8]
+
+
+def _helps(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str]]:
+    """`--help` of `parser` and of every subcommand under it, by command line."""
+    yield parser.prog, parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _helps(sub)
+
+
+def test_no_help_text_cites_a_requirement_id() -> None:
+    """What `mizuoto --help` and every subcommand's `--help` print (`train` included), as argparse
+    renders it: the AST check above sees literal strings only."""
+    from mizuoto_runtime.cli import _parser
+
+    helps = dict(_helps(_parser()))
+    assert {"mizuoto say", "mizuoto train", "mizuoto runtime", "mizuoto doctor"} <= set(helps)
+    assert "training.memory" in helps["mizuoto train"]
+    leaks = {prog: REQUIREMENT_ID.findall(text) for prog, text in helps.items() if REQUIREMENT_ID.search(text)}
+    assert not leaks, leaks
+
+
+def test_the_templates_are_the_ones_tools_templates_builds() -> None:
+    """Every example workflow is one of tools/templates.py's graphs (so it is rebuilt when the
+    nodes change), named by the readable title the template browser shows."""
+    spec = importlib.util.spec_from_file_location("templates_tool", REPO / "tools" / "templates.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert sorted(p.stem for p in (REPO / "example_workflows").glob("*.json")) == sorted(tool.GRAPHS)
+    for title in tool.GRAPHS:
+        assert re.fullmatch(r"[A-Z][\w ,.()-]+ - [\w ,.()-]+", title) and "_" not in title, title

@@ -51,6 +51,30 @@ DEMO_NOTE = ("The demo engine needs no download: its weights are random, so its 
 WEIGHTS = ("Put the official weights in ComfyUI/models/mizuoto/{name}/ as published on Hugging Face "
            "(Qwen/{name}, with its speech_tokenizer/ folder), then press R to refresh the lists.")
 
+CLONE_NOTE = ("Load 5-15 s of clear speech of the voice to clone and type what it says into transcript. "
+              "Each step is its own node: the voice, the speech codes, the audio; each places only its own "
+              "model parts on the GPU.")
+
+
+def clone_graph(engine: str, checkpoint: str, dtype: str, note: str, text: str, prefix: str) -> dict[str, Any]:
+    """A voice-clone graph step by step: a recording and its transcript make the voice, the
+    talker speaks the text in it, the decoder makes the audio."""
+    return {
+        "nodes": [
+            (1, "Note", 0, {"text": note}),
+            (2, "MizuotoEngineLoader", 0, {"engine": engine, "checkpoint": checkpoint, "dtype": dtype}),
+            (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (4, "MizuotoVoicePrompt", 1, {"transcript": "Type here exactly what the reference recording says."}),
+            (5, "MizuotoTalker", 1, {"text": text}),
+            (6, "MizuotoDecoder", 2, {}),
+            (7, "SaveAudio", 2, {"filename_prefix": prefix}),
+        ],
+        "links": [(2, "engine", 4, "engine"), (3, "AUDIO", 4, "reference"), (2, "engine", 5, "engine"),
+                  (4, "voice", 5, "voice"), (2, "engine", 6, "engine"), (5, "codes", 6, "codes"),
+                  (6, "audio", 7, "audio")],
+    }
+
+
 # title -> nodes (id, type, column, values) and links (from id, output, to id, input).
 GRAPHS: dict[str, dict[str, Any]] = {
     "Text to Speech - demo engine (no download)": {
@@ -103,6 +127,22 @@ GRAPHS: dict[str, dict[str, Any]] = {
         ],
         "links": [(2, "audio", 3, "audio")],
     },
+    "Voice Clone - F5-TTS, step by step (from a reference recording)": clone_graph(
+        "f5tts", "F5TTS_v1_Base", "float32",
+        "Put SWivid/F5-TTS's F5TTS_v1_Base folder (model_1250000.safetensors, vocab.txt) in "
+        "ComfyUI/models/mizuoto/F5TTS_v1_Base/, with charactr/vocos-mel-24khz in its vocos-mel-24khz/ "
+        "subfolder, then press R to refresh the lists. " + CLONE_NOTE,
+        "Hello from Mizuoto. F5-TTS speaks in the voice of the reference recording.", "audio/mizuoto_f5tts"),
+    "Voice Clone - OmniVoice, step by step (from a reference recording)": clone_graph(
+        "omnivoice", "OmniVoice", "float32",
+        "Put the official weights in ComfyUI/models/mizuoto/OmniVoice/ as published on Hugging Face "
+        "(k2-fsa/OmniVoice, with its audio_tokenizer/ folder), then press R to refresh the lists. " + CLONE_NOTE,
+        "Hello from Mizuoto. OmniVoice speaks in the voice of the reference recording.", "audio/mizuoto_omnivoice"),
+    "Voice Clone - VoxCPM 2, step by step (from a reference recording)": clone_graph(
+        "voxcpm2", "VoxCPM2", "bfloat16",
+        "Put the official weights in ComfyUI/models/mizuoto/VoxCPM2/ as published on Hugging Face "
+        "(openbmb/VoxCPM2), then press R to refresh the lists. " + CLONE_NOTE,
+        "Hello from Mizuoto. VoxCPM 2 speaks in the voice of the reference recording.", "audio/mizuoto_voxcpm2"),
     "Step by step - demo engine (voice, speech codes, audio)": {
         "nodes": [
             (1, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),

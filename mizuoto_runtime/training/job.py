@@ -3,11 +3,11 @@
 `TrainingJob(runtime, method, params, memory=…, device=…).run()` on the host:
 
 1. checks the method's parameters (`check`) and picks the memory plan (`training.memory`, M61);
-2. on a device that moves weights (a GPU, or the simulated one), takes every request slot of
-   `gpu:<dev>` (`JobSpec.exclusive`; running phases there end first, new ones wait), then moves
-   every idle model off it (`RuntimeService.release_device`) and asks the host's other
-   accounting (ComfyUI, M35) to free it too, and empties torch's cache so the memory is free
-   for the other process;
+2. on a device that moves weights (a GPU, or the simulated one), owns it (`own_device`): the
+   manager's exclusive hold on every request slot of `gpu:<dev>` (`ModelManager.exclusive`,
+   `JobSpec.exclusive`; running phases there end first, new ones wait, and every idle model
+   moves off), then asks the host's other accounting (ComfyUI, M35) to free the device too, and
+   empties torch's cache so the memory is free for the other process;
 3. warns when the estimated peak (`MethodInfo.memory_mb`, M63) exceeds the free memory, naming
    a preset or batch size that fits;
 4. starts the training process (`worker.py`) with the allocator settings in its environment
@@ -15,7 +15,9 @@
    loss, `memory/peak_mb`) to `on_event`, and checks `cancel_check` while it waits;
 5. cancelled (ComfyUI's interrupt, Ctrl-C) or failed, the process is ended and the slots freed.
 
-On the plain CPU (M5) nothing moves, so no slot is taken and nothing is released.
+On the plain CPU (M5) nothing moves, so no slot is taken and nothing is released. The placement
+log shows the hold: ``("exclusive", "training:<method>", 0)``, the yields it caused, then
+``("exclusive_end", "training:<method>", 0)``.
 """
 from __future__ import annotations
 
@@ -36,13 +38,13 @@ import torch
 
 from ..devices import allocator_env
 from ..errors import MizuotoError
+from ..manager import ModelManager
 from ..policy import MB
 from ..runtime import Runtime
 from . import cpu_allocator
 from .estimate import fit_advice
 from .memory import MemoryPlan, memory_plan
 from .methods import method_module
-from .slots import ExclusiveSlots, JobSpec, gate_of
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class TrainingJob:
 
     def __init__(self, runtime: Runtime, method: str, params: Mapping[str, Any], *, memory: str = "default",
                  device: str | torch.device | None = "auto", on_event: EventSink | None = None,
-                 cancel_check: Callable[[], None] | None = None, slots: ExclusiveSlots | None = None) -> None:
+                 cancel_check: Callable[[], None] | None = None) -> None:
         self.runtime = runtime
         self.method_id = method
         self.method: ModuleType = method_module(method)
@@ -70,7 +72,6 @@ class TrainingJob:
         self.device = runtime.device(device)
         self.on_event = on_event
         self.cancel_check = cancel_check
-        self.slots = slots
         self.warnings: list[str] = []
         self.released_bytes = 0
 
@@ -82,26 +83,12 @@ class TrainingJob:
 
     @contextlib.contextmanager
     def _own_device(self) -> Iterator[None]:
-        """M60: every slot of the device, and every idle model off it (GPU phases only)."""
-        if not self.runtime.devices.moves(self.device):
-            yield  # M5: the plain CPU is nobody's to own
-            return
-        slots = self.slots or gate_of(self.runtime.manager)
-        with slots.hold(JobSpec(self.device, self.method_id, exclusive=True), self.cancel_check):
-            self.released_bytes = self.release_device()
-            self._check_estimate()
+        """M60: the device is the job's for the block (GPU phases only), then M63's check."""
+        with own_device(self.runtime.manager, self.device, f"training:{self.method_id}", self.cancel_check) as freed:
+            self.released_bytes = freed
+            if self.runtime.devices.moves(self.device):
+                self._check_estimate()
             yield
-
-    def release_device(self) -> int:
-        """Idle Mizuoto components off the device, then the host's other models (ComfyUI)."""
-        device = self.runtime.devices
-        freed = self.runtime.service.release_device(self.device)
-        external = self.runtime.manager.external
-        if external is not None:
-            freed += external.free_for(self.device, device.total_bytes(self.device), keep=())
-        device.empty_cache(self.device)
-        log.info("training %s: released %.1f MB on %s", self.method_id, freed / MB, self.device)
-        return freed
 
     def _check_estimate(self) -> None:
         """M63: warn when the estimated peak does not fit the free memory."""
@@ -181,6 +168,25 @@ class TrainingJob:
         if event.get("kind") == "oom" and self.plan.preset != "lowest":
             message += f" (out of device memory under training.memory={self.plan.preset}; try lowest)"
         return message
+
+
+@contextlib.contextmanager
+def own_device(manager: ModelManager, device: torch.device, who: str,
+               cancel_check: Callable[[], None] | None = None) -> Iterator[int]:
+    """M60: `device` is `who`'s for the block. On a device that moves weights: the manager's
+    exclusive hold (running phases there end first, new ones wait — checking their own
+    cancellation — and every idle component moves off), then the host's other accounting
+    (ComfyUI, M35) frees the whole device and torch's cache is emptied, so the memory is free for
+    another process. The block gets the bytes freed. On the plain CPU (M5) nothing is held."""
+    if not manager.devices.moves(device):
+        yield 0
+        return
+    with manager.exclusive(device, who=who, cancel_check=cancel_check) as freed:
+        if manager.external is not None:
+            freed += manager.external.free_for(device, manager.devices.total_bytes(device), keep=())
+        manager.devices.empty_cache(device)
+        log.info("%s: released %.1f MB on %s", who, freed / MB, device)
+        yield freed
 
 
 def _read_events(proc: subprocess.Popen[str], events: queue.Queue[dict[str, Any] | None]) -> None:

@@ -23,6 +23,8 @@ pytestmark = requires_comfyui
 
 ENGINES = {"f5tts": ("f5_tts", "mizuoto_runtime.engines.f5tts_tiny"),
            "omnivoice": ("omnivoice", "mizuoto_runtime.engines.omnivoice_tiny")}
+TEMPLATES = {"f5tts": "Voice Clone - F5-TTS, step by step (from a reference recording)",
+             "omnivoice": "Voice Clone - OmniVoice, step by step (from a reference recording)"}
 SAMPLE_RATE = 24000
 RUN_TIMEOUT_S = 300.0
 WRITE_TIMEOUT_S = 300
@@ -62,7 +64,7 @@ def oneshot_server() -> Iterator[ComfyServer]:
 def clone_prompt(server: ComfyServer, engine: str, *, seed: int, prefix: str) -> dict[str, Any]:
     """The engine's example workflow (LoadAudio → Voice Prompt → Talker → Decoder → SaveAudio) on
     the tiny checkpoint: the template a user opens is what runs."""
-    workflow = json.loads((REPO / "example_workflows" / f"mizuoto_{engine}_clone.json").read_text())
+    workflow = json.loads((REPO / "example_workflows" / f"{TEMPLATES[engine]}.json").read_text())
     prompt = ui_to_api(workflow, server.get("/object_info"))
     node_of(prompt, "MizuotoEngineLoader")["checkpoint"] = checkpoint(engine)
     node_of(prompt, "LoadAudio")["audio"] = REFERENCE_WAV

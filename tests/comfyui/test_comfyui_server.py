@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from comfyui_harness import (
-    COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfy_server, comfyui_env, requires_comfyui, running_server,
-    ui_to_api,
+    COMFYUI_PYTHON, FRONTEND_ONLY, REFERENCE_WAV, REPO, ComfyServer, comfy_server, comfyui_env, requires_comfyui,
+    running_server, ui_to_api,
 )
 
 pytestmark = requires_comfyui
@@ -53,13 +53,18 @@ def node_of(prompt: dict[str, Any], class_type: str) -> dict[str, Any]:
     return next(n["inputs"] for n in prompt.values() if n["class_type"] == class_type)
 
 
+def memory_settings(simulate_vram_mb: int) -> dict[str, Any]:
+    """A Memory Settings node at its defaults, the CPU acting as a GPU of `simulate_vram_mb` MB."""
+    return {"class_type": "MizuotoMemorySettings", "inputs": {
+        "vram_mode": "normal", "vram_reserve_mb": -1, "vram_limit_mb": 0, "async_offload": 1, "host_copies": "auto",
+        "oom_retry": True, "oom_fallback": False, "simulate_vram_mb": simulate_vram_mb}}
+
+
 def phases_prompt(server: ComfyServer, *, text: str, seed: int, prefix: str, max_new_tokens: int = 2048) -> dict[str, Any]:
     """The step-by-step template on the demo checkpoint folder, with Memory Settings for a
     simulated small GPU connected to its loader."""
     prompt = template(server, STEPS)
-    prompt["80"] = {"class_type": "MizuotoMemorySettings", "inputs": {
-        "vram_mode": "normal", "vram_reserve_mb": -1, "vram_limit_mb": 0, "async_offload": 1, "host_copies": "auto",
-        "oom_retry": True, "oom_fallback": False, "simulate_vram_mb": SIMULATED_MB}}
+    prompt["80"] = memory_settings(SIMULATED_MB)
     node_of(prompt, "MizuotoEngineLoader").update(checkpoint="demo-small", memory=["80", 0])
     node_of(prompt, "MizuotoTalker").update(text=text, seed=seed, max_new_tokens=max_new_tokens)
     node_of(prompt, "SaveAudio")["filename_prefix"] = prefix
@@ -117,10 +122,95 @@ def test_widgets_saved_workflows_hold_keep_their_places(comfy_server: ComfyServe
 
 
 def test_what_users_read_names_no_requirement_ids(comfy_server: ComfyServer) -> None:
-    info = {name: comfy_server.get(f"/object_info/{name}")[name] for name in NODES}
+    """Every node of the pack, the training nodes included: names, descriptions, tooltips."""
+    info = {name: i for name, i in comfy_server.get("/object_info").items()
+            if i["python_module"] == "custom_nodes.mizuoto"}
+    assert set(NODES) | {"MizuotoTrainQwen3TTSLoRA", "MizuotoQwen3TTSLoRA"} <= set(info)
+    assert info["MizuotoTrainQwen3TTSLoRA"]["display_name"] == "Train Voice LoRA (Qwen3-TTS)"
+    assert info["MizuotoQwen3TTSLoRA"]["display_name"] == "Apply Voice LoRA (Qwen3-TTS)"
     text = json.dumps({name: [i["display_name"], i["description"], i["input"], i["output_tooltips"]]
                        for name, i in info.items()}, ensure_ascii=False)
     assert not REQUIREMENT_ID.findall(text), REQUIREMENT_ID.findall(text)
+
+
+#: Dropdowns whose options come from the user's model folders: a template names a published
+#: checkpoint (and its speakers and languages) that a test server does not have.
+FROM_THE_USERS_MODELS = {"checkpoint", "speaker", "language"}
+CONTROL_AFTER_GENERATE = {"fixed", "increment", "decrement", "randomize"}
+
+
+def widget_problems(node: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """How a saved node's `widgets_values` and sockets disagree with the node as this ComfyUI
+    defines it: one value per widget, in `input_order`, each one that widget takes; links only
+    to inputs the node has, every required socket linked."""
+    sockets = {i["name"]: i.get("link") for i in node["inputs"] if "widget" not in i}
+    values = list(node.get("widgets_values", []))
+    problems = []
+    for section in ("required", "optional"):
+        for name in info["input_order"].get(section, []):
+            spec = info["input"][section][name]
+            options = spec[1] if len(spec) > 1 else {}
+            kind = "COMBO" if isinstance(spec[0], list) else spec[0]
+            if kind not in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"):  # a socket
+                if section == "required" and sockets.get(name) is None:
+                    problems.append(f"required input {name} is not linked")
+                continue
+            if not values:
+                problems.append(f"no value for widget {name}")
+                continue
+            problems += value_problems(name, kind, options, spec[0], values.pop(0))
+            if options.get("control_after_generate"):
+                if not values or values.pop(0) not in CONTROL_AFTER_GENERATE:
+                    problems.append(f"{name}: no control_after_generate value after it")
+    problems += [f"{len(values)} values left over: {values}"] if values else []
+    declared = {n for section in ("required", "optional") for n in info["input_order"].get(section, [])}
+    problems += [f"socket {name} is no input of the node" for name in sockets if name not in declared]
+    return problems
+
+
+def value_problems(name: str, kind: str, options: dict[str, Any], choices: Any, value: Any) -> list[str]:
+    if kind == "COMBO":
+        listed = choices if isinstance(choices, list) else options.get("options", [])
+        if not isinstance(value, str) or not value or (name not in FROM_THE_USERS_MODELS and value not in listed):
+            return [f"{name}: {value!r} is not one of the options"]
+        return []
+    takes = {"INT": (int,), "FLOAT": (int, float), "STRING": (str,), "BOOLEAN": (bool,)}[kind]
+    if not isinstance(value, takes) or (kind != "BOOLEAN" and isinstance(value, bool)):
+        return [f"{name}: {value!r} is not a {kind}"]
+    low, high = options.get("min"), options.get("max")
+    if kind in ("INT", "FLOAT") and ((low is not None and value < low) or (high is not None and value > high)):
+        return [f"{name}: {value!r} is outside [{low}, {high}]"]
+    return []
+
+
+def test_every_template_fits_the_nodes_inputs(comfy_server: ComfyServer) -> None:
+    """The frontend fills widgets from `widgets_values` by position: a template saved for an
+    older node layout would put values into the wrong widgets."""
+    object_info = comfy_server.get("/object_info")
+    for name in TEMPLATES:
+        workflow = json.loads((WORKFLOWS / f"{name}.json").read_text())
+        for node in workflow["nodes"]:
+            if node["type"] in FRONTEND_ONLY:
+                continue
+            assert node["type"] in object_info, (name, node["type"])
+            assert not widget_problems(node, object_info[node["type"]]), (name, node["type"],
+                                                                          widget_problems(node, object_info[node["type"]]))
+
+
+def test_the_template_check_can_fail(comfy_server: ComfyServer) -> None:
+    """An old layout (the loader before its device widget, a free-text speaker) is caught."""
+    info = comfy_server.get("/object_info")
+    loader = {"inputs": [], "widgets_values": ["f5tts", "F5TTS_v1_Base", "float32"]}
+    assert widget_problems(loader, info["MizuotoEngineLoader"]) == ["no value for widget device"]
+    voice = {"inputs": [{"name": "engine", "link": 1}], "widgets_values": ["transcript", "", ""]}
+    assert widget_problems(voice, info["MizuotoVoicePrompt"]) == ["speaker: '' is not one of the options"]
+    talker = {"inputs": [{"name": "engine", "link": 1}],
+              "widgets_values": ["text", 0, "fixed", 0.9, 50, 1.0, 1.05, 2048, "yes", "auto", 3]}
+    assert widget_problems(talker, info["MizuotoTalker"]) == ["do_sample: 'yes' is not a BOOLEAN",
+                                                              "1 values left over: [3]"]
+    decoder = {"inputs": [], "widgets_values": [True]}
+    assert widget_problems(decoder, info["MizuotoDecoder"]) == ["required input engine is not linked",
+                                                                "required input codes is not linked"]
 
 
 def test_the_web_extension_knows_the_nodes_widgets(comfy_server: ComfyServer, tmp_path: Path) -> None:
@@ -145,7 +235,9 @@ def test_templates_thumbnails_and_web_extension_are_served(comfy_server: ComfySe
     assert sorted(comfy_server.get("/workflow_templates")["mizuoto"]) == TEMPLATES
     assert {DEMO_TTS, STEPS, "Text to Speech - Qwen3-TTS CustomVoice (built-in speakers)",
             "Voice Clone - Qwen3-TTS Base (from a reference recording)",
-            "Voice Design - Qwen3-TTS VoiceDesign (describe the voice)"} <= set(TEMPLATES)
+            "Voice Design - Qwen3-TTS VoiceDesign (describe the voice)",
+            *(f"Voice Clone - {engine}, step by step (from a reference recording)"
+              for engine in ("F5-TTS", "OmniVoice", "VoxCPM 2"))} <= set(TEMPLATES)
     for name in TEMPLATES:  # the browser asks for <name>.json and, as its thumbnail, <name>.jpg
         base = comfy_server.url + "/api/workflow_templates/mizuoto/" + urllib.parse.quote(name)
         with urllib.request.urlopen(base + ".json", timeout=10) as response:

@@ -1,7 +1,7 @@
-"""Training in a running ComfyUI server (issue 16): Engine Loader → Mizuoto Train Qwen3-TTS LoRA
+"""Training in a running ComfyUI server (issue 16): Load TTS Engine → Train Voice LoRA (Qwen3-TTS)
 on a folder of clips in the server's input folder → the phase nodes with the trained engine,
-beside the same graph on the loader's plain engine; then the saved file through the Mizuoto
-Qwen3-TTS LoRA node; and ComfyUI's interrupt ending a training run and its process.
+beside the same graph on the loader's plain engine; then the saved file through the Apply
+Voice LoRA (Qwen3-TTS) node; and ComfyUI's interrupt ending a training run and its process.
 Skips where `qwen_tts` cannot be imported under COMFYUI_PYTHON (see test_comfyui_qwen3tts)."""
 from __future__ import annotations
 

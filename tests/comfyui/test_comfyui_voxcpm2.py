@@ -1,8 +1,9 @@
 """VoxCPM 2 in a running ComfyUI server (issue 12): a tiny checkpoint (random weights, the
 official folder layout) under the server's `models/mizuoto/voxcpm2/`, and the example workflow
-`mizuoto_voxcpm2_clone` — LoadAudio → Voice Prompt (reference + transcript) → Talker → Codec
-Decoder → SaveAudio — run on a small simulated GPU, so the generator streams, to a saved FLAC
-file. Skips where `voxcpm` cannot be imported under COMFYUI_PYTHON.
+"Voice Clone - VoxCPM 2, step by step" — LoadAudio → Voice Prompt (reference + transcript) →
+Talker → Codec Decoder → SaveAudio — run on a small simulated GPU (Memory Settings added to
+its loader), so the generator streams, to a saved FLAC file. Skips where `voxcpm` cannot be
+imported under COMFYUI_PYTHON.
 
 The checkpoint is written into the server's temporary base folder before the server starts
 (the loader lists its choices when ComfyUI builds the node list), never into the ComfyUI tree.
@@ -18,11 +19,12 @@ import pytest
 from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
                              ui_to_api)
 from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_server import memory_settings
 
 pytestmark = requires_comfyui
 
 CHECKPOINT = "voxcpm2/tiny"  # under models/mizuoto: a grouping folder, then the checkpoint
-WORKFLOW = REPO / "example_workflows" / "mizuoto_voxcpm2_clone.json"
+WORKFLOW = REPO / "example_workflows" / "Voice Clone - VoxCPM 2, step by step (from a reference recording).json"
 SAMPLE_RATE = 48000
 SAMPLES_PER_PATCH = 4 * 1920
 PATCHES = 4  # the tiny model never stops early: max_new_tokens N gives N patches
@@ -47,9 +49,9 @@ def voxcpm_server() -> Iterator[ComfyServer]:
 def clone_prompt(server: ComfyServer, *, seed: int, prefix: str) -> dict[str, Any]:
     """The example workflow, pointed at the tiny checkpoint on a small simulated GPU."""
     prompt = ui_to_api(json.loads(WORKFLOW.read_text()), server.get("/object_info"))
+    prompt["80"] = memory_settings(SIMULATED_MB)
     nodes = {n["class_type"]: n["inputs"] for n in prompt.values()}
-    nodes["MizuotoMemorySettings"]["simulate_vram_mb"] = SIMULATED_MB
-    nodes["MizuotoEngineLoader"].update(checkpoint=CHECKPOINT, dtype="float32")
+    nodes["MizuotoEngineLoader"].update(checkpoint=CHECKPOINT, dtype="float32", memory=["80", 0])
     nodes["LoadAudio"]["audio"] = REFERENCE_WAV  # the harness's reference, in the server's input folder
     nodes["MizuotoTalker"].update(text="Hello from the tiny model.", seed=seed, max_new_tokens=PATCHES)
     nodes["SaveAudio"]["filename_prefix"] = prefix
