@@ -337,6 +337,34 @@ def test_free_memory_unloads_engines_from_ram(comfy_server: ComfyServer) -> None
     comfy_server.free_until(lambda s: s["models"] == [])
 
 
+def test_idle_unload_and_ram_relief_run_at_the_nodes(comfy_server: ComfyServer) -> None:
+    """M29, M34 inside ComfyUI: with the dialog's settings (ComfyUI's stored user settings), an
+    engine idle past `unload_after_minutes` unloads when the next Mizuoto node starts, and RAM
+    relief below `ram_reserve_mb` runs after a phase node, not only in `Runtime.say`."""
+    settings = comfy_server.root / "user" / "default" / "comfy.settings.json"
+    before = settings.read_text() if settings.exists() else None
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        first = comfy_server.queue(phases_prompt(comfy_server, text="Idle soon.", seed=21, prefix="audio/idle"))
+        assert comfy_server.wait_history(first, RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+        settings.write_text(json.dumps({"Mizuoto.compute.unload_after_minutes": 0.005}))  # 0.3 s
+        time.sleep(1.0)
+        second = comfy_server.queue(phases_prompt(comfy_server, text="After idling.", seed=22, prefix="audio/idle"))
+        assert comfy_server.wait_history(second, RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+        assert "idle for more than" in comfy_server.log()
+
+        settings.write_text(json.dumps({"Mizuoto.compute.ram_reserve_mb": 1 << 30}))  # always short
+        third = comfy_server.queue(phases_prompt(comfy_server, text="Short of RAM.", seed=23, prefix="audio/ram"))
+        assert comfy_server.wait_history(third, RUN_TIMEOUT_S)["status"]["status_str"] == "success"
+        assert "free RAM below" in comfy_server.log()
+        comfy_server.wait_runtime(lambda s: s["models"] == [])  # the last node's relief unloaded it
+    finally:
+        if before is None:
+            settings.unlink(missing_ok=True)
+        else:
+            settings.write_text(before)
+
+
 def test_interrupt_ends_generation_midway(comfy_server: ComfyServer) -> None:
     comfy_server.free_until(lambda s: loaded(s) == 0, free_memory=False)
     prompt = phases_prompt(comfy_server, text=LONG_TEXT, seed=4, prefix="audio/interrupted", max_new_tokens=4096)
