@@ -23,6 +23,7 @@ from mizuoto_runtime import CancelledError, CheckpointError, MizuotoError, Runti
 from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
+from conftest import link_checkpoint
 from interrupt import interrupt_at
 
 pytest.importorskip("voxcpm")
@@ -247,14 +248,6 @@ def test_a_weight_normed_unit_is_refused() -> None:
 
 
 # ---- loading (M27) ---------------------------------------------------------------------------
-def _copy(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
-    dest.mkdir(parents=True)
-    for path in folder.iterdir():
-        if path.name not in skip:
-            (dest / path.name).symlink_to(path)
-    return dest
-
-
 def test_loading_errors_name_what_is_wrong(voxcpm2_checkpoint: Checkpoint, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -264,17 +257,17 @@ def test_loading_errors_name_what_is_wrong(voxcpm2_checkpoint: Checkpoint, tmp_p
         rt.engine("voxcpm2")
     with pytest.raises(CheckpointError, match="folder not found"):
         rt.engine("voxcpm2", tmp_path / "nowhere")
-    missing = _copy(folder, tmp_path / "missing", skip=("tokenizer.json", "audiovae.pth"))
+    missing = link_checkpoint(folder, tmp_path / "missing", skip=("tokenizer.json", "audiovae.pth"))
     with pytest.raises(CheckpointError, match="missing tokenizer.json, audiovae.safetensors or audiovae.pth"):
         rt.engine("voxcpm2", missing)
 
-    v1 = _copy(folder, tmp_path / "v1", skip=("config.json",))
+    v1 = link_checkpoint(folder, tmp_path / "v1", skip=("config.json",))
     (v1 / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
                                                 "architecture": "voxcpm"}))
     with pytest.raises(CheckpointError, match="architecture is 'voxcpm', expected 'voxcpm2'"):
         rt.engine("voxcpm2", v1)
 
-    mismatched = _copy(folder, tmp_path / "mismatched", skip=("model.safetensors",))
+    mismatched = link_checkpoint(folder, tmp_path / "mismatched", skip=("model.safetensors",))
     state = load_file(str(folder / "model.safetensors"))
     state["stop_head.weight"] = state["stop_head.weight"][:, :-1].clone()
     del state["fusion_concat_proj.bias"]
@@ -284,7 +277,7 @@ def test_loading_errors_name_what_is_wrong(voxcpm2_checkpoint: Checkpoint, tmp_p
     assert "missing fusion_concat_proj.bias" in str(err.value)
     assert "shape of stop_head.weight: checkpoint (2, 255), model (2, 256)" in str(err.value)
 
-    vae = _copy(folder, tmp_path / "vae", skip=("audiovae.pth",))
+    vae = link_checkpoint(folder, tmp_path / "vae", skip=("audiovae.pth",))
     weights = torch.load(folder / "audiovae.pth", weights_only=True)
     weights["extra.weight"] = torch.zeros(1)
     torch.save(weights, vae / "audiovae.pth")
