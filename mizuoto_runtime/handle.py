@@ -4,7 +4,9 @@ A handle owns a module's weights as *slots* (see `units.py`). `load(budget)` pla
 fixed part, then `hot` units, then the rest by kind (M15: `sequence` in run order, `oneshot`
 largest first). Units that do not fit stay in host RAM and get forward pre/post hooks — on
 the unit and on each leaf holding its weights — that swap the weights to a streamer copy for
-the call and back after (M17). A handle placed whole has no hooks at all.
+the call and back after (M17). Where the copy runs beside compute, each leaf swaps in its own
+weights when it runs, once their copy is ready; until then they are the stand-in (strict) or
+the host tensor, never a copy still being written. A handle placed whole has no hooks at all.
 
 Two requests may run one handle at once (`compute.gpu_jobs` > 1, M8). While a request uses
 it (`in_use`), its placement is frozen: the manager budgets around it and nothing re-plans,
@@ -34,7 +36,7 @@ from .devices import AbsentParameter, AbsentTensor, DeviceService, absent_like
 from .errors import MizuotoError
 from .policy import VramPolicy
 from .streamer import Streamer
-from .units import Slot, Unit, UnitPlan, plan_units
+from .units import LeafNeed, Slot, Unit, UnitPlan, plan_units
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +46,13 @@ Mark = Literal["hot", "fixed"]
 
 class _Calls(threading.local):
     """The calling thread's entries into a handle's streamed units: per module, how many of our
-    pre-hooks ran and await their post-hook; per unit, how deep the thread is inside it."""
+    pre-hooks ran and await their post-hook; per unit, how deep the thread is inside it, and
+    whether its entry swapped all the unit's weights in (else each leaf swaps in its own)."""
 
     def __init__(self) -> None:
         self.modules: dict[int, int] = {}
         self.units: dict[int, int] = {}
+        self.whole: dict[int, bool] = {}  # per unit entered: whether all its weights were swapped in
 
 
 class ModelHandle:
@@ -487,12 +491,21 @@ class ModelHandle:
         calls.modules[id(module)] = calls.modules.get(id(module), 0) + 1
         depth = calls.units.get(unit.index, 0)
         calls.units[unit.index] = depth + 1
-        if depth:
-            return
+        acquired = False
         try:
-            self._swap_in(unit)
+            if not depth:
+                calls.whole[unit.index] = self._swap_in(unit)
+                acquired = True
+            need = unit.needs.get(id(module))
+            if need is not None and not calls.whole[unit.index]:
+                self._swap_in_leaf(unit, need)
         except BaseException:
-            calls.units.pop(unit.index, None)
+            if acquired:
+                self._swap_out(unit)
+            if depth:
+                calls.units[unit.index] = depth
+            else:
+                calls.units.pop(unit.index, None)
             calls.modules[id(module)] -= 1
             raise
 
@@ -517,16 +530,30 @@ class ModelHandle:
         stale = [u for u in self.plan.units if calls.units.get(u.index)]
         calls.units.clear()
         calls.modules.clear()
+        calls.whole.clear()
         for unit in stale:
             self._swap_out(unit)
         self.streamer.end_call(self)
 
-    def _swap_in(self, unit: Unit) -> None:
+    def _swap_in(self, unit: Unit) -> bool:
+        """Take the unit's copy; when all of it is ready, swap every weight in and return True.
+        Else each leaf swaps its own weights in as it runs (`_swap_in_leaf`): a weight read
+        before its leaf's forward is the strict stand-in, never a copy still being written."""
         with self.streamer.lock:
             tensors = self.streamer.acquire(self, unit)
-            if self.streamer.users(self, unit) == 1:  # the first thread inside: swap in
-                for slot, tensor in zip(unit.slots, tensors):
-                    slot.hold(tensor)
+            if not self.streamer.is_ready(self, unit):
+                return False
+            # Also when another thread is inside: its leaves may have swapped in only theirs.
+            for slot, tensor in zip(unit.slots, tensors):
+                slot.hold(tensor)
+            return True
+
+    def _swap_in_leaf(self, unit: Unit, need: LeafNeed) -> None:
+        """A leaf about to run: wait for its weights' copy, then swap them in (M17)."""
+        with self.streamer.lock:
+            tensors = self.streamer.ready(self, unit, need.group)
+            for i in need.slots:
+                unit.slots[i].hold(tensors[i])
 
     def _swap_out(self, unit: Unit) -> None:
         with self.streamer.lock:

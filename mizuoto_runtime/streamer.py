@@ -19,8 +19,11 @@ plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequen
   entered. The manager drops the rest when the last phase using the handle ends.
 * Learned order (M19). Each thread's previous unit is its own; a thread's order starts afresh
   with each phase (`end_call`), so successors never cross a phase boundary. The copies of the
-  next units are made ahead (on CUDA on a side stream, see `transfer.py`). A unit entered out
-  of the learned order is copied on the spot: correctness never depends on the order.
+  next units are made ahead (on a side stream, see `transfer.py`). A unit entered out of the
+  learned order is copied on the spot: correctness never depends on the order.
+* Per leaf (M17). Where copies run beside compute, a copy is made in groups, one per leaf;
+  the handle's leaf hooks wait for their own group (`ready`), so a unit's first leaves run
+  while its later weights still copy — within the unit's one copy, for `sequence` handles too.
 * Per request (M23, M50). The request running on a thread is `charging` the streamers: its
   cancel check runs before every copy, and the bytes copied for it are counted in its own
   `StreamCharge`, never mixed with another request's.
@@ -193,12 +196,24 @@ class Streamer:
             copy.refs += 1
             _inside.units += 1
             try:
-                self.engine.wait(copy.lease)
                 if state.prefetch:
                     self._prefetch(state, unit)  # its copies check for cancellation too
             except BaseException:
                 self.release(owner, unit)
                 raise
+            return copy.tensors
+
+    def is_ready(self, owner: object, unit: Unit) -> bool:
+        """Whether the whole of `unit`'s copy is ready for the compute stream (else each leaf
+        waits for its own group: `ready`)."""
+        return self.engine.is_ready(self._handles[id(owner)].copies[unit.index].lease)
+
+    def ready(self, owner: object, unit: Unit, group: int) -> list[torch.Tensor]:
+        """`unit`'s device tensors, once its copy groups up to `group` are ready for the compute
+        stream (a leaf about to run waits only for its own weights)."""
+        with self.lock:
+            copy = self._handles[id(owner)].copies[unit.index]
+            self.engine.wait_group(copy.lease, group)
             return copy.tensors
 
     def users(self, owner: object, unit: Unit) -> int:
@@ -220,8 +235,8 @@ class Streamer:
             copy.refs -= 1
             _inside.units = max(0, _inside.units - 1)
             self.engine.record_use(copy.lease)
-            if copy.refs == 0 and self._waiting and not self._may_run_again(state, unit):
-                self._evict(state, unit.index)
+            if copy.refs == 0 and (copy.lease.broken or self._waiting and not self._may_run_again(state, unit)):
+                self._evict(state, unit.index)  # a broken copy (a failed group) is made again
             if self._waiting:
                 self._released.notify_all()
 

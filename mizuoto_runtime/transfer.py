@@ -1,9 +1,11 @@
-"""How a unit's weights get to the device (M18–M23).
+"""How a unit's weights get to the device (M17–M23).
 
 One engine, `BufferedCopyEngine`, serves every device that moves weights: CUDA and ROCm with a
-side stream for copies made ahead (`CudaStreams`), and the CPU-simulated device, XPU and MPS
-with work in order on one stream (`SimulatedStreams`; M21: copies there are synchronous). So the
-strict simulated device runs the same copy path as a GPU, and neither allocates per step.
+side stream for copies (`CudaStreams`); the CPU-simulated device with a copy thread as its
+side stream (`ThreadStreams`, standing in for a GPU's copy engine); XPU and MPS with work in
+order on one stream (`SimulatedStreams`; M21: copies there are synchronous). So the strict
+simulated device runs the same copy path and the same event protocol as a GPU, and none of
+them allocates per step.
 
 **Copy-buffer protection: static, event-guarded copy buffers**, not `record_stream`. Each handle has a small pool of preallocated device
 buffers; a unit's tensors are views into one buffer (each at a 512-byte offset, like the
@@ -23,11 +25,15 @@ units, and it is released when the streamer drops the handle's copies (end of th
 using the handle, new placement, yielding, OOM: M32, M40). The streamer calls the engine
 under its lock: one thread at a time.
 
-Prefetched copies (M19) run on a side stream while the current unit computes; the compute
-stream waits on the buffer's event before use. Only pinned host tensors (see `pinning.py`)
-are copied ahead: a pageable copy blocks the host, so pageable units are copied on the spot,
-synchronously, on the compute stream (M21). A unit entered out of the learned order is
-copied on the spot too, so correctness never depends on the order.
+Where copies run beside compute (pinned host tensors on CUDA, M21; always on the simulated
+device) a unit's copy goes on the side stream in groups, one per leaf in the unit's leaf order
+(`Unit.groups`), each with its own event: a leaf waits only for its own weights, so the unit's
+first leaves compute while its later weights are still copying. That needs no room beyond the
+unit's one copy, so `sequence` handles get it too (M20: one copy, nothing copied ahead).
+Prefetched copies (M19) take the same path, made while the previous unit computes. Pageable
+units on CUDA are copied on the spot, synchronously, on the compute stream (M21), and neither
+copied ahead nor split. A unit entered out of the learned order is copied on the spot too, so
+correctness never depends on the order.
 
 Copy rules (M23): copies are made outside inference mode, in the weight's own dtype.
 Compiled modules (`torch.compile(module)`, `module.compile()`) above streamed units run
@@ -37,11 +43,13 @@ seen from the handle; engines must not compile across streamed units that way.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import logging
+import queue
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -64,8 +72,13 @@ class Lease:
 
     tensors: list[torch.Tensor]
     nbytes: int
-    ready: Any = None  # an event the compute stream waits on (copies made ahead)
+    # Per copy group (`Unit.groups`): the event the compute stream waits on before the group's
+    # leaves run (None for a group copied on the compute stream). None: the whole copy was
+    # made on the compute stream.
+    marks: list[Any] | None = None
     buffer: _Buffer | None = None
+    waited: int = -1  # the last group the compute stream has waited for
+    broken: bool = False  # a group's copy failed: the copy must not be used again
 
 
 # ---- streams and events: CUDA, or a stand-in for the simulated device -----------------------
@@ -75,7 +88,14 @@ class StreamBackend(Protocol):
     def event(self) -> Any: ...
     def record(self, event: Any, stream: Any) -> None: ...
     def wait(self, stream: Any, event: Any) -> None: ...
-    def use(self, stream: Any) -> contextlib.AbstractContextManager[Any]: ...
+    def copy(self, stream: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool) -> None: ...
+    def overlaps(self, pinned: bool) -> bool: ...
+    def failure(self, event: Any) -> BaseException | None: ...
+
+
+def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool = False) -> None:
+    for view, host in pairs:
+        view.copy_(host, non_blocking=non_blocking)
 
 
 class CudaStreams:
@@ -102,13 +122,22 @@ class CudaStreams:
     def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
         stream.wait_event(event)
 
-    def use(self, stream: torch.cuda.Stream) -> contextlib.AbstractContextManager[Any]:
-        return torch.cuda.stream(stream)
+    def copy(self, stream: torch.cuda.Stream, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+             non_blocking: bool) -> None:
+        with torch.cuda.stream(stream):
+            _copy_pairs(pairs, non_blocking)
+
+    def overlaps(self, pinned: bool) -> bool:
+        """Copies on the side stream run beside compute only from pinned memory (M21)."""
+        return pinned
+
+    def failure(self, event: torch.cuda.Event) -> None:
+        return None  # CUDA reports a failed copy itself, at the next synchronizing call
 
 
 class SimulatedStreams:
-    """Streams where work runs in order on one stream (the simulated device, XPU, MPS): events
-    only get logged.
+    """Streams where work runs in order on one stream (XPU, MPS, a simulated size on a real GPU):
+    events only get logged.
 
     With `log` set, every record and wait is appended as (op, event id, stream) so tests can
     check the guard order that the CUDA engine relies on.
@@ -116,11 +145,10 @@ class SimulatedStreams:
 
     def __init__(self, log: list[tuple[str, int, str]] | None = None) -> None:
         self.log = log
-        self._stream = "compute"
         self._events = 0
 
     def current(self) -> str:
-        return self._stream
+        return "compute"
 
     def side(self) -> str:
         return "copy"
@@ -137,13 +165,119 @@ class SimulatedStreams:
         if self.log is not None:
             self.log.append(("wait", event, stream))
 
-    @contextlib.contextmanager
-    def use(self, stream: str) -> Iterator[str]:
-        previous, self._stream = self._stream, stream
-        try:
-            yield stream
-        finally:
-            self._stream = previous
+    def copy(self, stream: str, pairs: list[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool) -> None:
+        _copy_pairs(pairs)  # in order: done when it returns
+
+    def overlaps(self, pinned: bool) -> bool:
+        """Take the side-stream path where CUDA would (pinned host tensors), for the tests' logs."""
+        return pinned
+
+    def failure(self, event: int) -> None:
+        return None  # copies ran in order: a failure raised where it happened
+
+
+class _Done(threading.Event):
+    """Set when the work queued before a record is done; `error`: the first copy that failed
+    since the record before it."""
+
+    error: BaseException | None = None
+
+
+class _Mark:
+    """An event of `ThreadStreams`: done once the work queued before its last record is."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = _DONE
+
+
+_DONE = _Done()
+_DONE.set()
+
+COPY_THREAD_IDLE_S = 2.0  # the copy thread ends after this long with nothing to copy
+
+
+class ThreadStreams:
+    """The CPU-simulated device's streams: compute is the calling thread, and the side stream is
+    a copy thread standing in for a GPU's copy engine, so copies really run beside compute —
+    copies made ahead (M19), and a unit's later leaves while its first leaves run (M17) — and
+    the events guard a buffer exactly as they must on CUDA (a missing wait gives wrong numbers
+    here, not only on a GPU).
+
+    The copy thread runs its work in order and ends when idle (`COPY_THREAD_IDLE_S`). A copy
+    that fails is told by the event recorded after it (`failure`): the engine raises where a
+    leaf waits for those weights, and drops that copy.
+    """
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = False
+        self._failed: BaseException | None = None  # since the last record (the copy thread's)
+
+    def current(self) -> str:
+        return "compute"
+
+    def side(self) -> str:
+        return "copy"
+
+    def event(self) -> _Mark:
+        return _Mark()
+
+    def record(self, event: _Mark, stream: str) -> None:
+        if stream == "compute":
+            event.done = _DONE  # the calling thread's work is done when it records
+            return
+        done = _Done()
+        event.done = done
+        self._submit(functools.partial(self._settle, done))
+
+    def _settle(self, done: _Done) -> None:
+        done.error, self._failed = self._failed, None
+        done.set()
+
+    def wait(self, stream: str, event: _Mark) -> None:
+        done = event.done
+        if stream == "compute":
+            done.wait()
+        elif not done.is_set():
+            self._submit(done.wait)
+
+    def failure(self, event: _Mark) -> BaseException | None:
+        return event.done.error
+
+    def copy(self, stream: str, pairs: list[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool) -> None:
+        if stream == "compute":
+            _copy_pairs(pairs)
+        else:
+            self._submit(functools.partial(_copy_pairs, pairs))
+
+    def overlaps(self, pinned: bool) -> bool:
+        return True
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            self._work.put(work)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="mizuoto-copy", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                work = self._work.get(timeout=COPY_THREAD_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._work.empty():
+                        self._running = False
+                        return
+                continue
+            try:
+                with torch.no_grad():
+                    work()
+            except Exception as error:  # noqa: BLE001 -- told by the next event (`failure`)
+                self._failed = self._failed or error
 
 
 # ---- static, event-guarded copy buffers ---------------------------------------------------
@@ -155,6 +289,7 @@ class _Buffer:
     stream: Any  # the stream it was allocated on (where the allocator reuses it)
     busy: bool = False
     views: dict[_Layout, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # made once per layout
+    marks: list[Any] = dataclasses.field(default_factory=list)  # an event per copy group but the last, reused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,11 +362,15 @@ class BufferedCopyEngine:
         return self.pinner is not None and self.pinner.is_pinned(tensor)
 
     def can_prefetch(self, key: int, unit: Unit) -> bool:
-        """Only pinned units are copied ahead: a pageable copy blocks the host anyway (M21)."""
-        return self._layout_of(self._pool(key), unit).pinned
+        """Only copies that run beside compute are made ahead: a pageable copy blocks the host
+        anyway (M21)."""
+        return self.streams.overlaps(self._layout_of(self._pool(key), unit).pinned)
 
     # ---- copies --------------------------------------------------------------------------
     def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:
+        """The unit's copy, started: on the side stream group by group where copies run beside
+        compute and it is made ahead or has several groups (each group's leaves wait only for
+        it: `wait_group`); else on the spot, where a small unit's copy costs least."""
         pool = self._pool(key)
         layout = self._layout_of(pool, unit)
         buffer = self._take(pool, layout.nbytes)
@@ -241,38 +380,75 @@ class BufferedCopyEngine:
                 with torch.inference_mode(False):  # M23: normal tensors, the resident kernels
                     views = buffer.views[layout] = _views(buffer.data, layout)
             # Writing into a normal tensor keeps it normal, in inference mode too.
-            ready = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout, ahead)
+            split = self.streams.overlaps(layout.pinned) and (ahead or len(unit.groups) > 1)
+            marks = self._fill(buffer, views, [_host_of(s) for s in unit.slots], layout,
+                               unit.groups if split else [], ahead)
         except BaseException:
             buffer.busy = False
             raise
-        return Lease(views, unit.nbytes, ready, buffer)
+        return Lease(views, unit.nbytes, marks, buffer)
 
     def _fill(self, buffer: _Buffer, views: list[torch.Tensor], hosts: list[torch.Tensor],
-              layout: _Layout, ahead: bool) -> Any:
-        """Copy `hosts` into `views`: on the side stream when ahead and pinned, else on the spot."""
+              layout: _Layout, groups: list[tuple[int, ...]], ahead: bool) -> list[Any] | None:
+        """Copy `hosts` into `views`. With `groups`: one event per group; the groups go on the
+        side stream — but for a unit entered now the first, which is needed at once, goes on
+        the compute stream after the rest are queued (it costs no hand-over, and the side stream
+        copies the next group meanwhile). Without: on the spot on the compute stream (pinned:
+        asynchronous; pageable: synchronous, M21)."""
         streams = self.streams
-        if ahead and layout.pinned:
-            side = streams.side()
-            streams.wait(side, buffer.done)  # the buffer's previous use is over
-            with streams.use(side):
-                for view, host in zip(views, hosts):
-                    view.copy_(host, non_blocking=True)
-            streams.record(buffer.done, side)
-            return buffer.done
         compute = streams.current()
-        streams.wait(compute, buffer.done)  # e.g. an unused prefetch into it may be in flight
-        for view, host in zip(views, hosts):
-            # Pinned: asynchronous, ordered on the compute stream. Pageable: synchronous (M21).
-            view.copy_(host, non_blocking=layout.pinned)
-        return None
+        if not groups:
+            streams.wait(compute, buffer.done)  # e.g. an unused prefetch into it may be in flight
+            streams.copy(compute, list(zip(views, hosts)), non_blocking=layout.pinned)
+            return None
+        side = streams.side()
+        while len(buffer.marks) < len(groups) - 1:
+            buffer.marks.append(streams.event())
+        # The last group's event is the buffer's own: waiting for it is waiting for the copy.
+        marks = [*buffer.marks[:len(groups) - 1], buffer.done]
+        here = 0 if ahead else 1  # groups copied on the compute stream
+        if here:
+            streams.wait(compute, buffer.done)  # the buffer's previous use is over
+        streams.wait(side, buffer.done)
+        for group, mark in zip(groups[here:], marks[here:]):
+            streams.copy(side, [(views[i], hosts[i]) for i in group], non_blocking=True)
+            streams.record(mark, side)
+        if here:  # ordered on the compute stream: nothing to wait for
+            streams.copy(compute, [(views[i], hosts[i]) for i in groups[0]], non_blocking=True)
+            marks[0] = None
+        return marks
 
-    def wait(self, lease: Lease) -> None:
-        if lease.ready is not None:
-            self.streams.wait(self.streams.current(), lease.ready)
+    def wait_group(self, lease: Lease, group: int) -> None:
+        """The compute stream waits until the lease's groups up to `group` are copied; raises if
+        one of them failed (the copy is then `broken`: never used again)."""
+        failed = self._wait(lease, group)
+        if failed is not None:
+            raise RuntimeError(f"copying a streamed unit's weights to {self.device} failed: {failed}") from failed
+
+    def _wait(self, lease: Lease, group: int) -> BaseException | None:
+        if lease.marks is None or group <= lease.waited:
+            return None
+        mark = lease.marks[group]
+        if mark is not None:
+            self.streams.wait(self.streams.current(), mark)
+        failures = [self.streams.failure(m) for m in lease.marks[lease.waited + 1:group + 1] if m is not None]
+        lease.waited = group
+        failed = next((f for f in failures if f is not None), None)
+        lease.broken = lease.broken or failed is not None
+        return failed
+
+    def is_ready(self, lease: Lease) -> bool:
+        """Whether the compute stream has waited for the whole copy (or it was made on it)."""
+        return not lease.broken and (lease.marks is None or lease.waited >= len(lease.marks) - 1)
 
     def record_use(self, lease: Lease) -> None:
-        if lease.buffer is not None:
-            self.streams.record(lease.buffer.done, self.streams.current())
+        if lease.buffer is None:
+            return
+        # Leaves that did not run left their groups unwaited: order the buffer's next user after
+        # those copies too (the allocator may hand the block to compute work when it is freed).
+        # Their weights were not read, so a failure there only marks the copy broken.
+        self._wait(lease, len(lease.marks) - 1 if lease.marks else -1)
+        self.streams.record(lease.buffer.done, self.streams.current())
 
     def free(self, key: int, lease: Lease) -> None:
         lease.tensors = []  # the views stay with their buffer
@@ -453,9 +629,12 @@ def _setter(module: nn.Module, attr: str, value: Any) -> _Restore:
 
 
 def make_copy_engine(devices: DeviceService, device: torch.device) -> BufferedCopyEngine:
-    """CUDA and ROCm: side-stream prefetch, pinned host memory. Elsewhere (the simulated device,
-    XPU, MPS): the same static buffers, copies in order on one stream, nothing pinned (M21)."""
+    """CUDA and ROCm: a side stream for copies, pinned host memory. The CPU-simulated device: a
+    copy thread as the side stream, nothing pinned. XPU, MPS (and a simulated size on a real
+    GPU): the same static buffers, copies in order on one stream, nothing pinned (M21)."""
     simulated = devices.is_simulated(device)
     if device.type == "cuda" and not simulated:
         return BufferedCopyEngine(devices, device, CudaStreams(device), shared_pinner(device, simulated))
+    if device.type == "cpu" and simulated:
+        return BufferedCopyEngine(devices, device, ThreadStreams())
     return BufferedCopyEngine(devices, device, SimulatedStreams())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -108,6 +108,46 @@ def _empty(dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class LeafNeed:
+    """What one leaf of a unit needs before its forward: the copy group to wait for, and the
+    unit's slots (indices) it reads."""
+
+    group: int
+    slots: tuple[int, ...]
+
+
+GROUP_MIN_BYTES = 4 << 20  # a smaller copy group costs more to wait for than it lets run early
+
+
+def leaf_groups(slots: list[Slot], leaves: list[nn.Module],
+                reader: Callable[[nn.Module], nn.Module]) -> tuple[list[tuple[int, ...]], dict[int, LeafNeed]]:
+    """Split a unit's slots into copy groups in leaf order — each leaf's weights (those it is
+    the first to read) join the open group, which closes at `GROUP_MIN_BYTES` — and say what
+    each leaf waits for, so a leaf can run while the unit's later weights are still being
+    copied (M17, M20). A unit under twice that size is one group."""
+    position = {id(leaf): i for i, leaf in enumerate(leaves)}
+    read_by = [sorted({position[id(reader(m))] for m, _ in slot.owners}) for slot in slots]
+    groups: list[list[int]] = [[]]
+    size = 0
+    for leaf_pos in range(len(leaves)):
+        own = [i for i, readers in enumerate(read_by) if readers[0] == leaf_pos]
+        if size >= GROUP_MIN_BYTES and own:
+            groups.append([])
+            size = 0
+        groups[-1] += own
+        size += sum(slots[i].nbytes for i in own)
+    if len(groups) > 1 and size < GROUP_MIN_BYTES:
+        tail = groups.pop()
+        groups[-1] += tail  # a small tail waits with the group before it
+    group_of = {i: g for g, members in enumerate(groups) for i in members}
+    needs = {}
+    for leaf_pos, leaf in enumerate(leaves):
+        mine = tuple(i for i, readers in enumerate(read_by) if leaf_pos in readers)
+        needs[id(leaf)] = LeafNeed(max(group_of[i] for i in mine), mine)
+    return [tuple(sorted(g)) for g in groups], needs
+
+
 @dataclasses.dataclass(eq=False)
 class Unit:
     """Weights that move together (M11): the streamable slots of one list child."""
@@ -119,6 +159,10 @@ class Unit:
     leaves: list[nn.Module]  # the layers that read the unit's slots (hooked, M17)
     nbytes: int
     derived: list[tuple[nn.Module, str]] = dataclasses.field(default_factory=list)  # legacy weight norm
+    # The copy's groups, in leaf order: group g holds the slots leaf g is the first to read. A
+    # leaf's weights are ready once the group of the last of them is (groups are copied in order).
+    groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    needs: dict[int, LeafNeed] = dataclasses.field(default_factory=dict)  # id(leaf) -> what it waits for
 
     def hooked(self) -> list[nn.Module]:
         """The modules that get streaming hooks: the unit and each layer reading its weights (M17)."""
@@ -320,7 +364,8 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
             continue
         leaves = list({id(r): r for s in unit_slots for r in (rules.reader(m) for m, _ in s.owners)}.values())
         derived = [(m, attr) for m in leaves for attr in _legacy_weight_norm(m)]
-        units.append(Unit(len(units), name, module, unit_slots, leaves, nbytes, derived))
+        groups, needs = leaf_groups(unit_slots, leaves, rules.reader)
+        units.append(Unit(len(units), name, module, unit_slots, leaves, nbytes, derived, groups, needs))
         taken |= {id(s) for s in unit_slots}
     fixed = [s for s in slots.values() if id(s) not in taken]
     for slot in fixed:

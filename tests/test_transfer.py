@@ -7,16 +7,21 @@ buffers on a GPU.
 """
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from models import ConvVocoder, TinyDiT, TinyGPT2, TinyLM
 from torch import nn
 
-from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, VramPolicy
+from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, VramPolicy, transfer
 from mizuoto_runtime.errors import CancelledError
 from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
 from mizuoto_runtime.streamer import StreamCharge, Streamer, charging
-from mizuoto_runtime.transfer import ALIGN, BufferedCopyEngine, SimulatedStreams, make_copy_engine
+from mizuoto_runtime.transfer import ALIGN, BufferedCopyEngine, SimulatedStreams, ThreadStreams, make_copy_engine
 
 MB = 1 << 20
 CPU = torch.device("cpu")
@@ -120,15 +125,18 @@ def test_pageable_units_are_copied_on_the_spot_without_side_stream() -> None:
 
 
 def test_sequence_handle_keeps_one_copy_and_never_prefetches() -> None:
-    """M20: a sequence handle has a single copy buffer and no side-stream copies."""
-    model = TinyLM()
+    """M20: a sequence handle has a single copy buffer and copies no unit ahead: each unit is
+    copied once per token, when it is entered — its later leaves on the side stream (M17)."""
+    model = TinyLM(dim=512, layers=2)
     prompt = torch.tensor([[1, 2, 3]])
     expected = model.generate(prompt, 4, torch.Generator().manual_seed(0))
     h, engine, log = handle(model, kind="sequence")
     h.load(h.min_working_set)
     assert torch.equal(model.generate(prompt, 4, torch.Generator().manual_seed(0)), expected)
     assert len(engine._pools[id(h)].buffers) == 1
-    assert all(stream == "compute" for _, _, stream in log)
+    assert h.streamer.streamed_bytes_of(h) == 4 * sum(u.nbytes for u in h.units)
+    assert any(stream == "copy" for _, _, stream in log)
+    check_event_protocol(log)
 
 
 def test_out_of_order_unit_is_copied_on_the_spot() -> None:
@@ -268,13 +276,16 @@ def test_compiled_parent_of_streamed_units_runs_eagerly() -> None:
         assert torch.equal(compiled(tokens), expected)
 
 
-def test_make_copy_engine_uses_static_buffers_in_order_off_cuda() -> None:
-    """M21: the simulated device, XPU and MPS copy in order on one stream, nothing pinned, into
-    the same static buffers as CUDA: a streamed step allocates nothing (issue 13)."""
+def test_make_copy_engine_off_cuda_uses_the_same_static_buffers() -> None:
+    """M21: off CUDA nothing is pinned and the copies go into the same static buffers as on
+    CUDA (a streamed step allocates nothing, issue 13): the simulated device through a copy
+    thread standing in for a GPU's copy engine, XPU and MPS in order on one stream."""
     devices = DeviceService(simulate={"cpu": MB})
     engine = make_copy_engine(devices, CPU)
     assert type(engine) is BufferedCopyEngine and engine.pinner is None
-    assert type(engine.streams) is SimulatedStreams
+    assert type(engine.streams) is ThreadStreams
+    other = make_copy_engine(devices, torch.device("mps"))
+    assert other.pinner is None and type(other.streams) is SimulatedStreams
 
 
 def test_event_protocol_check_catches_a_missing_wait() -> None:
@@ -282,3 +293,165 @@ def test_event_protocol_check_catches_a_missing_wait() -> None:
     check_event_protocol([("record", 1, "copy"), ("wait", 1, "compute"), ("record", 1, "compute")])
     with pytest.raises(AssertionError):
         check_event_protocol([("record", 1, "copy"), ("record", 1, "compute")])
+
+
+# ---- the simulated device's copy thread (ThreadStreams) -------------------------------------
+class GatedStreams(ThreadStreams):
+    """The copy thread, where every copy waits for `gate` (at most `GATE_S`): what a leaf waits
+    for shows in what it can run before the gate opens. (A unit's first group is copied on
+    the compute stream, so it never waits for the gate.)"""
+
+    GATE_S = 10.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.passed = 0  # gated copies that went through
+
+    def copy(self, stream: str, pairs: list[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool) -> None:
+        if stream == "copy":
+            self._submit(self._through_gate)
+        super().copy(stream, pairs, non_blocking)
+
+    def _through_gate(self) -> None:
+        self.gate.wait(self.GATE_S)
+        self.passed += 1
+
+
+def threaded(model: nn.Module, streams: ThreadStreams, kind: str = "sequence") -> ModelHandle:
+    devices = DeviceService(simulate={"cpu": 256 * MB}, strict=True)
+    h = ModelHandle(model, devices=devices, streamer=Streamer(devices, CPU, BufferedCopyEngine(devices, CPU, streams)),
+                    kind=kind)  # type: ignore[arg-type]
+    h.load(h.min_working_set)
+    return h
+
+
+def test_a_units_first_leaf_runs_while_its_later_weights_still_copy() -> None:
+    """M17/M20: on the simulated device a unit's copy runs on the copy thread group by group and
+    a leaf waits only for its own weights: the first leaf runs before the unit's later groups
+    are copied (they wait for a gate the first leaf opens), and a later leaf's weight read
+    before its own forward is the strict stand-in, not a copy still being written. Exact."""
+    model = TinyLM(dim=512, layers=2)
+    prompt = torch.tensor([[1, 2, 3]])
+    expected = model.generate(prompt, 3, torch.Generator().manual_seed(0))
+    streams = GatedStreams()
+    h = threaded(model, streams)
+    assert all(len(u.groups) == 3 for u in h.units)  # qkv and out, up, down
+    seen: list[tuple[bool, bool]] = []
+
+    def first_leaf(module: nn.Module, args: object) -> None:
+        layer = next(layer for layer in model.layers if layer.qkv is module)
+        try:
+            layer.down.weight.sum()
+            read = True
+        except RuntimeError:
+            read = False
+        seen.append((streams.passed > 0, read))
+        streams.gate.set()
+
+    hooks = [layer.qkv.register_forward_pre_hook(first_leaf) for layer in model.layers]
+    try:
+        streams.gate.clear()
+        got = model.generate(prompt, 3, torch.Generator().manual_seed(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert torch.equal(got, expected)
+    assert seen[0] == (False, False)  # ran before its unit's later groups, and could not read them
+    assert all(not read for _, read in seen)
+
+
+def test_a_failed_copy_raises_where_the_leaf_waits_and_loses_nothing() -> None:
+    """A copy that fails on the copy thread raises in the request that waits for it, naming
+    what failed — also when the copy thread is done with it before the leaf waits — the
+    handle is left between calls, and the next run is exact."""
+
+    class Failing(ThreadStreams):
+        fail, failed = True, False
+
+        def copy(self, stream: str, pairs: list[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool) -> None:
+            if stream == "copy" and self.fail:
+                self.fail, self.failed = False, True
+                pairs = [(pairs[0][0], torch.empty(3))]  # a shape that cannot be copied into the view
+            super().copy(stream, pairs, non_blocking)
+
+        def record(self, event: Any, stream: str) -> None:
+            super().record(event, stream)
+            if self.failed:  # the failed group's event: done before anything waits for it
+                self.failed = False
+                assert event.done.wait(10)
+
+    model = TinyLM(dim=512, layers=2)  # groups: qkv and out (on the compute stream), up, down
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def logits() -> torch.Tensor:  # not sampled tokens: those could hide a wrong weight
+        with torch.no_grad():
+            return model.step(prompt, [[] for _ in model.layers])
+
+    expected = logits()
+    h = threaded(model, Failing())
+    ran: list[int] = []
+    hook = model.layers[0].up.register_forward_hook(lambda *_: ran.append(1))
+    with pytest.raises(RuntimeError, match="copying a streamed unit's weights to cpu failed"):
+        logits()
+    hook.remove()
+    assert not ran  # the leaf whose copy failed never ran on it
+    h.end_call()
+    assert not any(h.streamer.users(h, u) for u in h.units)
+    assert torch.equal(logits(), expected)  # the failed copy was made again, not reused
+
+
+class _Branchy(nn.Module):
+    """A unit whose forward runs its second leaf only when asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(1024, 1024)  # 4 MB each: two copy groups
+        self.b = nn.Linear(1024, 1024)
+
+    def forward(self, x: torch.Tensor, both: bool) -> torch.Tensor:
+        x = self.a(x)
+        return self.b(x) if both else x
+
+
+def branchy_model() -> tuple[nn.Module, Callable[[], list[torch.Tensor]]]:
+    model = nn.Module()
+    model.embed = nn.Embedding(4, 1024)
+    model.blocks = nn.ModuleList(_Branchy() for _ in range(3))
+    x = torch.randn(2, 1024)
+
+    def run() -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [block(x, both=i % 2 == 1) for i, block in enumerate(model.blocks)] + [model.blocks[0](x, True)]
+
+    return model, run
+
+
+def test_a_unit_left_before_its_later_leaves_ran_orders_its_buffer_after_their_copies() -> None:
+    """A unit whose later leaves did not run leaves their copies unwaited. Before the buffer's
+    next use is recorded, the compute stream waits for the whole copy, so on a GPU the next
+    writer (or the allocator, once the buffer is freed) comes after those copies. Exact."""
+    model, run = branchy_model()
+    expected = run()
+    h, _, log = handle(model)
+    h.load(h.min_working_set)
+    assert len(h.streamed_units) == 3
+    for _ in range(2):
+        assert all(torch.equal(g, e) for g, e in zip(run(), expected))
+    check_event_protocol(log)
+
+
+def test_the_copy_thread_ends_when_idle_and_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated device's copy thread ends after a while with nothing to copy and starts
+    again with the next copy; results stay exact."""
+    monkeypatch.setattr(transfer, "COPY_THREAD_IDLE_S", 0.05)
+    model, run = branchy_model()
+    expected = run()
+    streams = ThreadStreams()
+    threaded(model, streams, kind="oneshot")
+    for _ in range(2):
+        assert all(torch.equal(g, e) for g, e in zip(run(), expected))  # the second: copied by a new thread
+        deadline = time.monotonic() + 5
+        while streams._running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not streams._running

@@ -169,3 +169,46 @@ def test_first_parameter_of_submodels_that_find_their_device_from_it() -> None:
     plan = plan_units(net)
     assert any(s.param is net.sub.layers[0].weight for s in plan.fixed)
     assert all(s.param is not net.sub.layers[0].weight for u in plan.units for s in u.slots)
+
+
+class _SharedInUnit(nn.Module):
+    """One list child whose two leaves share a weight, and a third leaf of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(1024, 1024, bias=False)  # 4 MB: a copy group of its own
+        self.b = nn.Linear(1024, 1024, bias=False)
+        self.b.weight = self.a.weight  # shared inside the unit: it streams with it
+        self.c = nn.Linear(1024, 4096, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.b(self.a(x)))
+
+
+def test_copy_groups_follow_the_leaves_and_a_shared_weight_is_waited_for_by_both() -> None:
+    """M17: a unit's copy is made in groups in leaf order, each of at least 4 MB (but the last,
+    which joins the one before when smaller); a leaf waits for the group of the last weight it
+    reads, and a weight two leaves read is waited for by both."""
+    model = nn.Module()
+    model.embed = nn.Embedding(8, 1024)  # the first parameter: fixed (M14)
+    model.layers = nn.ModuleList([_SharedInUnit()])
+    unit = plan_units(model).units[0]
+    layer = model.layers[0]
+    assert unit.leaves == [layer.a, layer.b, layer.c]
+    slot_names = [s.name for s in unit.slots]
+    assert [[slot_names[i] for i in g] for g in unit.groups] == [["layers.0.a.weight"], ["layers.0.c.weight"]]
+    assert unit.needs[id(layer.a)].group == unit.needs[id(layer.b)].group == 0
+    assert unit.needs[id(layer.b)].slots == unit.needs[id(layer.a)].slots
+    assert unit.needs[id(layer.c)].group == 1
+    assert id(layer) not in unit.needs  # the unit's own module reads no weight of its own
+
+
+def test_small_leaves_share_a_copy_group() -> None:
+    """Leaves join one group until it has 4 MB (a smaller group costs more to wait for than it
+    lets run early), and a small tail joins the group before it."""
+    unit = plan_units(TinyLM(dim=512, layers=2)).units[0]  # qkv 3 MB, out 1, up 4, down 4
+    names = [s.name.split(".")[2] for s in unit.slots]
+    assert [[names[i] for i in g] for g in unit.groups] == [["qkv", "qkv", "out", "out"], ["up", "up"],
+                                                           ["down", "down"]]
+    tiny = plan_units(TinyLM(dim=256, layers=2)).units[0]  # 3 MB in all
+    assert len(tiny.groups) == 1 and all(need.group == 0 for need in tiny.needs.values())
