@@ -13,7 +13,7 @@ accounting has left, `share_budget`), which host tensors become pinned and how:
   whole-loaded components (`keep_host`) are registered the same way, never copied.
 * ``copy`` (ROCm and other CUDA-like devices): streamed tensors are copied into pinned
   memory; kept host copies stay pageable.
-* ``off`` (CPU, the simulated device, XPU, MPS: copies there are synchronous): a no-op.
+* ``off`` (CPU, the simulated device, XPU, MPS: no page-locked memory to copy from): a no-op.
 
 Beyond the budget, or when a registration fails (the error is cleared so it does not surface
 at the next kernel launch), a tensor stays pageable and its copies are synchronous.
@@ -436,7 +436,7 @@ def _attach(budget: PinnedBudget, outside: OutsidePins | None) -> None:
 
 
 def shared_pinner(device: torch.device, simulated: bool) -> Pinner | None:
-    """The process-wide pinner for `device`, or None where copies are synchronous anyway.
+    """The process-wide pinner for `device`, or None where no copy would use page-locked memory.
 
     Page-locked memory and registrations are process-wide (two handles over one storage must
     share one registration), so there is one pinner per kind of device, not per handle.
