@@ -159,8 +159,9 @@ class Unit:
     leaves: list[nn.Module]  # the layers that read the unit's slots (hooked, M17)
     nbytes: int
     derived: list[tuple[nn.Module, str]] = dataclasses.field(default_factory=list)  # legacy weight norm
-    # The copy's groups, in leaf order: group g holds the slots leaf g is the first to read. A
-    # leaf's weights are ready once the group of the last of them is (groups are copied in order).
+    # The copy's groups (slot indices), in leaf order, each of at least GROUP_MIN_BYTES but the
+    # one of a small unit (`leaf_groups`). A leaf's weights are ready once the group of the last
+    # of them is: groups are copied in order.
     groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     needs: dict[int, LeafNeed] = dataclasses.field(default_factory=dict)  # id(leaf) -> what it waits for
 
