@@ -21,9 +21,10 @@ plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequen
   with each phase (`end_call`), so successors never cross a phase boundary. The copies of the
   next units are made ahead (on a side stream, see `transfer.py`). A unit entered out of the
   learned order is copied on the spot: correctness never depends on the order.
-* Per leaf (M17). Where copies run beside compute, a copy is made in groups, one per leaf;
-  the handle's leaf hooks wait for their own group (`ready`), so a unit's first leaves run
-  while its later weights still copy — within the unit's one copy, for `sequence` handles too.
+* Per leaf (M17). Where copies run beside compute, a unit of several copy groups (its
+  leaves' weights in leaf order, see `transfer.py`) is copied group by group; the handle's
+  leaf hooks wait for their own group (`ready`), so a unit's first leaves run while its later
+  weights still copy — within the unit's one copy, for `sequence` handles too.
 * Per request (M23, M50). The request running on a thread is `charging` the streamers: its
   cancel check runs before every copy, and the bytes copied for it are counted in its own
   `StreamCharge`, never mixed with another request's.

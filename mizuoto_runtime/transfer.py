@@ -26,14 +26,15 @@ using the handle, new placement, yielding, OOM: M32, M40). The streamer calls th
 under its lock: one thread at a time.
 
 Where copies run beside compute (pinned host tensors on CUDA, M21; always on the simulated
-device) a unit's copy goes on the side stream in groups, one per leaf in the unit's leaf order
-(`Unit.groups`), each with its own event: a leaf waits only for its own weights, so the unit's
-first leaves compute while its later weights are still copying. That needs no room beyond the
-unit's one copy, so `sequence` handles get it too (M20: one copy, nothing copied ahead).
-Prefetched copies (M19) take the same path, made while the previous unit computes. Pageable
-units on CUDA are copied on the spot, synchronously, on the compute stream (M21), and neither
-copied ahead nor split. A unit entered out of the learned order is copied on the spot too, so
-correctness never depends on the order.
+device) a unit of several copy groups (`Unit.groups`: its leaves' weights in leaf order, at
+least `units.GROUP_MIN_BYTES` each) is copied group by group, each with its own event: the first on
+the compute stream, the rest on the side stream, and a leaf waits only for its own weights, so
+the unit's first leaves compute while its later weights are still copying. That needs no room
+beyond the unit's one copy, so `sequence` handles get it too (M20: one copy, nothing copied
+ahead). Prefetched copies (M19) go wholly on the side stream, made while the previous unit
+computes. A unit of one group entered now, and pageable units on CUDA (synchronous, M21:
+neither copied ahead nor split), are copied on the spot on the compute stream. A unit entered
+out of the learned order is copied on the spot too, so correctness never depends on the order.
 
 Copy rules (M23): copies are made outside inference mode, in the weight's own dtype.
 Compiled modules (`torch.compile(module)`, `module.compile()`) above streamed units run
