@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError
+from ...nn import weight_norm
 
 ZIP_MAGIC = b"PK"
 SUPPORTED_TAGS = {b"05": "v2Pro", b"06": "v2ProPlus"}
@@ -154,24 +155,16 @@ def read_sovits(path: Path) -> SovitsFile:
     if embedding.shape[0] != 732:
         raise CheckpointError(f"{path}: its phoneme table has {embedding.shape[0]} rows (v1 has 322, v2 732); "
                               f"only v2, v2Pro and v2ProPlus are supported")
-    return SovitsFile(path, fold_legacy_weight_norm(weights), hps["model"], hps["data"], version or "v2",
+    return SovitsFile(path, fold_legacy_weight_norm(weights, path), hps["model"], hps["data"], version or "v2",
                       str(obj.get("info", "")))
 
 
-def fold_legacy_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``X.weight_g`` / ``X.weight_v`` → ``X.weight = g * v / ||v||`` (norm over all dims but 0),
-    computed in float32 as upstream's fp32 model computes it each forward; training-only
-    quantizer buffers are left out."""
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        if key.endswith(TRAINING_ONLY) or key.endswith(".weight_v"):
-            continue
-        if key.endswith(".weight_g"):
-            stem = key[: -len("_g")]
-            v = state.get(stem + "_v")
-            if v is None:
-                raise CheckpointError(f"{key} has no matching {stem}_v")
-            out[stem] = torch._weight_norm(v.float(), tensor.float(), 0)
-            continue
-        out[key] = tensor
-    return out
+def fold_legacy_weight_norm(state: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """``X.weight_g`` / ``X.weight_v`` → ``X.weight`` (`nn.weight_norm`), folded in float32 as
+    upstream's fp32 model computes it each forward; training-only quantizer buffers left out."""
+    kept = {k: (v.float() if k.endswith(weight_norm.LEGACY) else v) for k, v in state.items()
+            if not k.endswith(TRAINING_ONLY)}
+    try:
+        return weight_norm.fold_state_dict(kept)
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: {exc.args[0]}") from None
