@@ -26,7 +26,9 @@ def build_t2s(gpt: GptFile, dtype: torch.dtype = torch.float32) -> Text2Semantic
 
 def vits_config(sovits: SovitsFile) -> VitsConfig:
     try:
-        return VitsConfig.from_hparams(sovits.model, sovits.data, sovits.version, str(sovits.path))
+        sv = sovits.weights.get("sv_emb.weight")
+        return VitsConfig.from_hparams(sovits.model, sovits.data, sovits.version, str(sovits.path),
+                                       sv.shape[1] if sv is not None else 20480)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(str(exc)) from None
 

@@ -29,7 +29,6 @@ from torch.nn import functional as F
 LRELU_SLOPE = 0.1
 V2_SYMBOLS = 732  # len(symbols2): the v2 phoneme set (v1's 322 is not supported)
 PRO_VERSIONS = ("v2Pro", "v2ProPlus")
-SV_DIM = 20480  # what ERes2NetV2.forward3 gives for the real speaker model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +54,15 @@ class VitsConfig:
     hop_length: int = 640
     win_length: int = 2048
     sampling_rate: int = 32000
+    sv_dim: int = 20480  # the speaker embedding's size (ERes2NetV2.forward3); smaller in tiny models
 
     @property
     def is_pro(self) -> bool:
         return self.version in PRO_VERSIONS
 
     @classmethod
-    def from_hparams(cls, model: dict[str, Any], data: dict[str, Any], version: str, where: str) -> VitsConfig:
+    def from_hparams(cls, model: dict[str, Any], data: dict[str, Any], version: str, where: str,
+                     sv_dim: int = 20480) -> VitsConfig:
         try:
             return cls(
                 int(model["inter_channels"]), int(model["hidden_channels"]), int(model["filter_channels"]),
@@ -71,7 +72,7 @@ class VitsConfig:
                 tuple(int(u) for u in model["upsample_rates"]), int(model["upsample_initial_channel"]),
                 tuple(int(k) for k in model["upsample_kernel_sizes"]), int(model["gin_channels"]), version,
                 int(data["filter_length"]), int(data["hop_length"]), int(data["win_length"]),
-                int(data["sampling_rate"]))
+                int(data["sampling_rate"]), sv_dim)
         except KeyError as exc:
             raise ValueError(f"{where}: config has no {exc.args[0]!r}") from None
 
@@ -519,7 +520,7 @@ class Synthesizer(nn.Module):
         self.ssl_proj = nn.Conv1d(768, 768, 2, stride=2)
         self.quantizer = Quantizer()
         if cfg.is_pro:
-            self.sv_emb = nn.Linear(SV_DIM, cfg.gin_channels)
+            self.sv_emb = nn.Linear(cfg.sv_dim, cfg.gin_channels)
             self.ge_to512 = nn.Linear(cfg.gin_channels, 512)
             self.prelu = nn.PReLU(num_parameters=cfg.gin_channels)
 
