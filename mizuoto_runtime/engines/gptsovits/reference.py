@@ -9,15 +9,14 @@ integers identical.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
+import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ...errors import CheckpointError
+from ...reference_check import Check, Reference, Stage
 from ...nn.features import kaldi_fbank
 from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .spectrogram import spectrogram
@@ -26,71 +25,47 @@ from .vits import Synthesizer
 from .weights import read_gpt, read_sovits
 
 MODULE, CHAIN, EXACT = "module", "chain", "exact"
-TOLERANCE = {MODULE: 1e-4, CHAIN: 1e-3}
 
 
-@dataclasses.dataclass
-class Compared:
-    tensor: str
-    kind: str
-    max_abs: float
-    max_rel: float
-    passed: bool
-
-
-def compare(name: str, got: torch.Tensor, ref: torch.Tensor, kind: str) -> Compared:
-    if tuple(got.shape) != tuple(ref.shape):
-        return Compared(name, kind, float("inf"), float("inf"), False)
-    if kind == EXACT:
-        diff = (got.long() - ref.long()).abs()
-        worst = float(diff.max()) if diff.numel() else 0.0
-        return Compared(name, kind, worst, worst, worst == 0)
-    diff = (got.float() - ref.float()).abs()
-    scale = max(1.0, float(ref.float().abs().max())) if ref.numel() else 1.0
-    worst = float(diff.max()) if diff.numel() else 0.0
-    return Compared(name, kind, worst, worst / scale, worst <= TOLERANCE[kind] * scale)
-
-
-@dataclasses.dataclass
 class Fixture:
-    folder: Path
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
-    _models: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """A reference folder as the stages read it: its tensors, its json, and the models built
+    from its ``ckpt/`` with the engine's own loader (once per folder)."""
+
+    def __init__(self, ref: Reference) -> None:
+        self.ref = ref
+        self.meta = ref.meta
+        self.tensors = ref.tensors
 
     def has(self, *names: str) -> bool:
-        return all(n in self.tensors for n in names)
+        return all(self.ref.has(n) for n in names)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
+        return self.ref.tensor(name)
 
     def _one(self, pattern: str, what: str) -> Path:
-        found = sorted((self.folder / "ckpt").glob(pattern))
+        found = sorted(self.ref.ckpt.glob(pattern))
         if len(found) != 1:
-            raise CheckpointError(f"{self.folder / 'ckpt'}: expected one {what} ({pattern}), found {len(found)}")
+            raise CheckpointError(f"{self.ref.ckpt}: expected one {what} ({pattern}), found {len(found)}")
         return found[0]
 
     @property
     def t2s(self) -> Text2Semantic:
-        if "t2s" not in self._models:
-            self._models["t2s"] = build_t2s(read_gpt(self._one("*.ckpt", "GPT file")))
-        return self._models["t2s"]
+        return self.ref.shared("t2s", lambda: build_t2s(read_gpt(self._one("*.ckpt", "GPT file"))))
 
     @property
     def vits(self) -> Synthesizer:
-        if "vits" not in self._models:
-            self._models["vits"] = build_vits(read_sovits(self._one("*.pth", "SoVITS file")))
-        return self._models["vits"]
+        return self.ref.shared("vits", lambda: build_vits(read_sovits(self._one("*.pth", "SoVITS file"))))
 
     @property
     def sv(self) -> torch.nn.Module:
-        if "sv" not in self._models:
+        def build() -> torch.nn.Module:
             path = self._one("sv/*.ckpt", "speaker-verification file")
-            self._models["sv"] = build_sv(read_sv_state(path), path)
-        return self._models["sv"]
+            return build_sv(read_sv_state(path), path)
+
+        return self.ref.shared("sv", build)
 
 
-Outputs = list[tuple[str, torch.Tensor, str]]  # (recorded tensor name, what we computed, kind)
+Outputs = list[tuple]  # (recorded tensor name, what we computed, kind[, what is recorded when not a tensor])
 
 
 def _t2s_embed(f: Fixture) -> Outputs:
@@ -140,7 +115,7 @@ def _t2s_sample(f: Fixture) -> Outputs:
                 out.append((f"t2s.out.{loop}_{suffix}", r.tokens, EXACT))
         idx_key = f"naive_{'default' if setting == 'default' else 'topk1'}_idx"
         if idx_key in s:
-            out.append((f"t2s_sampling.{idx_key}", torch.tensor([r.idx]), EXACT))
+            out.append((f"t2s_sampling.{idx_key}", torch.tensor([r.idx]), EXACT, torch.tensor([int(s[idx_key])])))
     return out
 
 
@@ -227,55 +202,35 @@ def _sv_embedding(f: Fixture) -> Outputs:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    name: str
-    needs: tuple[str, ...]  # recorded tensors the stage reads or checks; absent → not recorded
-    run: Callable[[Fixture], Outputs]
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage("t2s.embed", ("t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic", "t2s.out.xy_pos"),
-          _t2s_embed),
-    Stage("t2s.prompt", ("t2s.out.xy_pos", "t2s.out.attn_mask", "t2s.out.prompt_logits"), _t2s_prompt),
-    Stage("t2s.step", ("t2s.in.step_token", "t2s.out.step_xy_pos", "t2s.out.k_cache.0", "t2s.out.step_logits"),
-          _t2s_step),
-    Stage("t2s.sample", ("t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic",
-                         "t2s.out.naive_default_y"), _t2s_sample),
-    Stage("vits.quantizer", ("vits.in.ssl", "vits.out.prompt_codes", "vits.out.prompt_quantized"), _vits_latent),
-    Stage("spectrogram", ("spec.in.wav32k", "spec.out.spec"), _spectrogram),
-    Stage("vits.ref_enc", ("spec.out.spec", "vits.out.ref_enc_ge"), _vits_ge),
-    Stage("vits.text_encoder", ("vits.in.codes", "vits.in.text", "vits.out.ref_enc_ge", "vits.out.m_p"), _vits_prior),
-    Stage("vits.noise", ("vits.out.m_p", "vits.out.noise"), _vits_noise),
-    Stage("vits.flow", ("vits.out.m_p", "vits.out.logs_p", "vits.out.noise", "vits.out.z_p", "vits.out.z"), _vits_flow),
-    Stage("vits.decode", ("vits.in.codes", "vits.in.text", "spec.out.spec", "vits.out.wav"), _vits_decode),
-    Stage("sv.fbank", ("sv.in.wav16k", "sv.out.fbank"), _sv_fbank),
-    Stage("sv.embedding", ("sv.out.fbank", "sv.out.embedding"), _sv_embedding),
+# (name, the recorded tensors it needs — absent: the folder did not record it, — what it runs)
+STAGES: tuple[tuple[str, tuple[str, ...], Callable[[Fixture], Outputs]], ...] = (
+    ("t2s.embed", ("t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic", "t2s.out.xy_pos"),
+     _t2s_embed),
+    ("t2s.prompt", ("t2s.out.xy_pos", "t2s.out.attn_mask", "t2s.out.prompt_logits"), _t2s_prompt),
+    ("t2s.step", ("t2s.in.step_token", "t2s.out.step_xy_pos", "t2s.out.k_cache.0", "t2s.out.step_logits"),
+     _t2s_step),
+    ("t2s.sample", ("t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic",
+                    "t2s.out.naive_default_y"), _t2s_sample),
+    ("vits.quantizer", ("vits.in.ssl", "vits.out.prompt_codes", "vits.out.prompt_quantized"), _vits_latent),
+    ("spectrogram", ("spec.in.wav32k", "spec.out.spec"), _spectrogram),
+    ("vits.ref_enc", ("spec.out.spec", "vits.out.ref_enc_ge"), _vits_ge),
+    ("vits.text_encoder", ("vits.in.codes", "vits.in.text", "vits.out.ref_enc_ge", "vits.out.m_p"), _vits_prior),
+    ("vits.noise", ("vits.out.m_p", "vits.out.noise"), _vits_noise),
+    ("vits.flow", ("vits.out.m_p", "vits.out.logs_p", "vits.out.noise", "vits.out.z_p", "vits.out.z"), _vits_flow),
+    ("vits.decode", ("vits.in.codes", "vits.in.text", "spec.out.spec", "vits.out.wav"), _vits_decode),
+    ("sv.fbank", ("sv.in.wav16k", "sv.out.fbank"), _sv_fbank),
+    ("sv.embedding", ("sv.out.fbank", "sv.out.embedding"), _sv_embedding),
 )
 
 
-def open_fixture(folder: Path) -> Fixture:
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    for name in ("ckpt", "reference.safetensors", "reference.json"):
-        if not (folder / name).exists():
-            raise CheckpointError(f"{folder}: has no {name} (a reference folder holds ckpt/, reference.safetensors "
-                                  f"and reference.json)")
-    meta = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
-    return Fixture(folder, load_file(str(folder / "reference.safetensors")), meta)
-
-
-def run_stage(stage: Stage, fixture: Fixture) -> list[Compared]:
-    """One stage's comparisons, every model in float32 on the CPU; recorded ids not in the
-    tensors (a sampled run's step count) come from reference.json."""
+def _run(stage: Callable[[Fixture], Outputs], fixture: Fixture) -> list[Check]:
+    """Every model in float32 on the CPU, no autograd."""
     with torch.no_grad():
-        outputs = stage.run(fixture)
-    results = []
-    for name, got, kind in outputs:
-        if name.startswith("t2s_sampling."):
-            ref = torch.tensor([int(fixture.meta["t2s_sampling"][name.split(".", 1)[1]])])
-        else:
-            ref = fixture[name]
-        results.append(compare(name, got, ref, kind))
-    return results
+        outputs = stage(fixture)
+    return [Check(o[0], o[1], o[2], o[3] if len(o) > 3 else None) for o in outputs]
+
+
+def stages(ref: Reference) -> list[Stage]:
+    """The stages `ref` recorded (`mizuoto check-reference --engine gptsovits DIR`)."""
+    fixture = Fixture(ref)
+    return [Stage(name, functools.partial(_run, fn, fixture)) for name, needs, fn in STAGES if fixture.has(*needs)]
