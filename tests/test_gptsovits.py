@@ -111,6 +111,9 @@ def test_versions_read_from_the_files(voices: Callable[..., Path]) -> None:
     assert pro.read_bytes()[:2] == b"05"  # the tag, restored in memory only
     assert read_sovits(pro).version == "v2Pro"
     assert pro.read_bytes()[:2] == b"05"
+    info = GptSovitsEngine.describe_checkpoint(pro.parent)
+    assert info is not None and info.label == "GPT-SoVITS v2Pro"
+    assert GptSovitsEngine.describe_checkpoint(pro.parent.parent) is None  # no pair there
 
 
 class Unexpected:  # a global no weight file may name

@@ -171,7 +171,8 @@ def _vits_flow(f: Fixture) -> Outputs:
     scale = float(f.meta.get("vits_decode_args", {}).get("noise_scale", 0.5))
     z_p = f["vits.out.m_p"] + f["vits.out.noise"] * torch.exp(f["vits.out.logs_p"]) * scale
     mask = torch.ones(1, 1, z_p.shape[2], dtype=z_p.dtype)
-    return [("vits.out.z_p", z_p, MODULE), ("vits.out.z", m.flow.reverse(f["vits.out.z_p"], mask, _recorded_ge(f)), MODULE)]
+    z = m.flow.reverse(f["vits.out.z_p"], mask, _recorded_ge(f))
+    return [("vits.out.z_p", z_p, MODULE), ("vits.out.z", z, MODULE)]
 
 
 def _vits_decode(f: Fixture) -> Outputs:
