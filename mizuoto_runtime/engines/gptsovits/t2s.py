@@ -77,7 +77,10 @@ def sine_table(rows: int, dim: int) -> torch.Tensor:
 
 
 class SinePositionalEmbedding(nn.Module):
-    """``x * 1 + alpha * pe[:, :T]`` (upstream's x_scale is 1: ``scale=False``)."""
+    """``x * 1 + alpha * pe[:, :T]`` (upstream's x_scale is 1: ``scale=False``).
+
+    The sine table stays on the host, outside the module's tensors: only the rows a call reads
+    go to the device (upstream keeps a 4000-row table there, 8 MB per embedding at 512 dims)."""
 
     x_scale = 1.0
 
@@ -85,19 +88,19 @@ class SinePositionalEmbedding(nn.Module):
         super().__init__()
         self.dim = dim
         self.alpha = nn.Parameter(torch.ones(1))
-        self.register_buffer("pe", sine_table(PE_ROWS, dim), persistent=False)
+        self.pe = sine_table(PE_ROWS, dim)
 
-    def table(self, rows: int, like: torch.Tensor) -> torch.Tensor:
-        if self.pe.shape[1] < rows:  # grown like upstream's extend_pe: one table for all rows
-            self.pe = sine_table(rows, self.dim).to(self.pe.device)
-        return self.pe.to(dtype=like.dtype, device=like.device)
+    def rows(self, start: int, stop: int, like: torch.Tensor) -> torch.Tensor:
+        if self.pe.shape[1] < stop:  # grown like upstream's extend_pe: one table for all rows
+            self.pe = sine_table(stop, self.dim)
+        return self.pe[:, start:stop].to(dtype=like.dtype, device=like.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.x_scale + self.alpha * self.table(x.shape[1], x)[:, : x.shape[1]]
+        return x * self.x_scale + self.alpha * self.rows(0, x.shape[1], x)
 
     def at(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """One position (the cached decode step): ``x * 1 + alpha * pe[:, position]``."""
-        return x * self.x_scale + self.alpha * self.table(position + 1, x)[:, position]
+        return x * self.x_scale + self.alpha * self.rows(position, position + 1, x)[:, 0]
 
 
 class T2SAttention(nn.Module):
