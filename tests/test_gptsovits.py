@@ -159,7 +159,7 @@ def test_bad_pickle_opcode_never_runs(tmp_path: Path) -> None:
     raw = io.BytesIO()
     with zipfile.ZipFile(buffer) as src, zipfile.ZipFile(raw, "w") as dst:
         for item in src.infolist():  # a valid torch zip whose pickle calls a function
-            dst.writestr(item, pickle.dumps(_Boom(str(marker))) if item.filename.endswith("data.pkl")
+            dst.writestr(item, pickle.dumps(_Boom(str(marker)), protocol=2) if item.filename.endswith("data.pkl")
                          else src.read(item.filename))
     bad.write_bytes(raw.getvalue())
     with pytest.raises(CheckpointError, match="refused"):
