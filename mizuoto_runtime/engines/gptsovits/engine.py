@@ -39,7 +39,7 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError
-from ...lm.cache import peak_bytes
+from ...nn.kv_cache import peak_bytes
 from ...nn.features import kaldi_fbank
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .build import build_sv, build_t2s, build_vits, read_sv_state
