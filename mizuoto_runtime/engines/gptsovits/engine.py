@@ -12,6 +12,9 @@ Components (each a handle) and phases (M1):
   published model, M11/M12); its attention's raw ``in_proj_weight`` streams (M13, see `t2s`).
   Working memory: the KV cache at 16 positions per phoneme (M46) capped by ``max_new_tokens``,
   ``[B, T, D]`` keys and values per layer in the run dtype, plus a step's activations.
+* ``bert`` — ``bert`` (chinese-roberta, transformers ``BertModel``, `oneshot`), per request: the
+  features of the Chinese runs of the prompt's transcript and the target text (`bert`); other
+  languages get zeros, and a request without Chinese places nothing.
 * ``decoder`` — ``vits`` (`oneshot`): codes → waveform with upstream's one noise draw.
 
 Randomness (M40): upstream draws its sampling noise (one Exp(1) tensor per step) and the VITS
@@ -23,31 +26,33 @@ architecture (same T2S and SoVITS configs) goes through ``handle.replace`` — n
 re-registered and the host copies are the new ones; a different architecture or version
 re-registers the component.
 
-Text. The phoneme frontend (G2P for zh/en/ja, BERT features for Chinese) is not part of this
-engine yet: requests give phoneme ids (`PhonemeText`) and BERT features, or text to a
-`Frontend` that the caller provides; `generate` with plain text and no frontend is one
-error saying so.
+Text. `text.phonemize` (offline G2P for Chinese, English and Japanese, language runs by script)
+gives the phoneme ids of the reference's transcript and of the target; the ``bert`` phase adds
+their features. Callers may give ids and features themselves (`PhonemeText`).
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError
+from . import bert as bert_features
 from ...nn.kv_cache import peak_bytes
 from ...nn.features import kaldi_fbank
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .build import build_sv, build_t2s, build_vits, read_sv_state
-from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair
+from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
+from .text import Run, phonemize
+from .text.segment import LANGUAGES
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .vits import Synthesizer
-from .weights import read_gpt, read_sovits, sovits_version_hint
+from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
 SSL_RATE = 16000
 PROMPT_SILENCE_S = 0.3
@@ -71,10 +76,6 @@ class PhonemeText:
         return ids, bert.to(dtype)
 
 
-class Frontend(Protocol):
-    def __call__(self, text: str, language: str | None) -> PhonemeText: ...
-
-
 class GptSovitsEngine(Engine):
     id = "gptsovits"
     title = "GPT-SoVITS"
@@ -89,17 +90,26 @@ class GptSovitsEngine(Engine):
             _, version = sovits_version_hint(pair.sovits)
         except (CheckpointError, OSError):
             return None
-        return CheckpointInfo(f"GPT-SoVITS {version or 'v2'}", languages=["auto"])
+        if version is not None and version not in SUPPORTED:
+            return None  # v3 / v4: not run by this engine
+        return CheckpointInfo(f"GPT-SoVITS {version or 'v2'}", languages=list(LANGUAGES))
+
+    @classmethod
+    def checkpoint_entries(cls, folder: Path) -> list[tuple[str, CheckpointInfo]]:
+        """A folder with one pair, or each ``.pth`` of a folder of several that has its GPT."""
+        files = voice_files(folder)
+        if not files:
+            return super().checkpoint_entries(folder)
+        described = ((f.name, cls.describe_checkpoint(f)) for f in files)
+        return [(name, info) for name, info in described if info is not None]
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | None = None, *, pair: VoicePair | None = None,
-                 frontend: Frontend | None = None) -> None:
+                 device: torch.device | None = None, *, pair: VoicePair | None = None) -> None:
         super().__init__(manager, model_dir, dtype, device)
         if pair is None:
             if self.model_dir is None:
                 raise CheckpointError("GPT-SoVITS needs a voice: a folder with a GPT (.ckpt) and a SoVITS (.pth) file")
             pair = require_pair(self.model_dir)
-        self.frontend = frontend
         self.pair = pair
         t2s, vits = self._read(pair)
         self.sample_rate = vits.cfg.sampling_rate
@@ -107,6 +117,7 @@ class GptSovitsEngine(Engine):
         self.vits = self.register(vits, "vits")
         self.hubert = self._optional_hubert(pair)
         self.sv = self._optional_sv(pair) if vits.cfg.is_pro else None
+        self.bert, self.tokenizer = self._optional_bert(pair)
 
     # ---- loading ------------------------------------------------------------------------------
     def _read(self, pair: VoicePair) -> tuple[Text2Semantic, Synthesizer]:
@@ -130,8 +141,15 @@ class GptSovitsEngine(Engine):
             return None
         return self.register(build_sv(read_sv_state(path), path, self.dtype), "sv")
 
+    def _optional_bert(self, pair: VoicePair) -> tuple[Any, Any]:
+        folder = find_aux(pair.sovits.parent, bert_features.BERT_FOLDER)
+        if folder is None:
+            return None, None
+        model, tokenizer = bert_features.load_bert(folder, self.dtype)
+        return self.register(model, "bert"), tokenizer
+
     def handles(self) -> list[Any]:
-        return [h for h in (self.t2s, self.vits, self.hubert, self.sv) if h is not None]
+        return [h for h in (self.t2s, self.vits, self.hubert, self.sv, self.bert) if h is not None]
 
     def use_pair(self, pair: VoicePair) -> None:
         """M28: switch to another voice pair between requests. The same architecture goes
@@ -190,12 +208,42 @@ class GptSovitsEngine(Engine):
         return ctx.run("voice prompt", handles, encode, memory)
 
     # ---- talker ------------------------------------------------------------------------------
-    def phonemes(self, text: str | PhonemeText, language: str | None) -> PhonemeText:
-        if isinstance(text, PhonemeText):
-            return text
-        if self.frontend is None:
-            raise ArgumentError("GPT-SoVITS has no text frontend here yet: give phoneme ids (PhonemeText)")
-        return self.frontend(text, language)
+    def text_features(self, ctx: Any, texts: list[list[Run]]) -> list[PhonemeText]:
+        """The ``bert`` phase: each text's ids with its features (zeros but for Chinese runs)."""
+        chinese = [r for runs in texts for r in runs if r.language == "zh"]
+        if chinese and self.bert is None:
+            raise CheckpointError(f"{self.pair.sovits.parent}: no {bert_features.BERT_FOLDER}/ folder beside the "
+                                  "voice or above it (the BERT model Chinese text needs)")
+        inputs = {id(r): bert_features.tokens(self.tokenizer, r.text) for r in chinese}
+        found: dict[int, torch.Tensor] = {}
+        if chinese:
+            longest = max(len(r.text) for r in chinese)
+            model = self.bert.module
+
+            @torch.inference_mode()
+            def run() -> dict[int, torch.Tensor]:
+                return {id(r): bert_features.features(model, inputs[id(r)], r.word2ph or ()) for r in chinese}
+
+            found = ctx.run("bert", [self.bert], run, bert_features.memory(model, longest, self.dtype))
+        out = []
+        for runs in texts:
+            ids = tuple(i for r in runs for i in r.ids)
+            parts = [found.get(id(r), torch.zeros(bert_features.FEATURES, len(r.phones))) for r in runs]
+            out.append(PhonemeText(ids, torch.cat(parts, dim=1)))
+        return out
+
+    def texts(self, ctx: Any, text: str, voice: Voice, language: str | None,
+              target: PhonemeText | None, prompt_text: PhonemeText | None) -> tuple[PhonemeText, PhonemeText]:
+        """The prompt transcript's and the target's inputs: as given, or from the frontend."""
+        if target is not None and prompt_text is not None:
+            return prompt_text, target
+        transcript = voice.data.get("text") or ""
+        if prompt_text is None and not transcript.strip():
+            raise ArgumentError("GPT-SoVITS needs the reference's transcript (what is said in it)")
+        wanted = [phonemize(transcript, None, target=False) if prompt_text is None else [],
+                  phonemize(text, language) if target is None else []]
+        made = self.text_features(ctx, wanted)
+        return prompt_text or made[0], target or made[1]
 
     def talker_memory(self, positions: int, prompt_len: int) -> int:
         """M45/M46: the growing KV cache's peak plus the prompt pass's activations."""
@@ -209,9 +257,7 @@ class GptSovitsEngine(Engine):
                  target: PhonemeText | None = None, prompt_text: PhonemeText | None = None) -> Codes:
         """Semantic tokens for `target` (or `text` through the frontend), continuing the voice's
         prompt codes after its transcript's phonemes."""
-        language = sampling.language
-        target = target or self.phonemes(text, language)
-        prompt_text = prompt_text or self.phonemes(voice.data.get("text") or "", language)
+        prompt_text, target = self.texts(ctx, text, voice, sampling.language, target, prompt_text)
         p_ids, p_bert = prompt_text.features(self.dtype)
         t_ids, t_bert = target.features(self.dtype)
         phones = torch.cat([p_ids, t_ids], dim=1)

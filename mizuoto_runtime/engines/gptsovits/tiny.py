@@ -5,7 +5,9 @@ A folder with ``tiny-e15.ckpt`` (GPT: ``weight`` with ``model.`` keys in fp16, `
 ``info``), ``tiny_e8_s16.pth`` (SoVITS: fp16 ``weight`` without ``enc_q``, the decoder's and the
 flow's convs in legacy weight-norm form ``weight_g`` / ``weight_v``, ``config`` = hps,
 ``info``; v2Pro's first two bytes are the version tag ``05``), ``chinese-hubert-base/``
-(a transformers HubertModel with 768-d output) and, for v2Pro, ``sv/`` with a small ERes2NetV2.
+(a transformers HubertModel with 768-d output), ``chinese-roberta-wwm-ext-large/`` (a two-layer
+BertForMaskedLM with 1024-d features and a vocabulary of a few dozen characters; the others are
+[UNK], still one token each) and, for v2Pro, ``sv/`` with a small ERes2NetV2.
 Sizes shrink where upstream lets them; the SoVITS quantizer (1024 x 768) and SSL projection do
 not, so the SoVITS file is ~30 MB. Differences from a real file: ``config`` is written as plain
 dicts (a real file pickles upstream's ``utils.HParams``, which the loader rebuilds the same way),
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from .bert import BERT_FOLDER
 from .sv import ERes2NetV2, SVConfig
 from .t2s import T2SConfig, Text2Semantic
 from .vits import Synthesizer, VitsConfig
@@ -90,10 +93,28 @@ def _write_hubert(folder: Path, seed: int) -> None:
     HubertModel(config).eval().save_pretrained(str(folder))
 
 
+BERT_CHARS = "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年好今天北京玩"
+BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def _write_bert(folder: Path, seed: int) -> None:
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join([*BERT_SPECIAL, *"!,-.?…", *BERT_CHARS]) + "\n", encoding="utf-8")
+    BertTokenizer(str(vocab)).save_pretrained(str(folder))
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab.read_text(encoding="utf-8").split()), hidden_size=1024,
+                        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128)
+    BertForMaskedLM(config).half().eval().save_pretrained(str(folder))
+
+
 def write_voice(folder: str | Path, version: str = "v2", seed: int = 1234, name: str = "tiny",
                 with_features: bool = True) -> Path:
     """A tiny voice pair in `folder` (`version`: ``v2`` or ``v2pro``); `with_features` adds the
-    HuBERT folder (and v2Pro's speaker model)."""
+    HuBERT and BERT folders (and v2Pro's speaker model)."""
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {', '.join(VERSIONS)}, got {version!r}")
     folder = Path(folder)
@@ -114,6 +135,7 @@ def write_voice(folder: str | Path, version: str = "v2", seed: int = 1234, name:
         (folder / f"{name}_e8_s16.pth").write_bytes(b"05" + data[2:] if pro else data)
         if with_features:
             _write_hubert(folder / "chinese-hubert-base", seed + 2)
+            _write_bert(folder / BERT_FOLDER, seed + 4)
             if pro:
                 torch.manual_seed(seed + 3)
                 sv = ERes2NetV2(sv_cfg).eval()
