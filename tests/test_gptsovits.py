@@ -288,7 +288,7 @@ def _frontend_installed() -> None:
 
 def test_the_catalog_offers_voices_as_users_have_them(voices: Callable[..., Path], tmp_path: Path) -> None:
     """A folder with one pair; a base folder of several SoVITS files whose GPT is one folder up
-    (``v2Pro/``); a fine-tuned pair in ``GPT_weights_v2/`` + ``SoVITS_weights_v2/``. Each is
+    (``v2Pro/``, its discriminator left out); a fine-tuned pair in ``GPT_weights_v2/`` + ``SoVITS_weights_v2/``. Each is
     offered under GPT-SoVITS only, and each loads."""
     root = tmp_path / "models"
     one, pro = voices("v2"), voices("v2pro")
@@ -296,7 +296,7 @@ def test_the_catalog_offers_voices_as_users_have_them(voices: Callable[..., Path
     base = root / "pretrained_models"
     (base / "v2Pro").mkdir(parents=True)
     shutil.copy(next(pro.glob("*.ckpt")), base / "s1v3.ckpt")
-    for name in ("s2Gv2Pro.pth", "s2Gv2ProPlus.pth"):
+    for name in ("s2Gv2Pro.pth", "s2Gv2ProPlus.pth", "s2Dv2Pro.pth"):  # s2D: a discriminator, never offered
         shutil.copy(next(pro.glob("*.pth")), base / "v2Pro" / name)
     for aux in ("chinese-hubert-base", "chinese-roberta-wwm-ext-large", "sv"):  # as pretrained_models/ has them
         shutil.copytree(pro.parent / aux, base / aux)

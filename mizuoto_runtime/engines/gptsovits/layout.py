@@ -4,7 +4,7 @@ A voice is a pair of weight files: a GPT (T2S) ``.ckpt`` and a SoVITS ``.pth``. 
 
 * upstream's pretrained base folders (``GPT_SoVITS/pretrained_models/``):
   ``gsv-v2final-pretrained/`` holds the v2 pair (``s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt``,
-  ``s2G2333k.pth``); ``v2Pro/`` holds ``s2Gv2Pro.pth`` and ``s2Gv2ProPlus.pth`` whose GPT is
+  ``s2G2333k.pth``, beside the discriminator ``s2D2333k.pth``, which is never a voice); ``v2Pro/`` holds ``s2Gv2Pro.pth`` and ``s2Gv2ProPlus.pth`` whose GPT is
   ``s1v3.ckpt`` one folder up;
 * a fine-tuned pair, ``GPT_weights_v2*/<name>-e<N>.ckpt`` beside ``SoVITS_weights_v2*/<name>_e<N>_s<M>.pth``;
 * or any folder holding one ``.ckpt`` and one ``.pth``.
@@ -29,6 +29,7 @@ from ...errors import CheckpointError
 HUBERT_FOLDER = "chinese-hubert-base"
 SV_FILE = "sv/pretrained_eres2netv2w24s4ep4.ckpt"
 PRO_GPT = "s1v3.ckpt"
+DISCRIMINATOR = "s2D"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +42,14 @@ class VoicePair:
         return f"{self.gpt.stem} + {self.sovits.stem}"
 
 
+def _files(folder: Path, pattern: str) -> list[Path]:
+    """The files of `folder` matching `pattern`, without the discriminators (``s2D*.pth``) the
+    pretrained folders ship beside their generators: training weights, never a voice."""
+    return sorted(p for p in folder.glob(pattern) if p.is_file() and not p.name.startswith(DISCRIMINATOR))
+
+
 def _single(folder: Path, pattern: str) -> Path | None:
-    found = sorted(p for p in folder.glob(pattern) if p.is_file())
+    found = _files(folder, pattern)
     return found[0] if len(found) == 1 else None
 
 
@@ -74,14 +81,14 @@ def pair_in(place: Path) -> VoicePair | None:
     """The pair a choice names: a ``.pth`` file's (`pair_for`), or a folder's one ``.pth``'s;
     None when there is no such pair."""
     if place.is_file():
-        return pair_for(place) if place.suffix == ".pth" else None
+        return pair_for(place) if place.suffix == ".pth" and not place.name.startswith(DISCRIMINATOR) else None
     sovits = _single(place, "*.pth")
     return pair_for(sovits) if sovits is not None else None
 
 
 def voice_files(folder: Path) -> list[Path]:
     """The ``.pth`` files of a folder of several, each a choice of its own."""
-    found = sorted(p for p in folder.glob("*.pth") if p.is_file())
+    found = _files(folder, "*.pth")
     return found if len(found) > 1 else []
 
 

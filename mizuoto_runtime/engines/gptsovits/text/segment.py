@@ -18,6 +18,7 @@ import re
 from ....errors import ArgumentError
 
 LANGUAGES = ("auto", "zh", "en", "ja")
+NAMES = {"chinese": "zh", "english": "en", "japanese": "ja"}  # as other engines' lists say them
 _KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d]")
 _HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")
 
@@ -38,6 +39,7 @@ def script(char: str) -> str | None:
 def split(text: str, language: str | None = None) -> list[tuple[str, str]]:
     """``(language, text)`` runs, neighbours of one language merged."""
     language = (language or "auto").lower()
+    language = NAMES.get(language, language)
     if language not in LANGUAGES:
         raise ArgumentError(f"GPT-SoVITS language {language!r}: this frontend takes {', '.join(LANGUAGES)}")
     if language == "en":
