@@ -1,4 +1,5 @@
-"""The one-shot engines under the memory runtime, side by side in one run (issue 11).
+"""The one-shot engines under the memory runtime, side by side in one run (issue 11), and
+GPT-SoVITS's talker in milliseconds per generated token (issue 26).
 
 Per engine (F5-TTS, OmniVoice; tiny random checkpoints in their published layouts, written to a
 temporary folder), one request of each placement, repeated and interleaved:
@@ -7,12 +8,14 @@ temporary folder), one request of each placement, repeated and interleaved:
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
+For ``gptsovits`` (a tiny v2 voice) it times the talker phase alone — the T2S decoder's token
+loop — and prints milliseconds per generated token, resident and all streamed.
 ``--peaks`` also measures each phase's working memory on the plain CPU (how far the process's
 resident memory rises during the phase, Linux) against the engine's estimate (M45).
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 
-    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda]
+    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines f5tts,omnivoice,gptsovits]
 """
 from __future__ import annotations
 
@@ -84,6 +87,40 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
             print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
 
 
+def gptsovits_tokens(folder: Path, repeat: int, device: str) -> None:
+    """Talker only: ms per generated token of the T2S loop, each placement (the voice prompt is
+    cached first; phoneme ids are given, so no text frontend or BERT phase runs)."""
+    from mizuoto_runtime.engines.gptsovits.engine import PhonemeText
+
+    target, prompt = PhonemeText(tuple(range(100, 140))), PhonemeText(tuple(range(200, 220)))
+    sampling = Sampling(seed=1, top_k=15, temperature=1.0, repetition_penalty=1.35, max_new_tokens=200)
+    print(f"\n{'engine':10} {'placement':22} {'ms/token':>9} {'vs resident':>12} {'tokens':>7} {'streamed MB':>12}")
+    rows: dict[str, tuple[list[float], int, float]] = {}
+    runtimes = {name: Runtime(settings) for name, settings in placements(device).items()}
+    engines = {name: rt.engine("gptsovits", folder, device=None if device == "cpu" else device)
+               for name, rt in runtimes.items()}
+    voices = {name: engines[name].voice_prompt(rt.request(seed=1), REFERENCE, TRANSCRIPT)
+              for name, rt in runtimes.items()}
+    for round_ in range(repeat + 1):  # the first round warms up (and learns the unit order)
+        for name, rt in runtimes.items():
+            ctx = rt.request(seed=1)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            codes = engines[name].generate(ctx, TEXT, voices[name], sampling, target=target, prompt_text=prompt)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            tokens = codes.tokens.shape[-1]
+            per_token = (time.perf_counter() - start) * 1000 / max(tokens, 1)
+            if round_:
+                times = rows.get(name, ([], 0, 0.0))[0]
+                rows[name] = ([*times, per_token], tokens, ctx.meta["memory"]["streamed_mb"])
+    base = statistics.median(rows["resident"][0])
+    for name, (times, tokens, streamed) in rows.items():
+        median = statistics.median(times)
+        print(f"{'gptsovits':10} {name:22} {median:9.2f} {median / base:11.2f}x {tokens:7} {streamed:12.1f}")
+
+
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -150,12 +187,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import importlib
 
+    chosen = args.engines.split(",")
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
         folders = {e: importlib.import_module(WRITERS[e]).write_tiny_checkpoint(Path(tmp) / e)
-                   for e in args.engines.split(",")}
+                   for e in chosen if e != "gptsovits"}
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
         time_engines(folders, args.steps, args.repeat, args.device)
+        if "gptsovits" in chosen:
+            from mizuoto_runtime.engines.gptsovits.tiny import write_voice
+
+            gptsovits_tokens(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
         if args.peaks:
             phase_peaks(folders, args.steps)
 
