@@ -18,7 +18,7 @@ Numbers as upstream makes them:
   ``window - 1`` before it); the encoder's uses 512, the quantizer's the configured one;
   RoPE tables in bfloat16 as in the dual-AR model (`dual_ar.rope_table`);
 * decoding clamps the semantic codes to its codebook and the residual ones to theirs.
-Weight norm (either key form) is folded into plain weights at load (`fold_weight_norm`).
+Weight norm (either key form) is folded into plain weights at load (`nn.weight_norm`).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dual_ar import RMSNorm, apply_rope, rope_table
+from ...nn.norm import RMSNorm
+from .dual_ar import apply_rope, rope_table
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
 HEAD_DIM = 64

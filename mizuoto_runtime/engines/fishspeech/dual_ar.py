@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...nn.norm import RMSNorm  # float32 mean square, eps inside the rsqrt, cast back, scaled: upstream's order
 from .config import DualARConfig
 
 
@@ -49,19 +50,6 @@ def apply_rope(x: Tensor, table: Tensor) -> Tensor:
     out = torch.stack([pairs[..., 0] * t[..., 0] - pairs[..., 1] * t[..., 1],
                        pairs[..., 1] * t[..., 0] + pairs[..., 0] * t[..., 1]], -1)
     return out.flatten(3).type_as(x)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 (eps inside the rsqrt), cast back, then scaled."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
 class HeadNorm(nn.Module):

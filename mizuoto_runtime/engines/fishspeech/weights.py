@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,9 @@ from torch import Tensor, nn
 
 from ...errors import CheckpointError
 from ...loading import build_on_meta, load_safetensors
+from ...nn.checkpoint import CheckpointError as NnCheckpointError
+from ...nn.checkpoint import load_state_dict
+from ...nn.weight_norm import fold_state_dict
 from .codec import CodecConfig, CodecDecoder, CodecEncoder, TransformerConfig
 from .config import DualARConfig, read_config
 from .dual_ar import FastTransformer, SlowTransformer
@@ -73,37 +75,12 @@ def detect_version(folder: Path) -> str | None:
 
 
 def read_pth(path: Path) -> dict[str, Tensor]:
-    """A ``.pth`` state dict (memory-mapped, tensors only), unwrapped from ``state_dict``."""
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file not found: {path}")
+    """A ``.pth`` state dict (memory-mapped, weights only), unwrapped from ``state_dict``; the
+    reader's errors become `CheckpointError`s naming the file."""
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as a weights-only torch file ({exc})") from exc
-    if isinstance(data, dict) and isinstance(data.get("state_dict"), dict):
-        data = data["state_dict"]
-    if not isinstance(data, dict) or not all(isinstance(v, Tensor) for v in data.values()):
-        raise CheckpointError(f"{path}: expected a state dict of tensors")
-    return data
-
-
-def fold_weight_norm(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Weight norm in either key form (``*.parametrizations.weight.original0/1`` or
-    ``*.weight_g/weight_v``) folded into ``*.weight`` = g * v / |v| (norm over all but dim 0)."""
-    out: dict[str, Tensor] = {}
-    pairs: dict[str, dict[str, Tensor]] = {}
-    for key, value in state.items():
-        m = re.fullmatch(r"(.*)\.(?:parametrizations\.weight\.original([01])|weight_([gv]))", key)
-        if m is None:
-            out[key] = value
-            continue
-        role = "g" if m.group(2) == "0" or m.group(3) == "g" else "v"
-        pairs.setdefault(m.group(1), {})[role] = value
-    for prefix, gv in pairs.items():
-        if set(gv) != {"g", "v"}:
-            raise CheckpointError(f"weight norm of {prefix}: has {sorted(gv)} but needs both g and v")
-        out[f"{prefix}.weight"] = torch._weight_norm(gv["v"], gv["g"], 0)
-    return out
+        return load_state_dict(path, wrappers=("state_dict",))
+    except NnCheckpointError as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 def fill(model: nn.Module, state: dict[str, Tensor], where: Path) -> nn.Module:
@@ -195,7 +172,7 @@ def read_codec_state(path: Path) -> dict[str, Tensor]:
     state = read_pth(path)
     if any("generator." in k for k in state):
         state = {k.replace("generator.", ""): v for k, v in state.items() if "generator." in k}
-    state = fold_weight_norm(state)
+    state = fold_state_dict(state)
     # Rotary tables and causal masks some releases store: computed here at the length needed.
     return {k: v for k, v in state.items() if not k.endswith((".freqs_cis", ".causal_mask"))}
 
