@@ -363,6 +363,10 @@ class CodecEncoder(nn.Module):
         self.encoder = Encoder(cfg)
         self.quantizer = Quantizer(cfg, encode=True)
 
+    def memory_units(self) -> list[nn.Module]:
+        """M12: the encoder's blocks, then the quantizer's transformer layers."""
+        return [*list(self.encoder.block)[1:-2], *getattr(self.quantizer.pre_module, "layers", [])]
+
     def latent(self, audio: Tensor) -> Tensor:
         """The encoder's output on `audio` right-padded with zeros to whole code frames."""
         length = audio.shape[-1]
@@ -385,6 +389,10 @@ class CodecDecoder(nn.Module):
         self.cfg = cfg
         self.quantizer = Quantizer(cfg, encode=False)
         self.decoder = Decoder(cfg)
+
+    def memory_units(self) -> list[nn.Module]:
+        """M12: the quantizer's transformer layers, then the decoder's upsampling blocks."""
+        return [*getattr(self.quantizer.post_module, "layers", []), *list(self.decoder.model)[1:-3]]
 
     def latent(self, codes: Tensor) -> Tensor:
         """The quantizer's decoded latent (codes clamped to their codebooks, on a copy)."""

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...lm.cache import capacity_for
 from ...nn.norm import RMSNorm  # float32 mean square, eps inside the rsqrt, cast back, scaled: upstream's order
 from .config import DualARConfig
 
@@ -141,18 +142,43 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Per-layer key/value buffers ``[1, H_kv, capacity, D]`` written in place (M53)."""
+    """Per-layer key/value buffers ``[1, H_kv, capacity, D]`` written in place.
 
-    def __init__(self, layers: int, heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
-        shape = (1, heads, capacity, head_dim)
-        self.capacity = capacity
-        self.layers = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                       for _ in range(layers)]
+    `reserve` grows them before a step needs more: ``static`` (M53) to the next power of two,
+    copying once per doubling; ``dynamic`` to exactly the positions asked for, every step (a
+    concatenation's cost and peak, as a growing cache has). Attention reads the first positions.
+    """
+
+    def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 kind: str = "static", capacity: int = 0) -> None:
+        if kind not in ("static", "dynamic"):
+            raise ValueError(f"KVCache: kind must be 'static' or 'dynamic', got {kind!r}")
+        self.kind, self.shape = kind, (1, heads, 0, head_dim)
+        self.dtype, self.device = dtype, device
+        self.capacity = 0
+        self.layers: list[tuple[Tensor, Tensor]] = [(self._empty(0), self._empty(0)) for _ in range(layers)]
+        self.reserve(capacity)
+
+    def _empty(self, n: int) -> Tensor:
+        b, h, _, d = self.shape
+        return torch.zeros((b, h, n, d), dtype=self.dtype, device=self.device)
+
+    def reserve(self, positions: int) -> None:
+        if positions <= self.capacity:
+            return
+        capacity = capacity_for(positions) if self.kind == "static" else positions
+        grown = []
+        for keys, values in self.layers:  # one layer's old and new buffers live at a time
+            k, v = self._empty(capacity), self._empty(capacity)
+            k[:, :, : self.capacity] = keys
+            v[:, :, : self.capacity] = values
+            grown.append((k, v))
+        self.layers, self.capacity = grown, capacity
 
     @staticmethod
-    def bytes_per_position(layers: int, heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * layers * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def position_bytes(heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Keys and values of one position in one layer."""
+        return 2 * heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 class SlowTransformer(nn.Module):
@@ -172,9 +198,9 @@ class SlowTransformer(nn.Module):
         if not cfg.tie_word_embeddings:
             self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def new_cache(self, capacity: int, device: torch.device | str) -> KVCache:
+    def new_cache(self, device: torch.device | str, kind: str = "static", capacity: int = 0) -> KVCache:
         dtype = self.embeddings.weight.dtype
-        return KVCache(self.cfg.n_layer, self.cfg.n_local_heads, self.cfg.head_dim, capacity, dtype, device)
+        return KVCache(self.cfg.n_layer, self.cfg.n_local_heads, self.cfg.head_dim, dtype, device, kind, capacity)
 
     def embed(self, rows: Tensor) -> Tensor:
         """``rows`` ``[1 + num_codebooks, S]`` (one frame per column) -> ``[1, S, dim]``."""
@@ -192,6 +218,8 @@ class SlowTransformer(nn.Module):
         """Run frames ``rows`` at positions ``[start, start + S)``; return (logits, hidden) for
         every position if `all_positions`, else for the last one (``[1, 1, vocab]``, ``[1, 1, dim]``)."""
         s = rows.shape[1]
+        if cache is not None:
+            cache.reserve(start + s)
         x = self.embed(rows)
         positions = torch.arange(start, start + s, device=rows.device)
         rope = rope_table(positions, self.cfg.head_dim, self.cfg.rope_base)
@@ -226,8 +254,8 @@ class FastTransformer(nn.Module):
 
     def new_cache(self, device: torch.device | str) -> KVCache:
         dtype = self.fast_embeddings.weight.dtype
-        return KVCache(self.cfg.n_fast_layer, self.cfg.fast_n_local_heads, self.cfg.fast_head_dim,
-                       self.cfg.num_codebooks, dtype, device)
+        return KVCache(self.cfg.n_fast_layer, self.cfg.fast_n_local_heads, self.cfg.fast_head_dim, dtype, device,
+                       capacity=self.cfg.num_codebooks)
 
     def rope(self, device: torch.device | str) -> Tensor:
         """The RoPE rows of every codebook position (one table, sliced per step)."""

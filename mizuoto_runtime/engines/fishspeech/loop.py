@@ -17,6 +17,7 @@ whether or not it was ``<|im_end|>``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -30,10 +31,12 @@ SYNC_EVERY = 8
 @dataclasses.dataclass
 class Generated:
     """What the loop made: every frame (``[1 + num_codebooks, n]``) and the codes a caller
-    keeps (``[num_codebooks, n - 1]``), and whether it stopped on ``<|im_end|>``."""
+    keeps (``[num_codebooks, n - 1]``), whether it stopped on ``<|im_end|>``, and how many
+    frames it computed (up to ``sync_every - 1`` past the stop)."""
 
     frames: Tensor
     stopped: bool
+    computed: int
 
     @property
     def codes(self) -> Tensor:
@@ -74,15 +77,15 @@ class FrameSampler:
 
 
 def generate(slow: SlowTransformer, sampler: FrameSampler, prompt: Tensor, frames: int, cache: KVCache,
-             im_end_id: int, sync_every: int = SYNC_EVERY) -> Generated:
-    """Up to `frames` frames after `prompt` (``[1 + num_codebooks, T]``), `cache` holding at
-    least ``T + frames`` positions."""
+             im_end_id: int, sync_every: int = SYNC_EVERY, on_frame: Callable[[int], None] | None = None) -> Generated:
+    """Up to `frames` frames after `prompt` (``[1 + num_codebooks, T]``) with an empty `cache`;
+    `on_frame(n)` after each frame (host side only: progress, cancellation)."""
     t = prompt.shape[1]
-    if cache.capacity < t + frames:
-        raise ValueError(f"the KV cache holds {cache.capacity} positions; {t + frames} are needed")
     out = torch.empty((prompt.shape[0], frames), dtype=torch.long, device=prompt.device)
     logits, hidden = slow(prompt, 0, cache)
     out[:, 0] = sampler(logits[0, -1], hidden, None)
+    if on_frame is not None:
+        on_frame(1)
     window = torch.zeros(RAS_WINDOW, dtype=torch.int, device=prompt.device)
     done = 1
     while done < frames:
@@ -92,9 +95,11 @@ def generate(slow: SlowTransformer, sampler: FrameSampler, prompt: Tensor, frame
             frame = sampler(logits[0, -1], hidden, window)
             out[:, i] = frame
             window = torch.cat([window[1:], frame[:1].int()])
+            if on_frame is not None:
+                on_frame(i + 1)
         stops = (out[0, done:block_end] == im_end_id).nonzero()
         if stops.numel():  # the one host sync of the block
             end = done + int(stops[0, 0]) + 1
-            return Generated(out[:, :end], True)
+            return Generated(out[:, :end], True, block_end)
         done = block_end
-    return Generated(out[:, :frames], False)
+    return Generated(out[:, :frames], False, frames)
