@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...lm.cache import capacity_for
+from ...nn.kv_cache import capacity_for
 from ...nn.norm import RMSNorm  # float32 mean square, eps inside the rsqrt, cast back, scaled: upstream's order
 from .config import DualARConfig
 

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
-from ...lm.cache import peak_bytes
+from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import prompt as chat
