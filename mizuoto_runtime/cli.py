@@ -29,6 +29,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
 }
 
 
@@ -81,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
+    tiny.add_argument("--version", default="s2-pro", choices=("s2-pro", "s1-mini"),
+                      help="fishspeech: which release's layout (S2-Pro: sharded safetensors; S1-mini: model.pth)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
     check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
@@ -258,6 +261,8 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine == "fishspeech":
+            folder = writer(args.directory, args.version, seed=args.seed, dtype=DTYPES[args.dtype])
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:

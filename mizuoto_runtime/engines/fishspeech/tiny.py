@@ -2,7 +2,7 @@
 
 `write_tiny_checkpoint(dir, version)` writes what the engine reads:
 
-* ``s2-pro`` (``fishaudio/s2-pro``): ``config.json`` (``fish_qwen3_omni``), two bfloat16 shards
+* ``s2-pro`` (``fishaudio/s2-pro``): ``config.json`` (``fish_qwen3_omni``), two shards
   ``model-0000N-of-00002.safetensors`` with ``model.safetensors.index.json`` (keys
   ``text_model.model.*`` / ``audio_decoder.*``), ``tokenizer.json`` (a byte-level BPE with the
   Qwen3 chat tokens, the Fish tokens and ``<|semantic:i|>``), ``codec.pth``;
@@ -174,7 +174,7 @@ def _s2_key(key: str) -> str:
 
 
 def _write_s2(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> None:
-    tensors = {_s2_key(k): v.to(torch.bfloat16).contiguous() for k, v in weights.items()}
+    tensors = {_s2_key(k): v.contiguous() for k, v in weights.items()}
     names = sorted(tensors)
     shards = [names[: len(names) // 2], names[len(names) // 2:]]
     weight_map = {}
@@ -190,7 +190,7 @@ def _write_s2(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> No
 
 
 def _write_s1(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> None:
-    torch.save({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, folder / "model.pth")
+    torch.save({k: v.contiguous() for k, v in weights.items()}, folder / "model.pth")
     flat = {k: getattr(cfg, k) for k in ("vocab_size", "n_layer", "n_head", "n_local_heads", "head_dim", "dim",
                                           "intermediate_size", "rope_base", "norm_eps", "max_seq_len",
                                           "tie_word_embeddings", "attention_qkv_bias", "attention_o_bias",
@@ -202,16 +202,18 @@ def _write_s1(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> No
     (folder / "config.json").write_text(json.dumps({"model_type": "dual_ar", **flat}, indent=2), encoding="utf-8")
 
 
-def write_tiny_checkpoint(directory: str | Path, version: str = "s2-pro") -> Path:
-    """Write a tiny random `version` checkpoint into `directory` (created); return it."""
+def write_tiny_checkpoint(directory: str | Path, version: str = "s2-pro", seed: int = SEED,
+                          dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write a tiny random `version` checkpoint into `directory` (created); return it. `dtype`:
+    the transformers' weights (the releases ship bfloat16); the codec is float32 as released."""
     if version not in VERSIONS:
         raise ValueError(f"version must be one of {', '.join(VERSIONS)}, got {version!r}")
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     size, sem_begin = (_s2_tokenizer if version == "s2-pro" else _s1_tokenizer)(folder)
     cfg = _config(size + 2, sem_begin, sem_begin + CODEBOOK_SIZE - 1)
-    g = torch.Generator().manual_seed(SEED)
-    weights = _dual_ar(cfg, g)
+    g = torch.Generator().manual_seed(seed)
+    weights = {k: v.to(dtype) for k, v in _dual_ar(cfg, g).items()}
     (_write_s2 if version == "s2-pro" else _write_s1)(folder, weights, cfg)
     torch.save(_codec_state(g), folder / "codec.pth")
     return folder
