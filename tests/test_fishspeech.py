@@ -7,7 +7,10 @@ skipped where that folder is absent; the rest runs on tiny random checkpoints wr
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import wave
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +19,9 @@ import torch
 
 from oom import allocations_during
 from mizuoto_runtime import OomInjector, Runtime
-from mizuoto_runtime.audio import Audio
+from mizuoto_runtime.audio import Audio, write_wav
+from mizuoto_runtime.checkpoints import scan
+from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.fishspeech import loop, prompt, tiny, weights
 from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
@@ -176,7 +181,8 @@ def _runtime(placement: str) -> Runtime:
 
 
 def _engine(rt: Runtime, path: Path, placement: str) -> FishSpeechEngine:
-    engine = FishSpeechEngine(rt.manager, path)
+    engine = rt.engine("fishspeech", path)
+    assert isinstance(engine, FishSpeechEngine)
     if placement == "half":
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
@@ -287,3 +293,46 @@ def test_voice_arguments_are_checked(folder: Folder) -> None:
     assert codes.tokens.shape[0] == 10
     cached = engine.voice_prompt(ctx, reference=REFERENCE, transcript=TRANSCRIPT)
     assert engine.voice_prompt(ctx, reference=REFERENCE, transcript=TRANSCRIPT) is cached  # M4
+
+
+# ---- the CLI and the checkpoint lists ---------------------------------------------------------
+
+@pytest.mark.parametrize("version", tiny.VERSIONS)
+def test_cli_tiny_checkpoint_and_say(folder: Folder, version: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`mizuoto tiny-checkpoint --engine fishspeech --version ...` writes the official file set,
+    byte-identical on every run; `mizuoto say` clones the voice on a small simulated device."""
+    code = main(["tiny-checkpoint", "--engine", "fishspeech", "--version", version, "--dtype", "bfloat16",
+                 "--seed", str(tiny.SEED), str(tmp_path / "ckpt")])
+    files = set(json.loads(capsys.readouterr().out)["files"])
+    expected = ({"config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                 "model-00002-of-00002.safetensors", "tokenizer.json", "codec.pth"} if version == "s2-pro" else
+                {"config.json", "model.pth", "tokenizer.tiktoken", "special_tokens.json", "codec.pth"})
+    assert code == 0 and files == expected
+    for name in sorted(files):
+        digest = [hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (folder(version), tmp_path / "ckpt")]
+        assert digest[0] == digest[1], f"{name} is not byte-identical across runs"
+    write_wav(tmp_path / "ref.wav", REFERENCE)
+    out = tmp_path / "out.wav"
+    code = main(["say", "--engine", "fishspeech", "--model", str(tmp_path / "ckpt"), TEXT, "-o", str(out),
+                 "--voice", str(tmp_path / "ref.wav"), "--ref-text", TRANSCRIPT, "--seed", "3",
+                 "--max-new-tokens", str(FRAMES), "--setting", "compute.simulate_vram_mb=24",
+                 "--setting", "compute.vram_mode=none"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["sample_rate"] == 44100 and result["memory"]["streamed_mb"] > 0
+    assert "fishspeech:talker" in result["memory"]["partial"]
+    with wave.open(str(out)) as f:
+        assert f.getframerate() == 44100 and f.getnframes() % 2048 == 0 and f.getnframes() > 0
+
+
+def test_checkpoint_lists_name_each_release(folder: Folder, tmp_path: Path) -> None:
+    """The loader's dropdown finds both layouts (from their files, no weights read) and names them."""
+    for version in tiny.VERSIONS:
+        (tmp_path / version).symlink_to(folder(version), target_is_directory=True)
+    (tmp_path / "not-fish").mkdir()
+    (tmp_path / "not-fish" / "config.json").write_text("{}")
+    assert FishSpeechEngine.describe_checkpoint(folder("s2-pro")).label == "S2-Pro"  # type: ignore[union-attr]
+    assert FishSpeechEngine.describe_checkpoint(folder("s1-mini")).label == "S1-mini"  # type: ignore[union-attr]
+    assert FishSpeechEngine.describe_checkpoint(tmp_path / "not-fish") is None
+    catalog = scan([tmp_path], ["fishspeech"])
+    assert {(c.value, c.info.label) for c in catalog.of("fishspeech")} == {("s2-pro", "S2-Pro"), ("s1-mini", "S1-mini")}
