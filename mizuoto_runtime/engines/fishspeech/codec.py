@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...nn.norm import RMSNorm
-from .dual_ar import apply_rope, rope_table
+from .dual_ar import FeedForward, apply_rope, rope_table
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
 HEAD_DIM = 64
@@ -158,22 +158,11 @@ class CodecAttention(nn.Module):
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, size))
 
 
-class CodecFeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class CodecBlock(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.attention = CodecAttention(cfg)
-        self.feed_forward = CodecFeedForward(cfg.dim, cfg.intermediate_size)
+        self.feed_forward = FeedForward(cfg.dim, cfg.intermediate_size)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_layer_scale = LayerScale(cfg.dim)
@@ -206,23 +195,29 @@ class WindowTransformer(nn.Module):
         return self.output_proj(self.norm(x)).transpose(1, 2)
 
 
-class EncoderBlock(nn.Module):
-    def __init__(self, dim: int, stride: int, transformer: TransformerConfig | None) -> None:
+class Chain(nn.Module):
+    """Layers run in order, kept under ``block`` (the checkpoint's key path)."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
         super().__init__()
-        half = dim // 2
-        layers: list[nn.Module] = [ResidualUnit(half, 1), ResidualUnit(half, 3), ResidualUnit(half, 9), Snake(half),
-                                   CausalConv(half, dim, 2 * stride, stride=stride)]
-        if transformer is not None:
-            layers.append(WindowTransformer(transformer, dim))
         self.block = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.block(x)
 
 
-class Encoder(nn.Module):
+class EncoderBlock(Chain):
+    def __init__(self, dim: int, stride: int, transformer: TransformerConfig | None) -> None:
+        half = dim // 2
+        layers: list[nn.Module] = [ResidualUnit(half, 1), ResidualUnit(half, 3), ResidualUnit(half, 9), Snake(half),
+                                   CausalConv(half, dim, 2 * stride, stride=stride)]
+        if transformer is not None:
+            layers.append(WindowTransformer(transformer, dim))
+        super().__init__(layers)
+
+
+class Encoder(Chain):
     def __init__(self, cfg: CodecConfig) -> None:
-        super().__init__()
         d = cfg.encoder_dim
         blocks: list[nn.Module] = [CausalConv(1, d, 7)]
         for stride, n_layer in zip(cfg.encoder_rates, cfg.encoder_transformer_layers):
@@ -230,21 +225,13 @@ class Encoder(nn.Module):
             t = (TransformerConfig(n_layer=n_layer, dim=d, n_head=d // HEAD_DIM, intermediate_size=3 * d,
                                    window=ENCODER_WINDOW) if n_layer else None)
             blocks.append(EncoderBlock(d, stride, t))
-        blocks += [Snake(d), CausalConv(d, cfg.latent_dim, 3)]
-        self.block = nn.Sequential(*blocks)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.block(x)
+        super().__init__([*blocks, Snake(d), CausalConv(d, cfg.latent_dim, 3)])
 
 
-class DecoderBlock(nn.Module):
+class DecoderBlock(Chain):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.block = nn.Sequential(Snake(cin), CausalConvTranspose(cin, cout, 2 * stride, stride),
-                                   ResidualUnit(cout, 1), ResidualUnit(cout, 3), ResidualUnit(cout, 9))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.block(x)
+        super().__init__([Snake(cin), CausalConvTranspose(cin, cout, 2 * stride, stride),
+                          ResidualUnit(cout, 1), ResidualUnit(cout, 3), ResidualUnit(cout, 9)])
 
 
 class Decoder(nn.Module):
