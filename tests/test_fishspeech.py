@@ -25,7 +25,7 @@ from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.fishspeech import loop, prompt, tiny, weights
 from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
-from mizuoto_runtime.engines.fishspeech.sampling import SamplingTensors
+from mizuoto_runtime.engines.fishspeech.sampling import S1Sampling, SamplingTensors, penalized
 from mizuoto_runtime.errors import ArgumentError, CheckpointError
 from mizuoto_runtime.reference_check import check_reference
 
@@ -162,6 +162,18 @@ def test_the_host_looks_once_per_block_and_the_cache_kind_changes_nothing(folder
         got = _frames(model, kind, every)
         assert torch.equal(got.frames, base.frames) and got.stopped
         assert got.computed >= got.frames.shape[1]
+
+
+def test_s1_penalty_window_is_upstreams_block() -> None:
+    """S1: the decode frames from max(0, i - 16) as a 16-column block, zero-padded while fewer."""
+    history = torch.arange(1, 3 * 20 + 1).view(3, 20)
+    assert torch.equal(S1Sampling.window(history[:, :0]), torch.zeros(3, 16, dtype=history.dtype))
+    five = S1Sampling.window(history[:, :5])
+    assert torch.equal(five[:, :5], history[:, :5]) and not five[:, 5:].any()
+    assert torch.equal(S1Sampling.window(history[:, :19]), history[:, 3:19])
+    logits = torch.tensor([2.0, -2.0, 1.0])
+    assert torch.equal(penalized(logits.clone(), torch.tensor([0, 1, 1]), torch.tensor(2.0)),
+                       torch.tensor([1.0, -4.0, 1.0]))
 
 
 def test_text_splits_into_batches_by_speaker() -> None:

@@ -36,8 +36,10 @@ which swap `param.data`.
 
 Licences: S2-Pro code and weights are under the Fish Audio Research License (research and
 non-commercial); S1-mini weights are CC-BY-NC-SA-4.0. The loader logs it once per load.
-S1-mini runs with the same (S2-era) prompt and sampling as S2-Pro; upstream's S1-era release
-code samples differently (see the README): no reference data covers S1-mini.
+S1-mini runs with the prompt and sampling of its own release code (upstream up to d3df505,
+Apache-2.0; `prompt.s1_prompt`, `sampling.S1Sampling`): no chat, the whole text at once, a
+windowed repetition penalty and top-p. No reference data covers it; it was compared with that
+code on a tiny checkpoint outside the repository (identical frames).
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ from .codec import CodecConfig
 from .dual_ar import FastTransformer, KVCache, SlowTransformer
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
-from .sampling import SamplingTensors
+from .sampling import S1Sampling, SamplingTensors
 from .weights import detect_version, load_codec, load_dual_ar
 
 log = logging.getLogger(__name__)
@@ -161,21 +163,33 @@ class FishSpeechEngine(Engine):
         return element_size(self.dtype) * (CODEC_STAGE_COPIES * widest + 2 * samples)
 
     # ---- talker ----------------------------------------------------------------------------
-    def _history(self, voice: Voice) -> list[chat.Part]:
-        data = voice.data
-        return chat.system_message(data.get("transcript"), data.get("codes"))
-
     def plan_positions(self, text: str, voice: Voice, sampling: Sampling) -> tuple[int, int]:
         """M46: (the prompt positions of the last batch, the frames estimated for it), the last
         batch's prompt holding every earlier batch and its estimated answer."""
-        tok, cfg = self.model.tokenizer, self.model.config
-        history = chat.encode(self._history(voice), tok, cfg.num_codebooks).shape[1]
-        prompt_len, frames = history, 0
-        for batch in chat.batches(text):
-            prompt_len += frames + len(tok.encode(batch)) + 16  # chat tokens around it, rounded up
+        cfg = self.model.config
+        prompt_len, frames = 0, 0
+        for i, batch in enumerate(self._batches(text)):
+            if i == 0:
+                prompt_len = self._rows(voice, [], batch).shape[1]
+            else:  # the earlier batch's answer and this batch's text, chat tokens rounded up
+                prompt_len += frames + len(self.model.tokenizer.encode(batch)) + 16
             cap = frame_count(min(prompt_len, cfg.max_seq_len - 1), sampling.max_new_tokens, cfg.max_seq_len)
             frames = max(1, min(cap, FRAMES_PER_TEXT_BYTE * len(batch.encode("utf-8"))))
         return prompt_len, frames
+
+    def _batches(self, text: str) -> list[str]:
+        """S2-Pro speaks speaker-tagged text batch by batch; S1-mini's code speaks it whole."""
+        return [text] if self.version == "s1-mini" else chat.batches(text)
+
+    def _rows(self, voice: Voice, answered: list[chat.Part], batch: str) -> Tensor:
+        """The prompt frames for `batch`, after the batches `answered` (S2-Pro's chat)."""
+        data, cfg = voice.data, self.model.config
+        if self.version == "s1-mini":
+            parts = chat.s1_prompt(data.get("transcript"), data.get("codes"), batch)
+        else:
+            parts = [*chat.system_message(data.get("transcript"), data.get("codes")), *answered,
+                     *chat.user_message(batch), *chat.assistant_turn()]
+        return chat.encode(parts, self.model.tokenizer, cfg.num_codebooks)
 
     def generation_memory(self, prompt_len: int, frames: int, kv_cache: str | None = None) -> int:
         """M45/M46: the slow KV cache grown to the prompt and frames (`peak_bytes` of its kind),
@@ -191,8 +205,11 @@ class FishSpeechEngine(Engine):
             + 4 * cfg.vocab_size * 4
         return kv + fast_kv + prefill
 
-    def _sampling_tensors(self, sampling: Sampling) -> SamplingTensors:
+    def _sampling_tensors(self, sampling: Sampling) -> SamplingTensors | S1Sampling:
         cfg = self.model.config
+        if self.version == "s1-mini":
+            return S1Sampling.build(temperature=sampling.temperature, top_p=sampling.top_p if sampling.do_sample else 0.0,
+                                    repetition_penalty=sampling.repetition_penalty, device=self.device)
         return SamplingTensors.build(
             temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.do_sample else 1, vocab_size=cfg.vocab_size,
@@ -205,7 +222,7 @@ class FishSpeechEngine(Engine):
         memory = self.generation_memory(prompt_len, frames, kv_cache)
         ctx.report.add_phase("talker", kv_positions=prompt_len + frames, frames_estimated=frames,
                              working_mb=round(memory / 2**20, 2))
-        batches = chat.batches(text)
+        batches = self._batches(text)
         total = sampling.max_new_tokens * len(batches)
 
         def talk() -> tuple[Tensor, int]:
@@ -225,10 +242,10 @@ class FishSpeechEngine(Engine):
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         sampler = FrameSampler(m.fast, self._sampling_tensors(sampling), generator, self.device)
         cache = m.slow.new_cache(self.device, kind=kv_cache)
-        history, answers, done, computed = self._history(voice), [], 0, 0
+        answered: list[chat.Part] = []
+        answers, done, computed = [], 0, 0
         for batch in batches:
-            history += chat.user_message(batch)
-            rows = chat.encode(history + chat.assistant_turn(), m.tokenizer, cfg.num_codebooks)
+            rows = self._rows(voice, answered, batch)
             try:
                 frames = frame_count(rows.shape[1], sampling.max_new_tokens, cfg.max_seq_len)
             except ValueError as exc:
@@ -240,7 +257,7 @@ class FishSpeechEngine(Engine):
             computed += out.computed
             answer = out.codes.cpu()
             answers.append(answer)
-            history += chat.assistant_answer(answer)
+            answered += [*chat.user_message(batch), *chat.assistant_answer(answer)]
         return torch.cat(answers, dim=1), computed
 
     # ---- decoder ---------------------------------------------------------------------------

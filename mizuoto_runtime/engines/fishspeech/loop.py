@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .dual_ar import FastTransformer, KVCache, SlowTransformer
-from .sampling import RAS_WINDOW, SamplingTensors
+from .sampling import S1Sampling, SamplingTensors
 
 SYNC_EVERY = 8
 
@@ -55,7 +55,7 @@ def frame_count(prompt_len: int, max_new_tokens: int, max_seq_len: int) -> int:
 class FrameSampler:
     """One frame's codes from the slow logits and hidden state (the fast transformer's part)."""
 
-    def __init__(self, fast: FastTransformer, sampling: SamplingTensors, generator: torch.Generator,
+    def __init__(self, fast: FastTransformer, sampling: SamplingTensors | S1Sampling, generator: torch.Generator,
                  device: torch.device | str) -> None:
         cfg = fast.cfg
         self.fast, self.sampling, self.generator = fast, sampling, generator
@@ -63,15 +63,17 @@ class FrameSampler:
         self.rope, self.masks = fast.rope(device), fast.masks(device)
         self.begin, self.end, self.codebook_size = cfg.semantic_begin_id, cfg.semantic_end_id, cfg.codebook_size
 
-    def __call__(self, logits: Tensor, hidden: Tensor, window: Tensor | None) -> Tensor:
-        token = self.sampling.slow_token(logits, self.generator, window, self.begin, self.end)
+    def __call__(self, logits: Tensor, hidden: Tensor, history: Tensor | None) -> Tensor:
+        """The frame after `logits`/`hidden`; `history`: the decode frames before it (None at
+        the prefill, whose frame no penalty or fallback looks at)."""
+        token = self.sampling.slow_token(logits, self.generator, history, self.begin, self.end)
         fast = self.fast
         fast(fast.fast_project_in(hidden.reshape(1, -1)), 0, self.cache, self.rope, self.masks)
         code = torch.clamp(token - self.begin, min=0, max=self.codebook_size - 1)
         codes = [token, code]
         for i in range(1, fast.cfg.num_codebooks):
-            code = self.sampling.code(fast(fast.fast_embeddings(code), i, self.cache, self.rope, self.masks),
-                                      self.generator)
+            logits = fast(fast.fast_embeddings(code), i, self.cache, self.rope, self.masks)
+            code = self.sampling.code(logits, i, self.generator, history)
             codes.append(code)
         return torch.cat(codes).long()
 
@@ -86,15 +88,12 @@ def generate(slow: SlowTransformer, sampler: FrameSampler, prompt: Tensor, frame
     out[:, 0] = sampler(logits[0, -1], hidden, None)
     if on_frame is not None:
         on_frame(1)
-    window = torch.zeros(RAS_WINDOW, dtype=torch.int, device=prompt.device)
     done = 1
     while done < frames:
         block_end = min(frames, done + sync_every)
         for i in range(done, block_end):
             logits, hidden = slow(out[:, i - 1:i], t + i - 1, cache)
-            frame = sampler(logits[0, -1], hidden, window)
-            out[:, i] = frame
-            window = torch.cat([window[1:], frame[:1].int()])
+            out[:, i] = sampler(logits[0, -1], hidden, out[:, 1:i])
             if on_frame is not None:
                 on_frame(i + 1)
         stops = (out[0, done:block_end] == im_end_id).nonzero()

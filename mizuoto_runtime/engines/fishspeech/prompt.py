@@ -10,6 +10,10 @@ The system message says what to do and, with a voice, holds the reference transc
 tags is split at them into turns, grouped into batches of at most 5 speakers and `chunk_bytes`
 UTF-8 bytes; each batch is one user message answered by the assistant in voice, and the codes
 each batch produced go back into the chat before the next, as upstream's `generate_long` does.
+
+S1-mini's release code (up to d3df505) prompts with no chat: ``<|interleave|>``, then per
+reference ``<|speaker:0|>``, its transcript, its codes and ``<|im_end|>``, then ``<|speaker:0|>``
+and the whole text, which the model continues (`s1_prompt`).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import re
 import torch
 from torch import Tensor
 
-from .tokenizer import IM_END, IM_START, SPEAKER_TAG, VOICE, TextTokenizer
+from .tokenizer import IM_END, IM_START, INTERLEAVE, SPEAKER_TAG, VOICE, TextTokenizer
 
 SYSTEM_WITH_VOICE = "convert the provided text to speech reference to the following:\n\nText:\n"
 SYSTEM_PLAIN = "convert the provided text to speech"
@@ -86,6 +90,13 @@ def assistant_answer(codes: Tensor) -> list[Part]:
 def assistant_turn() -> list[Part]:
     """The open assistant message the model continues."""
     return [f"{IM_START}assistant\n{VOICE}"]
+
+
+def s1_prompt(reference_text: str | None, reference_codes: Tensor | None, text: str) -> list[Part]:
+    parts: list[Part] = [INTERLEAVE]
+    if reference_text and reference_codes is not None:
+        parts += ["<|speaker:0|>", reference_text, reference_codes, IM_END]
+    return [*parts, "<|speaker:0|>", text]
 
 
 def encode(parts: list[Part], tokenizer: TextTokenizer, num_codebooks: int) -> Tensor:

@@ -17,6 +17,15 @@ applies it; so neither does this.
 
 The temperature and top-p are tensors in the model's dtype, as upstream makes them (in
 bfloat16, top-p 0.9 is 0.8984375).
+
+S1-mini's release code (upstream up to d3df505, Apache-2.0) samples otherwise, and
+`S1Sampling` does as it does: no bias on the slow logits and no fallback; a repetition penalty
+(logits below zero multiplied, others divided) over a window of the decode frames — the
+frames ``max(0, i - 16) ..`` as a 16-column block, zero-padded while fewer exist — where the slow
+token is penalized on the block's first column (all ``1 + num_codebooks`` values of that frame,
+as that code indexes it) and codebook ``k`` on its own row; top-p only (no top-k); residual
+logits cut to the first 1024 entries; each draw ``argmax(probs / E)`` with ``E`` from
+`Tensor.exponential_`; temperature, top-p and penalty float32 tensors.
 """
 from __future__ import annotations
 
@@ -71,17 +80,85 @@ class SamplingTensors:
             ras_temperature=torch.tensor(RAS_TEMPERATURE, dtype=dtype, device=device),
             ras_top_p=torch.tensor(RAS_TOP_P, dtype=dtype, device=device), slow_bias=bias)
 
-    def slow_token(self, logits: Tensor, generator: torch.Generator, window: Tensor | None,
+    def slow_token(self, logits: Tensor, generator: torch.Generator, history: Tensor | None,
                    semantic_begin: int, semantic_end: int) -> Tensor:
-        """The frame's token ``[1]``: the normal draw, then the fallback's draw, then RAS."""
+        """The frame's token ``[1]``: the normal draw, then the fallback's draw, then RAS against
+        the last `RAS_WINDOW` decode frames' tokens (`history`: the decode frames so far)."""
         biased = logits + self.slow_bias
         normal = draw(probs(biased, self.temperature, self.top_p, self.top_k), generator)
         high = draw(probs(biased, self.ras_temperature, self.ras_top_p, self.top_k), generator)
-        if window is None:
+        if history is None:
             return normal
+        # Upstream's window starts as zeros; a zero never matches a semantic token, so the
+        # frames there are enough.
+        window = history[0, -RAS_WINDOW:]
         repeated = (window == normal).any() & (normal >= semantic_begin) & (normal <= semantic_end)
         return torch.where(repeated, high, normal)
 
-    def code(self, logits: Tensor, generator: torch.Generator) -> Tensor:
-        """A residual codebook's code ``[1]`` (no bias)."""
+    def code(self, logits: Tensor, k: int, generator: torch.Generator, history: Tensor | None) -> Tensor:
+        """Codebook `k`'s code ``[1]`` (no bias, no penalty)."""
         return draw(probs(logits, self.temperature, self.top_p, self.top_k), generator)
+
+
+S1_PENALTY_WINDOW = 16
+S1_RESIDUAL_LOGITS = 1024
+
+
+def penalized(logits: Tensor, previous: Tensor, penalty: Tensor) -> Tensor:
+    """S1's repetition penalty on the ids in `previous` (in place, as upstream's `scatter_`)."""
+    index = previous.long()
+    score = torch.gather(logits, dim=-1, index=index)
+    score = torch.where(score < 0, score * penalty, score / penalty)
+    return logits.scatter_(dim=-1, index=index, src=score)
+
+
+def s1_probs(logits: Tensor, temperature: Tensor, top_p: Tensor) -> Tensor:
+    sorted_logits, order = torch.sort(logits, descending=True)
+    remove = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1) > top_p
+    remove[0] = False
+    remove = remove.scatter(dim=-1, index=order, src=remove)
+    return torch.softmax(logits.masked_fill(remove, -float("Inf")) / torch.clip(temperature, min=1e-5), dim=-1)
+
+
+def s1_draw(p: Tensor, generator: torch.Generator) -> Tensor:
+    q = torch.empty_like(p).exponential_(1, generator=generator)
+    return torch.argmax(p / q, dim=-1, keepdim=True).to(dtype=torch.int)
+
+
+@dataclasses.dataclass(frozen=True)
+class S1Sampling:
+    """S1-mini's sampling (see the module docstring)."""
+
+    temperature: Tensor
+    top_p: Tensor
+    penalty: Tensor
+
+    @staticmethod
+    def build(*, temperature: float, top_p: float, repetition_penalty: float,
+              device: torch.device | str) -> S1Sampling:
+        def value(v: float) -> Tensor:
+            return torch.tensor(v, dtype=torch.float, device=device)
+        return S1Sampling(value(temperature), value(top_p), value(repetition_penalty))
+
+    @staticmethod
+    def window(history: Tensor) -> Tensor:
+        """The 16 frames' block upstream penalizes with: from ``max(0, i - 16)``, zero-padded."""
+        i = history.shape[1]
+        block = history[:, max(0, i - S1_PENALTY_WINDOW):][:, :S1_PENALTY_WINDOW]
+        out = torch.zeros((history.shape[0], S1_PENALTY_WINDOW), dtype=history.dtype, device=history.device)
+        out[:, : block.shape[1]] = block
+        return out
+
+    def _sample(self, logits: Tensor, previous: Tensor | None, generator: torch.Generator) -> Tensor:
+        if previous is not None:
+            logits = penalized(logits.clone(), previous, self.penalty)
+        return s1_draw(s1_probs(logits, self.temperature, self.top_p), generator)
+
+    def slow_token(self, logits: Tensor, generator: torch.Generator, history: Tensor | None,
+                   semantic_begin: int, semantic_end: int) -> Tensor:
+        previous = None if history is None else self.window(history)[:, 0]
+        return self._sample(logits, previous, generator)
+
+    def code(self, logits: Tensor, k: int, generator: torch.Generator, history: Tensor | None) -> Tensor:
+        previous = None if history is None else self.window(history)[k + 1]
+        return self._sample(logits[:S1_RESIDUAL_LOGITS], previous, generator)

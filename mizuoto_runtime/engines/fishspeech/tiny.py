@@ -46,12 +46,13 @@ CORPUS = ["Hello world, this is a tiny test.", "A short reference line.", "Strea
           "convert the provided text to speech reference to the following:", "Text: Speech: system user assistant"]
 
 
-def _config(vocab: int, sem_begin: int, sem_end: int) -> DualARConfig:
+def _config(vocab: int, sem_begin: int, sem_end: int, version: str) -> DualARConfig:
     return DualARConfig(
         vocab_size=vocab, n_layer=3, n_head=4, n_local_heads=2, head_dim=16, dim=64, intermediate_size=192,
         rope_base=1000000, norm_eps=1e-6, max_seq_len=4096, tie_word_embeddings=True, attention_qkv_bias=False,
         attention_o_bias=False, attention_qk_norm=True, codebook_size=CODEBOOK_SIZE, num_codebooks=NUM_CODEBOOKS,
-        semantic_begin_id=sem_begin, semantic_end_id=sem_end, scale_codebook_embeddings=True, norm_fastlayer_input=True,
+        semantic_begin_id=sem_begin, semantic_end_id=sem_end, scale_codebook_embeddings=True,
+        norm_fastlayer_input=version == "s2-pro",  # S1's config has no such key: the fast transformer reads pre-norm
         n_fast_layer=2, fast_dim=64, fast_n_head=4, fast_n_local_heads=2, fast_head_dim=16,
         fast_intermediate_size=192, fast_attention_qkv_bias=False, fast_attention_o_bias=False,
         fast_attention_qk_norm=False)
@@ -195,7 +196,7 @@ def _write_s1(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> No
                                           "intermediate_size", "rope_base", "norm_eps", "max_seq_len",
                                           "tie_word_embeddings", "attention_qkv_bias", "attention_o_bias",
                                           "attention_qk_norm", "codebook_size", "num_codebooks",
-                                          "scale_codebook_embeddings", "norm_fastlayer_input", "n_fast_layer",
+                                          "scale_codebook_embeddings", "n_fast_layer",
                                           "fast_dim", "fast_n_head", "fast_n_local_heads", "fast_head_dim",
                                           "fast_intermediate_size", "fast_attention_qkv_bias",
                                           "fast_attention_o_bias", "fast_attention_qk_norm")}
@@ -211,7 +212,7 @@ def write_tiny_checkpoint(directory: str | Path, version: str = "s2-pro", seed: 
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     size, sem_begin = (_s2_tokenizer if version == "s2-pro" else _s1_tokenizer)(folder)
-    cfg = _config(size + 2, sem_begin, sem_begin + CODEBOOK_SIZE - 1)
+    cfg = _config(size + 2, sem_begin, sem_begin + CODEBOOK_SIZE - 1, version)
     g = torch.Generator().manual_seed(seed)
     weights = {k: v.to(dtype) for k, v in _dual_ar(cfg, g).items()}
     (_write_s2 if version == "s2-pro" else _write_s1)(folder, weights, cfg)

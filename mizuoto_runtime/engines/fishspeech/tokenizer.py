@@ -23,6 +23,7 @@ from ..checkpoint_files import read_json
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 VOICE = "<|voice|>"
+INTERLEAVE = "<|interleave|>"
 SEMANTIC = "<|semantic:{i}|>"
 MAX_SEMANTIC = 4096
 
