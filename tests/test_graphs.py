@@ -13,7 +13,7 @@ import torch
 from models import TinyDiT, TinyLM
 
 from mizuoto_runtime import DeviceService, ModelHandle, VramPolicy, graphs
-from mizuoto_runtime.devices import allocator_env
+from mizuoto_runtime.cuda_allocator import allocator_env
 from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
 from mizuoto_runtime.streamer import Streamer
 from mizuoto_runtime.transfer import BufferedCopyEngine, SimulatedStreams

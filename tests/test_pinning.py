@@ -188,7 +188,8 @@ def test_copy_mode_copies_streamed_and_leaves_kept_pageable() -> None:
     assert p.pin_kept([host])[0] is host
     del pinned
     collect()
-    assert ops(p) == ["pinned_empty", "synchronize"] and p.pinned_bytes == 0
+    # issue 27: the freed block leaves torch's host cache, where it would stay locked
+    assert ops(p) == ["pinned_empty", "synchronize", "empty_host_cache"] and p.pinned_bytes == 0
 
 
 def test_off_mode_and_cpu_are_no_ops() -> None:

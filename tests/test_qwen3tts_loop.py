@@ -161,7 +161,7 @@ def test_cuda_graph_refusals_are_named(qwen3tts_checkpoint: Checkpoint, monkeypa
     bridge sets) forbids capture, and under the cudaMallocAsync allocator, no graph is captured
     and `meta.applied.cuda_graphs` says why, in plain words."""
     from mizuoto_runtime.comfy_bridge import AIMDO_GRAPH_REFUSAL
-    from mizuoto_runtime.devices import ALLOC_CONF
+    from mizuoto_runtime.cuda_allocator import ALLOC_CONF
 
     folder = qwen3tts_checkpoint("custom_voice")
     rt = Runtime()
@@ -174,7 +174,7 @@ def test_cuda_graph_refusals_are_named(qwen3tts_checkpoint: Checkpoint, monkeypa
         graphs.refuse_capture(None)
     assert meta["applied"]["cuda_graphs"] == f"off: {AIMDO_GRAPH_REFUSAL}"
     monkeypatch.setenv(ALLOC_CONF, "")
-    monkeypatch.delenv(ALLOC_CONF)  # restored after the test: the runtime writes the setting's value
+    monkeypatch.delenv(ALLOC_CONF)  # restored after the test
     asynchronous = Runtime({"compute.cuda_allocator": "async"})
     _, _, meta = run(asynchronous, folder, "lean", sampling(), decode=False, speaker="bob")
     reason = meta["applied"]["cuda_graphs"]
