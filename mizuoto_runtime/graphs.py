@@ -229,8 +229,8 @@ def capture(handle: ModelHandle, fn: Callable[[], Any], *, warmup: int = 2, pool
         except torch.OutOfMemoryError:
             log.info("%s: CUDA Graph capture ran out of memory; emptying the device cache and trying again",
                      handle.name)
-            handle.devices.synchronize(handle.device)
-            handle.devices.empty_cache(handle.device)
+            torch.cuda.synchronize(handle.device)
+            torch.cuda.empty_cache()
             return _capture(handle, fn, warmup, pool, keep_rng)
 
 

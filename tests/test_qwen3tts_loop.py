@@ -8,6 +8,7 @@ Skipped where `qwen_tts` is not installed.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from conftest import require_qwen_tts
+from cuda_standin import CudaStandIn
 from mizuoto_runtime import Runtime, graphs
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Sampling
@@ -216,6 +218,58 @@ def test_graph_path_replays_exactly_on_a_cpu_stand_in(qwen3tts_checkpoint: Check
     assert torch.equal(lean, up)
     assert meta["applied"]["cuda_graphs"] == "on: the code predictor's steps"
     assert len(captured) == 1 and captured[0]["keep_rng"] and captured[0]["graph"].replays == FRAMES
+
+
+def test_a_failed_capture_finishes_eagerly_with_the_same_codes(qwen3tts_checkpoint: Checkpoint,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 27: the capture fails inside CUDA after the warm-up drew two frames of random
+    numbers (CUDA's calls stood in for on the CPU, `CudaStandIn`; the capture code is ours).
+    The device generator goes back, the request finishes eagerly with the upstream loop's codes,
+    `meta.applied.cuda_graphs` gives the reason, and the failure is logged once."""
+    folder = qwen3tts_checkpoint("custom_voice")
+    rt = Runtime()
+    up, _, _ = run(rt, folder, "upstream", sampling(), decode=False, speaker="bob")
+    cuda = CudaStandIn(monkeypatch, fail_at_end=True)
+    monkeypatch.setattr(graphs, "eligible", lambda handle: (True, "eligible"))
+    with caplog.at_level("WARNING", logger="mizuoto_runtime.graphs"):
+        for _ in range(2):
+            lean, _, meta = run(rt, folder, "lean", sampling(), decode=False, speaker="bob")
+            assert torch.equal(lean, up)
+            assert meta["applied"]["cuda_graphs"].startswith("off: capture failed (CUDA error")
+    assert cuda.names().count("release_pool") == 2  # each request tried, and let its pool go
+    assert len([r for r in caplog.records if "capture failed" in r.getMessage()]) == 1
+
+
+def test_no_capture_while_another_request_holds_the_device(qwen3tts_checkpoint: Checkpoint,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27, `compute.gpu_jobs` = 2: another request holds the simulated device, so the
+    talker runs eagerly (no CUDA call made), exact, and `meta.applied` says why."""
+    folder = qwen3tts_checkpoint("custom_voice")
+    up, _, _ = run(Runtime(), folder, "upstream", sampling(), decode=False, speaker="bob")
+    rt = Runtime({"compute.simulate_vram_mb": 256, "compute.gpu_jobs": 2})
+    cuda = CudaStandIn(monkeypatch)
+    monkeypatch.setattr(graphs, "eligible", lambda handle: (True, "eligible"))
+    slots = rt.manager.slots(torch.device("cpu"))
+    holding, done = threading.Event(), threading.Event()
+
+    def other_request() -> None:
+        slots.take(None, 5.0)
+        holding.set()
+        done.wait(60.0)
+        slots.give()
+
+    other = threading.Thread(target=other_request)
+    other.start()
+    holding.wait(5.0)
+    try:
+        lean, _, meta = run(rt, folder, "lean", sampling(), decode=False, speaker="bob")
+    finally:
+        done.set()
+        other.join(5.0)
+    assert torch.equal(lean, up)
+    assert meta["applied"]["cuda_graphs"] == f"off: {graphs.BUSY}"
+    assert cuda.calls == []
 
 
 def test_sampler_draws_what_generate_draws() -> None:
