@@ -317,9 +317,7 @@ def _graph_pools_unused(device: torch.device) -> int:
     """Bytes reserved in live graphs' private pools but not allocated there (issue 27)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     pools = {pool for i, pool in list(_GRAPH_POOLS.values()) if i == index}
-    unused = 0
-    for pool in pools:
-        for segment in torch.cuda.memory_snapshot(mempool_id=pool, include_traces=False):
-            if segment.get("device") == index:
-                unused += segment["total_size"] - segment["allocated_size"]
-    return unused
+    if not pools:
+        return 0
+    return sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
+               if segment.get("device") == index and tuple(segment.get("segment_pool_id", ())) in pools)

@@ -266,9 +266,10 @@ def test_free_vram_leaves_out_a_live_graphs_private_pool(monkeypatch: pytest.Mon
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB, 1000 * MB))
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {
         "reserved_bytes.all.current": 300 * MB, "allocated_bytes.all.current": 200 * MB})
-    snapshots = {(7, 0): [{"device": 0, "total_size": 64 * MB, "allocated_size": 24 * MB}]}
-    monkeypatch.setattr(torch.cuda, "memory_snapshot",
-                        lambda mempool_id=None, include_traces=True: snapshots.get(mempool_id, []))
+    segments = [{"device": 0, "total_size": 64 * MB, "allocated_size": 24 * MB, "segment_pool_id": (7, 0)},
+                {"device": 0, "total_size": 256 * MB, "allocated_size": 176 * MB, "segment_pool_id": (0, 0)},
+                {"device": 1, "total_size": 64 * MB, "allocated_size": 0, "segment_pool_id": (7, 0)}]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
     gc.collect()  # graphs of earlier tests
     service = DeviceService()
     assert service.free_bytes(cuda0) == 200 * MB
