@@ -13,8 +13,8 @@ torch yet:
 
 Anywhere else (inside ComfyUI, which imported torch long before, or a `Runtime` made in a
 process that has) nothing is written: `state` logs once that the choice applies from the next
-start, and every request reports it in ``meta.applied.cuda_allocator``. A value already in the
-environment wins over the setting.
+start, and every request reports it in ``meta.applied.cuda_allocator`` (when the setting is not
+``auto``). A value already in the environment wins over the setting.
 """
 from __future__ import annotations
 

@@ -104,7 +104,8 @@ class Runtime:
                 on_progress: Callable[[int, int], None] | None = None) -> RequestContext:
         ctx = self.manager.request(generator=torch.Generator().manual_seed(seed), cancel_check=cancel_check,
                                    on_progress=on_progress)
-        ctx.applied["cuda_allocator"] = cuda_allocator.state(self.policy.cuda_allocator)  # M54: in force or not
+        if self.policy.cuda_allocator != "auto":  # M54: a choice was made: in force, or from the next start
+            ctx.applied["cuda_allocator"] = cuda_allocator.state(self.policy.cuda_allocator)
         return ctx
 
     def say(self, engine: Engine, text: str, *, reference: Audio | None = None, transcript: str | None = None,
