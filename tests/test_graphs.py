@@ -15,6 +15,7 @@ import pytest
 import torch
 from cuda_standin import CudaStandIn
 from models import TinyDiT, TinyLM
+from threads import another_request_holding
 
 from mizuoto_runtime import DeviceService, ModelHandle, VramPolicy, graphs
 from mizuoto_runtime.cuda_allocator import allocator_env
@@ -208,23 +209,11 @@ def test_no_capture_while_another_request_holds_the_device(monkeypatch: pytest.M
     cuda = CudaStandIn(monkeypatch)
     h = _whole_handle(monkeypatch)
     slots = DeviceSlots("cuda:0", lambda: 2)
-    other_in, other_out = threading.Event(), threading.Event()
-
-    def other_request() -> None:
+    with another_request_holding(slots):
         slots.take(None, 5.0)
-        other_in.set()
-        other_out.wait(5.0)
-        slots.give()
-
-    thread = threading.Thread(target=other_request)
-    thread.start()
-    other_in.wait(5.0)
-    slots.take(None, 5.0)
-    with pytest.raises(graphs.GraphRefused, match=graphs.BUSY):
-        graphs.capture(h, lambda: torch.ones(1), slots=slots)
+        with pytest.raises(graphs.GraphRefused, match=graphs.BUSY):
+            graphs.capture(h, lambda: torch.ones(1), slots=slots)
     assert cuda.calls == []
-    other_out.set()
-    thread.join(5.0)
 
     started: list[float] = []
     late = threading.Thread(target=lambda: (slots.take(None, 5.0), started.append(time.monotonic()), slots.give()))

@@ -8,7 +8,6 @@ Skipped where `qwen_tts` is not installed.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 
 from conftest import require_qwen_tts
 from cuda_standin import CudaStandIn
+from threads import another_request_holding
 from mizuoto_runtime import Runtime, graphs
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Sampling
@@ -250,23 +250,8 @@ def test_no_capture_while_another_request_holds_the_device(qwen3tts_checkpoint: 
     rt = Runtime({"compute.simulate_vram_mb": 256, "compute.gpu_jobs": 2})
     cuda = CudaStandIn(monkeypatch)
     monkeypatch.setattr(graphs, "eligible", lambda handle: (True, "eligible"))
-    slots = rt.manager.slots(torch.device("cpu"))
-    holding, done = threading.Event(), threading.Event()
-
-    def other_request() -> None:
-        slots.take(None, 5.0)
-        holding.set()
-        done.wait(60.0)
-        slots.give()
-
-    other = threading.Thread(target=other_request)
-    other.start()
-    holding.wait(5.0)
-    try:
+    with another_request_holding(rt.manager.slots(torch.device("cpu"))):
         lean, _, meta = run(rt, folder, "lean", sampling(), decode=False, speaker="bob")
-    finally:
-        done.set()
-        other.join(5.0)
     assert torch.equal(lean, up)
     assert meta["applied"]["cuda_graphs"] == f"off: {graphs.BUSY}"
     assert cuda.calls == []
