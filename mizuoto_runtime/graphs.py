@@ -14,9 +14,16 @@ Rules:
   `refuse_capture(reason)` when it finds dynamic VRAM active, `refuse_capture(None)` to lift it.
 * `eligible(handle)`: all of them, on a real CUDA device.
 
-`capture(handle, fn, keep_rng=...)` records `fn()` into a graph. With `keep_rng`, the
-warm-up runs' random draws are undone (the device generator's state is put back before
-capture), so a graph that samples draws, at its first replay, what an eager run would have. During capture the handle's hooks do not
+`capture(handle, fn, keep_rng=..., slots=...)` records `fn()` into a graph, on a stream of its
+own, in ``thread_local`` capture mode, and only while no other request holds the device
+(`slots`; see `capture` for why). With `keep_rng`, the warm-up runs' random draws are undone
+(the device generator's state is put back before capture), so a graph that samples draws, at
+its first replay, what an eager run would have. A capture that fails leaves the generator as
+it was before the warm-up and its private pool released: the caller runs eagerly, with the
+same numbers (`note_failure` logs it once and gives the reason for `meta.applied`). Nothing
+synchronizes or empties a cache before capture, unless a capture ran out of memory. While a
+graph lives, its private pool's free blocks are not counted as free device memory
+(`devices.track_graph_pool`). During capture the handle's hooks do not
 use the streamer: each leaf module's streamed weights are copied, when the leaf is entered,
 from their fixed (pinned) host tensors into memory allocated inside the capture — the graph's
 own pool, not the eager run's copy buffers, which are reused — and released when the leaf
@@ -300,7 +307,11 @@ class _Recording:
 
     def record(self, fn: Callable[[], Any]) -> Any:
         with torch.cuda.stream(self.stream):
-            self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            except BaseException:
+                self._release_pool()  # the pool may already be taking allocations
+                raise
             try:
                 output = fn()
             except BaseException:
@@ -335,7 +346,10 @@ class _Recording:
             ended = False
         self.graph.reset()  # forgets the capture in the generator's and torch's tables
         if not ended:
-            torch._C._cuda_releasePool(self.index, pool_id)
+            try:
+                torch._C._cuda_releasePool(self.index, pool_id)
+            except RuntimeError:
+                log.debug("the failed capture had made no pool")
 
 
 _LOGGED_FAILURES: set[str] = set()

@@ -33,7 +33,7 @@ same bytes whose deleter drops the anchor. The handle's host tensors become view
 anchor's `weakref.finalize` runs: it waits for the device, unregisters, returns the budget —
 and only then lets go of the reference to S it holds, so S's memory cannot be freed before
 the finalizer has finished, whoever else still holds S. A finalizer that fires while a CUDA
-Graph is being captured — on any thread: global capture mode forbids synchronizing — is
+Graph is being captured — on any thread: a device-wide wait during a capture is not safe — is
 deferred until `flush`, the memory still held.
 
 **Releases together.** Each release waits for the device (copies may still read the memory).
@@ -63,22 +63,22 @@ _MARK = "_mizuoto_pinned"  # set on the views this module hands out: already re-
 
 PinMode = Literal["register", "copy", "off"]
 
-_captures = 0  # blocks deferring releases in this process: CUDA Graph captures, batched releases
-_captures_lock = threading.Lock()
+_deferring = 0  # blocks deferring releases in this process: CUDA Graph captures, batched releases
+_deferring_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def releases_deferred() -> Iterator[None]:
     """While a CUDA Graph is captured, pinned memory is not released (no synchronization);
     the releases wait for a pinner's `flush`."""
-    global _captures
-    with _captures_lock:
-        _captures += 1
+    global _deferring
+    with _deferring_lock:
+        _deferring += 1
     try:
         yield
     finally:
-        with _captures_lock:
-            _captures -= 1
+        with _deferring_lock:
+            _deferring -= 1
 
 
 @contextlib.contextmanager
@@ -410,7 +410,7 @@ class Pinner:
         with self._lock:
             record.released = True
             assert self.registrar is not None
-            if _captures or self.registrar.capturing():
+            if _deferring or self.registrar.capturing():
                 # During capture no synchronization, and in a batch one for all: keep the
                 # memory (held by `whole`) until `flush`.
                 self._deferred.append((record, whole))
@@ -435,7 +435,7 @@ class Pinner:
 
     def flush(self) -> None:
         """Finish the releases deferred while a CUDA Graph was being captured, or batched."""
-        if not self._deferred or _captures or (self.registrar is not None and self.registrar.capturing()):
+        if not self._deferred or _deferring or (self.registrar is not None and self.registrar.capturing()):
             return
         with self._lock:
             deferred, self._deferred = self._deferred, []

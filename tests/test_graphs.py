@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_standin import CudaStandIn
+from cuda_standin import CudaStandIn, StandInGraph
 from models import TinyDiT, TinyLM
 from threads import another_request_holding
 
@@ -268,3 +268,22 @@ def test_free_vram_leaves_out_a_live_graphs_private_pool(monkeypatch: pytest.Mon
     del graph
     gc.collect()
     assert service.free_bytes(cuda0) == 200 * MB
+
+
+def test_a_capture_that_cannot_begin_lets_its_pool_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`capture_begin` fails (e.g. another process-wide capture): the pool it may have started
+    feeding is released and the generator put back, as for any failed capture."""
+    cuda = CudaStandIn(monkeypatch)
+    h = _whole_handle(monkeypatch)
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StandInGraph, "capture_begin", refuse)
+    torch.manual_seed(3)
+    graph_off = torch.rand(2)
+    torch.manual_seed(3)
+    with pytest.raises(RuntimeError, match="not permitted"):
+        graphs.capture(h, lambda: torch.rand(2))
+    assert torch.equal(torch.rand(2), graph_off)
+    assert {"end_allocate_to_pool", "reset", "release_pool"} <= set(cuda.names())
