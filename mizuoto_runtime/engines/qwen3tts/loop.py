@@ -57,9 +57,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import graphs
-from ..lm.cache import BufferCache, Kind
-from ..slots import DeviceSlots
+from ... import graphs
+from ...nn.kv_cache import BufferCache, Kind
+from ...slots import DeviceSlots
 
 log = logging.getLogger(__name__)
 
