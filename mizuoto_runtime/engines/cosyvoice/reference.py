@@ -5,7 +5,7 @@ seeds and lengths come from the folder."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -42,15 +42,31 @@ def stages(ref: Reference) -> Iterator[Stage]:
     yield Stage("e2e", lambda: _e2e(ref))
 
 
+def _ulp(x: torch.Tensor) -> torch.Tensor:
+    """`x` with every element moved by about one float32 ulp (fixed pattern)."""
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return (x.double() * (1 + 1.2e-7 * noise)).to(x.dtype)
+
+
+def _spread(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+    """How far `f`'s output moves when `x` moves by one ulp: the output's own conditioning."""
+    return float((f(_ulp(x)) - f(x)).abs().max())
+
+
 def _features(ref: Reference) -> list[Check]:
     spec = _model(ref).mel
     wav = ref.tensor("features.in.wav")
-    mel = mel_spectrogram(wav, n_fft=spec.n_fft, num_mels=spec.num_mels, sampling_rate=spec.sampling_rate,
-                          hop_size=spec.hop_size, win_size=spec.win_size, fmin=spec.fmin, fmax=spec.fmax,
-                          center=spec.center)
+
+    def mel(w: torch.Tensor) -> torch.Tensor:
+        return mel_spectrogram(w, n_fft=spec.n_fft, num_mels=spec.num_mels, sampling_rate=spec.sampling_rate,
+                               hop_size=spec.hop_size, win_size=spec.win_size, fmin=spec.fmin, fmax=spec.fmax,
+                               center=spec.center)
+
     prompt = ref.tensor("features.out.prompt_feat")
     samples = prompt.shape[1] * spec.hop_size
-    return [Check("features.out.mel", mel), Check("features.out.prompt_feat", prompt_mel(wav[:, :samples], spec))]
+    spread = _spread(mel, wav)  # log of near-floor bins: FFT rounding dominates them
+    return [Check("features.out.mel", mel(wav), conditioning=spread),
+            Check("features.out.prompt_feat", prompt_mel(wav[:, :samples], spec), conditioning=spread)]
 
 
 @torch.inference_mode()
@@ -177,10 +193,18 @@ def _vocoder(ref: Reference) -> list[Check]:
                    Check("vocoder.in.fixed_sine_waves_prefix", fixed.sine_waves(sine.shape[1])),
                    Check("vocoder.in.fixed_uv_prefix", fixed.uv(uv.shape[1]))]
     seed = ref.meta["vocoder"].get("seed")
-    if seed is not None:
-        torch.manual_seed(int(seed))
-    wav, source, f0 = hift(mel)
-    checks += [Check("vocoder.out.f0", f0), Check("vocoder.out.source", source), Check("vocoder.out.wav", wav),
+
+    def run(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        return hift(m)
+
+    wav, source, f0 = run(mel)
+    # The source's phase is a running sum of F0 over every sample: rounding in F0 grows with time.
+    moved = run(_ulp(mel))
+    checks += [Check("vocoder.out.f0", f0, conditioning=float((moved[2] - f0).abs().max())),
+               Check("vocoder.out.source", source, conditioning=float((moved[1] - source).abs().max())),
+               Check("vocoder.out.wav", wav, conditioning=float((moved[0] - wav).abs().max())),
                Check("vocoder.decode_recorded_source", hift.decode(mel, ref.tensor("vocoder.out.source")),
                      want=ref.tensor("vocoder.out.wav"))]
     return checks
