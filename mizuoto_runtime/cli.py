@@ -29,6 +29,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
 }
 
 
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
+    tiny.add_argument("--version", type=int, default=2, choices=(2, 3), help="cosyvoice: CosyVoice 2 or 3")
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
@@ -258,6 +260,8 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine == "cosyvoice":
+            folder = writer(args.directory, args.version, seed=args.seed, dtype=DTYPES[args.dtype])
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:

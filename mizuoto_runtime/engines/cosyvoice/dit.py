@@ -151,6 +151,9 @@ class DiT(nn.Module):
         self.norm_out = AdaLayerNormZero(spec.dim, chunks=2)
         self.proj_out = nn.Linear(spec.dim, spec.mel_dim)
 
+    def memory_units(self) -> list[nn.Module]:
+        return list(self.transformer_blocks)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor,
                 spks: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         x, mu, cond = x.transpose(1, 2), mu.transpose(1, 2), cond.transpose(1, 2)

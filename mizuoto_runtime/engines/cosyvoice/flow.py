@@ -192,6 +192,11 @@ class CosyVoiceFlow(nn.Module):
         self.pre_lookahead_layer = pre_lookahead_layer
         self.decoder = decoder
 
+    def memory_units(self) -> list[nn.Module]:
+        """M11/M12: the encoder's conformer layers, then the estimator's blocks."""
+        encoder = list(self.encoder.encoders) + list(self.encoder.up_encoders) if self.encoder is not None else []
+        return encoder + self.decoder.estimator.memory_units()
+
     def speaker(self, embedding: torch.Tensor) -> torch.Tensor:
         return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
 

@@ -304,6 +304,11 @@ class HiFT(nn.Module):
             self.f0_predictor.to(torch.float64)
         self.register_buffer("stft_window", periodic_hann(spec.n_fft), persistent=False)
 
+    def memory_units(self) -> list[nn.Module]:
+        """The upsampling convs and the residual blocks (the F0 predictor, float64 in
+        CosyVoice 3, and the small convs stay fixed)."""
+        return [*self.ups, *self.source_resblocks, *self.resblocks]
+
     def f0(self, mel: torch.Tensor) -> torch.Tensor:
         """F0 per frame ``(b, frames)``; CosyVoice 3 computes it in float64, as upstream."""
         return self.f0_predictor(mel.to(self.f0_predictor.classifier.weight.dtype))

@@ -116,13 +116,23 @@ class CosyVoiceLM(nn.Module):
             raise ValueError(f"CosyVoice LM: version must be 2 or 3, got {spec.version}")
         self.first_stop = s
 
+    def memory_units(self) -> list[nn.Module]:
+        """M11/M12: one unit per decoder layer (24 in the real model)."""
+        return list(self.backbone.layers)
+
     @property
     def backbone(self) -> DecoderModel:
         return self.llm.model.model
 
-    def _special(self, index: int) -> torch.Tensor:
+    def _special(self, index: int, device: torch.device) -> torch.Tensor:
         table = self.llm_embedding if self.spec.version == 2 else self.speech_embedding
-        return table.weight[index].reshape(1, 1, -1)
+        return self.embed(table, index, device)
+
+    @staticmethod
+    def embed(table: nn.Embedding, index: int, device: torch.device) -> torch.Tensor:
+        """Row `index` of `table` as ``(1, 1, D)``: upstream's ``weight[index]``, called as the
+        module so a streamed or placed table is where the runtime put it."""
+        return table(torch.tensor([[index]], device=device))
 
     def prefill_input(self, text: torch.Tensor, prompt_text: torch.Tensor,
                       prompt_speech_token: torch.Tensor) -> torch.Tensor:
@@ -132,7 +142,8 @@ class CosyVoiceLM(nn.Module):
             speech = self.speech_embedding(prompt_speech_token)
         else:
             speech = text_emb.new_zeros(1, 0, self.spec.llm_input_size)
-        return torch.cat([self._special(self.sos), text_emb, self._special(self.task_id), speech], dim=1)
+        device = text.device
+        return torch.cat([self._special(self.sos, device), text_emb, self._special(self.task_id, device), speech], dim=1)
 
     def logits(self, x: torch.Tensor, cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of `x` after the cache, and the decoder logits of its last position."""
@@ -179,5 +190,5 @@ def generate(lm: CosyVoiceLM, lm_input: torch.Tensor, min_len: int, max_len: int
         tokens.append(token)
         if on_token is not None:
             on_token(token)
-        x = lm.speech_embedding.weight[token].reshape(1, 1, -1)
+        x = lm.embed(lm.speech_embedding, token, lm_input.device)
     return Generation(tokens, stop, list(sampler.fallbacks), kept)

@@ -89,7 +89,7 @@ def _step1(ref: Reference) -> list[Check]:
     cache = KVCache()
     lm.logits(ref.tensor("llm.in.lm_input"), cache)
     first = int(ref.meta["llm"]["tokens"][0])
-    step_input = lm.speech_embedding.weight[first].reshape(1, 1, -1)
+    step_input = lm.embed(lm.speech_embedding, first, torch.device("cpu"))
     hidden, logits = lm.logits(ref.tensor("llm.in.step1_input"), cache)
     return [Check("llm.in.step1_input", step_input), Check("llm.out.step1_hidden", hidden),
             Check("llm.out.step1_logits", logits)]

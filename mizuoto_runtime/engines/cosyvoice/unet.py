@@ -170,6 +170,10 @@ class CausalConditionalDecoder(nn.Module):
         self.final_block = CausalBlock1D(ups[-1], ups[-1])
         self.final_proj = nn.Conv1d(ups[-1], spec.out_channels, 1)
 
+    def memory_units(self) -> list[nn.Module]:
+        """Each level's resnet block and transformer blocks, with its resampling conv."""
+        return [*self.down_blocks, *self.mid_blocks, *self.up_blocks]
+
     def _transformers(self, x: torch.Tensor, mask: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
         x = x.transpose(1, 2).contiguous()
         bias = attention_bias(mask, self.spec.num_heads, x.dtype)
