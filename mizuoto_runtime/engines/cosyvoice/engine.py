@@ -55,6 +55,7 @@ from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .lm import length_bounds
 from .model import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
+from .text import normalize
 from .tokenizer import ENDOFPROMPT, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class CosyVoiceEngine(Engine):
         elif reference is not None:
             data = self._reference(ctx, reference)
             if (transcript or "").strip() and not instruct:  # zero-shot; else cross-lingual
-                data["llm_prompt_text"] = self._ids(self._lm_prompt(transcript or ""))
+                data["llm_prompt_text"] = self._ids(self._lm_prompt(normalize(transcript or "")))
                 data["llm_prompt_token"] = data["prompt_token"]
         else:
             raise MizuotoError("cosyvoice needs a voice: a built-in speaker "
@@ -217,9 +218,10 @@ class CosyVoiceEngine(Engine):
 
     # ---- talker ----------------------------------------------------------------------------
     def text_ids(self, text: str, voice: Voice) -> torch.Tensor:
-        """The text the LM speaks. CosyVoice 3 needs ``<|endofprompt|>`` in its text or prompt:
+        """The text the LM speaks, normalised as upstream does (`text.normalize`). CosyVoice 3 needs ``<|endofprompt|>`` in its text or prompt:
         a voice without an LM prompt gets the system prompt before the text."""
         prompt = voice.data.get("llm_prompt_text")
+        text = normalize(text)
         if self.version == 3 and prompt is None and ENDOFPROMPT not in text:
             text = SYSTEM_PROMPT + text
         return self._ids(text)
