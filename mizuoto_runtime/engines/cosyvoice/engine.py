@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +66,8 @@ VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.o
 # checkpoints' CPU peaks (bench/engines.py) and rounded up.
 PREFILL_HIDDEN_COPIES = 10
 ESTIMATOR_COPIES = 24
-VOCODER_BYTES_PER_SAMPLE = 96
+SOURCE_BYTES_PER_SAMPLE = 256  # the 9-harmonic source at the output rate and its temporaries
+VOCODER_STAGE_COPIES = 6  # live copies of an upsampling stage (input kept, resblock temporaries)
 
 
 def read_speakers(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -292,9 +292,15 @@ class CosyVoiceEngine(Engine):
         return int(2 * frames * elem * (ESTIMATOR_COPIES * width + 2 * heads * frames) + 8 * frames * 80 * elem)
 
     def vocoder_memory(self, frames: int) -> int:
-        hop = int(math.prod(self.model.hift.spec.upsample_rates)) * self.model.hift.spec.hop_len
-        base = self.model.hift.spec.base_channels
-        return frames * hop * VOCODER_BYTES_PER_SAMPLE + 4 * frames * base * 8
+        """M45: HiFT at `frames` mel frames (float32): the NSF source at the output rate, and
+        each upsampling stage's channels x length."""
+        spec = self.model.hift.spec
+        samples = frames * spec.upsample_scale
+        stages, length = 0, frames
+        for i, rate in enumerate(spec.upsample_rates):
+            length *= rate
+            stages += (spec.base_channels // 2 ** (i + 1)) * length
+        return samples * SOURCE_BYTES_PER_SAMPLE + 4 * VOCODER_STAGE_COPIES * stages
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         data = codes.extra["voice"]
