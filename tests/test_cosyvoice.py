@@ -203,3 +203,4 @@ def test_cli_say_and_tiny_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixtu
                  "--setting", "compute.vram_mode=none"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and out.is_file() and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
+    assert result["applied"]["vocoder_fallback"].startswith("none")

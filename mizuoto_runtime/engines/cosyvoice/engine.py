@@ -29,6 +29,9 @@ hands the generator's state on in its output, and the vocoder phase continues fr
 result is upstream's ``CosyVoice2Model.tts`` output for the same seed (tested against the
 reference data's end-to-end stage).
 
+Sampling: upstream's RAS with the yaml's settings (top-p 0.8, top-k 25, window 10); the
+request's seed and ``max_new_tokens`` apply, its temperature, top-k and top-p do not.
+
 Modes (`encode_voice`): a ``spk2info`` speaker (upstream's sft mode, or a saved zero-shot
 prompt); zero-shot (reference + transcript); cross-lingual (reference alone: no prompt in the
 LM); instruct (CosyVoice 2's instruct2 / CosyVoice 3's instruction text: the instruction is the
@@ -60,6 +63,7 @@ from .tokenizer import ENDOFPROMPT, TextTokenizer
 log = logging.getLogger(__name__)
 
 SPK2INFO = "spk2info.pt"
+NO_FALLBACK = "none: HiFT's source phase runs through the whole utterance, so it cannot be tiled"
 SYSTEM_PROMPT = "You are a helpful assistant." + ENDOFPROMPT  # CosyVoice 3's documented default
 VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.onnx", "speech_tokenizer_v3.onnx")}
 # Working-memory constants (M45), in units of the hidden size per position, fitted on the tiny
@@ -327,6 +331,7 @@ class CosyVoiceEngine(Engine):
                 wav, _, _ = self.model.hift(mel.to(self.device, self.dtype))
             return wav.float().cpu()
 
+        ctx.applied["vocoder_fallback"] = NO_FALLBACK  # meta.applied: what the report shows
         wav = ctx.run("vocoder", [self.vocoder], vocode, self.vocoder_memory(mel.shape[-1]))
         return Audio(wav, self.sample_rate)
 
