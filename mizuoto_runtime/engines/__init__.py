@@ -21,6 +21,7 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "f5tts": ("mizuoto_runtime.engines.f5tts.engine", "F5TTSEngine", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.engine", "OmniVoiceEngine", "omnivoice"),
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.engine", "FishSpeechEngine", "fishspeech"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.engine", "CosyVoiceEngine", "cosyvoice"),
 }
 
 
