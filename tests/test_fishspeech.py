@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import wave
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,18 +78,39 @@ def test_equal_to_upstream_on_its_reference_data(variant: str) -> None:
 # ---- loading -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("version", tiny.VERSIONS)
-def test_both_layouts_load_and_half_precision_holds_no_float32(folder: Folder, version: str) -> None:
+def test_both_layouts_load_and_half_precision_holds_no_float32(folder: Folder, version: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
     """M27: bf16 straight from the files (S2-Pro's bf16 shards, S1-mini's bf16 model.pth); the
-    codec's float32 file lands in bf16 too; the same values as float32-then-convert."""
+    codec's float32 file lands in bf16 too, folded one weight at a time; the same values as
+    float32-then-convert. The licence is logged once per load."""
     path = folder(version)
     assert weights.detect_version(path) == version
-    half = weights.load_dual_ar(path, torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="mizuoto_runtime.engines.fishspeech.weights"):
+        half = weights.load_dual_ar(path, torch.bfloat16)
+    licences = [r.getMessage() for r in caplog.records if "Licence" in r.getMessage()]
+    assert len(licences) == 1 and ("Research License" if version == "s2-pro" else "CC-BY-NC-SA-4.0") in licences[0]
     full = weights.load_dual_ar(path, torch.float32)
     for module in (half.slow, half.fast):
         assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
     for (name, a), (_, b) in zip(half.slow.state_dict().items(), full.slow.state_dict().items()):
         assert torch.equal(a, b.to(torch.bfloat16)), name
-    encoder, decoder = weights.load_codec(path, torch.bfloat16)
+    folded: list[weakref.ref[torch.Tensor]] = []
+    fold = weights.fold
+
+    def spy(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert v.dtype == torch.float32  # the codec file is float32, as released
+        alive = [r for r in folded if r() is not None]
+        assert len(alive) <= 1, f"{len(alive)} folded float32 weights alive at once"  # the one being copied
+        out = fold(g, v)
+        folded.append(weakref.ref(out))
+        return out
+
+    weights.fold = spy  # type: ignore[assignment]
+    try:
+        encoder, decoder = weights.load_codec(path, torch.bfloat16)
+    finally:
+        weights.fold = fold  # type: ignore[assignment]
+    assert len(folded) > 20
     assert {p.dtype for p in [*encoder.parameters(), *decoder.parameters()]} == {torch.bfloat16}
 
 
@@ -133,7 +156,7 @@ def test_loading_errors_name_what_is_wrong(folder: Folder, tmp_path: Path) -> No
     codec = torch.load(src / "codec.pth", weights_only=True)
     del codec["decoder.model.0.conv.parametrizations.weight.original0"]
     torch.save(codec, tmp_path / "codec.pth")
-    with pytest.raises(KeyError, match="decoder.model.0.conv.parametrizations.weight.original1"):
+    with pytest.raises(CheckpointError, match="decoder.model.0.conv.parametrizations.weight.original1"):
         weights.load_codec(tmp_path, torch.float32)
 
 

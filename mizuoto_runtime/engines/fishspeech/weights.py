@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -31,7 +31,7 @@ from ...errors import CheckpointError
 from ...loading import build_on_meta, load_safetensors
 from ...nn.checkpoint import CheckpointError as NnCheckpointError
 from ...nn.checkpoint import load_state_dict
-from ...nn.weight_norm import fold_state_dict
+from ...nn.weight_norm import LEGACY, PARAMETRIZED, fold
 from .codec import CodecConfig, CodecDecoder, CodecEncoder, TransformerConfig
 from .config import DualARConfig, read_config
 from .dual_ar import FastTransformer, SlowTransformer
@@ -83,25 +83,31 @@ def read_pth(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(str(exc)) from exc
 
 
-def fill(model: nn.Module, state: dict[str, Tensor], where: Path) -> nn.Module:
-    """Fill `model` (built on meta) from `state`: every tensor, shapes checked, converted to the
-    model's dtype one at a time; missing, unexpected and mismatched keys in one error."""
+def fill(model: nn.Module, state: Mapping[str, Tensor], where: Path, strict: bool = True) -> nn.Module:
+    """Fill `model` (built on meta) from `state`: every tensor read once, its shape checked, converted
+    to the model's dtype one at a time; missing, mismatched and (`strict`) unexpected keys in one
+    error."""
     own = model.state_dict(keep_vars=True)
     problems = [f"missing {k} {tuple(t.shape)}" for k, t in own.items() if k not in state]
-    problems += [f"unexpected {k}" for k in state if k not in own]
-    problems += [f"shape of {k}: checkpoint {tuple(state[k].shape)}, model {tuple(t.shape)}"
-                 for k, t in own.items() if k in state and tuple(state[k].shape) != tuple(t.shape)]
-    if problems:
-        raise CheckpointError(f"{where} does not match {type(model).__name__}: " + "; ".join(problems))
+    if strict:
+        problems += [f"unexpected {k}" for k in state if k not in own]
     for key, target in own.items():
+        if key not in state:
+            continue
+        source = state[key]
+        if tuple(source.shape) != tuple(target.shape):
+            problems.append(f"shape of {key}: checkpoint {tuple(source.shape)}, model {tuple(target.shape)}")
+            continue
         value = torch.empty(target.shape, dtype=target.dtype)
-        value.copy_(state[key])
+        value.copy_(source)
         module_name, _, attr = key.rpartition(".")
         module = model.get_submodule(module_name)
         if isinstance(target, nn.Parameter):
             module._parameters[attr] = nn.Parameter(value, requires_grad=False)
         else:
             module._buffers[attr] = value
+    if problems:
+        raise CheckpointError(f"{where} does not match {type(model).__name__}: " + "; ".join(problems))
     return model
 
 
@@ -168,29 +174,64 @@ def load_dual_ar(folder: Path, dtype: torch.dtype) -> DualAR:
 
 # ---- codec --------------------------------------------------------------------------------------
 
-def read_codec_state(path: Path) -> dict[str, Tensor]:
+class FoldedState(Mapping[str, Tensor]):
+    """A state dict whose weight-norm pairs (either key form) read as their folded ``<m>.weight``,
+    folded when read: loading fills one tensor at a time, so a half-precision codec never holds
+    the float32 file's folded weights all at once (M27)."""
+
+    def __init__(self, state: Mapping[str, Tensor]) -> None:
+        self._state = state
+        self._pairs: dict[str, tuple[str, str]] = {}  # folded name -> (g key, v key)
+        self._plain: list[str] = []
+        for key in state:
+            for g_suffix, v_suffix in (PARAMETRIZED, LEGACY):
+                if key.endswith(g_suffix) or key.endswith(v_suffix):
+                    base = key[: -len(g_suffix if key.endswith(g_suffix) else v_suffix)]
+                    g, v = base + g_suffix, base + v_suffix
+                    if g not in state or v not in state:
+                        raise CheckpointError(f"weight norm: {key!r} has no partner {v if key == g else g!r}")
+                    self._pairs[base + ".weight"] = (g, v)
+                    break
+            else:
+                self._plain.append(key)
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key in self._pairs:
+            g, v = self._pairs[key]
+            return fold(self._state[g], self._state[v])
+        if key in self._plain:
+            return self._state[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._plain, *self._pairs])
+
+    def __len__(self) -> int:
+        return len(self._plain) + len(self._pairs)
+
+
+def read_codec_state(path: Path) -> FoldedState:
     state = read_pth(path)
     if any("generator." in k for k in state):
         state = {k.replace("generator.", ""): v for k, v in state.items() if "generator." in k}
-    state = fold_state_dict(state)
     # Rotary tables and causal masks some releases store: computed here at the length needed.
-    return {k: v for k, v in state.items() if not k.endswith((".freqs_cis", ".causal_mask"))}
+    return FoldedState({k: v for k, v in state.items() if not k.endswith((".freqs_cis", ".causal_mask"))})
 
 
-def _count(state: dict[str, Tensor], pattern: str) -> int:
+def _count(state: Mapping[str, Tensor], pattern: str) -> int:
     n = 0
     while pattern.format(n) in state:
         n += 1
     return n
 
 
-def _shape(state: dict[str, Tensor], key: str, path: Path) -> tuple[int, ...]:
+def _shape(state: Mapping[str, Tensor], key: str, path: Path) -> tuple[int, ...]:
     if key not in state:
         raise CheckpointError(f"{path}: no tensor {key} (not a Fish Speech codec)")
     return tuple(state[key].shape)
 
 
-def _transformer(state: dict[str, Tensor], prefix: str, window: int, path: Path) -> TransformerConfig | None:
+def _transformer(state: Mapping[str, Tensor], prefix: str, window: int, path: Path) -> TransformerConfig | None:
     n_layer = _count(state, prefix + "layers.{}.attention.wqkv.weight")
     if n_layer == 0:
         return None
@@ -200,7 +241,7 @@ def _transformer(state: dict[str, Tensor], prefix: str, window: int, path: Path)
                              window=window)
 
 
-def infer_codec_config(state: dict[str, Tensor], path: Path, window: int = DEFAULT_CODEC_WINDOW) -> CodecConfig:
+def infer_codec_config(state: Mapping[str, Tensor], path: Path, window: int = DEFAULT_CODEC_WINDOW) -> CodecConfig:
     """The codec's shapes read off its (folded) tensors."""
     blocks = [i for i in range(1, 64) if f"encoder.block.{i}.block.4.conv.weight" in state]
     if not blocks:
@@ -227,11 +268,6 @@ def infer_codec_config(state: dict[str, Tensor], path: Path, window: int = DEFAU
     )
 
 
-def _part(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    names = set(model.state_dict())
-    return {k: v for k, v in state.items() if k in names}
-
-
 def load_codec(folder: Path, dtype: torch.dtype, window: int = DEFAULT_CODEC_WINDOW) -> tuple[CodecEncoder, CodecDecoder]:
     """The codec's two halves from ``folder/codec.pth`` in `dtype` (every tensor used by one)."""
     path = folder / CODEC_FILE
@@ -242,6 +278,6 @@ def load_codec(folder: Path, dtype: torch.dtype, window: int = DEFAULT_CODEC_WIN
     unused = set(state) - set(encoder.state_dict()) - set(decoder.state_dict())
     if unused:
         raise CheckpointError(f"{path}: tensors no codec part reads: {', '.join(sorted(unused)[:8])}")
-    fill(encoder, _part(state, encoder), path)
-    fill(decoder, _part(state, decoder), path)
+    fill(encoder, state, path, strict=False)
+    fill(decoder, state, path, strict=False)
     return encoder.eval(), decoder.eval()
