@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("tokenizers", reason="Fish Speech's S2-Pro tokenizer.json needs the tokenizers package (an engine "
+                                         "requirement, requirements/fishspeech.txt)")
+
 from oom import allocations_during
 from mizuoto_runtime import OomInjector, Runtime
 from mizuoto_runtime.audio import Audio, write_wav
