@@ -32,6 +32,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
 }
 
 
@@ -82,10 +83,17 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
+    tiny.add_argument("--version", type=int, default=2, choices=(2, 3), help="cosyvoice: CosyVoice 2 or 3")
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
+    check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
+                                                   "code (one line per stage; exit 1 on any failure)")
+    check.add_argument("directory", help="a folder with ckpt/, reference.safetensors and reference.json")
+    check.add_argument("--engine", required=True)
+    check.add_argument("--stage", help="run only the stages whose name contains this")
+    check.add_argument("--threads", type=int, default=1, help="CPU threads (the references use 1)")
     return p
 
 
@@ -259,6 +267,8 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine == "cosyvoice":
+            folder = writer(args.directory, args.version, seed=args.seed, dtype=DTYPES[args.dtype])
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:
@@ -272,6 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
+        if args.command == "check-reference":
+            from .reference_check import run_cli
+
+            return run_cli(args.engine, args.directory, args.stage, args.threads, sys.stdout)
         commands = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor,
                     "tiny-checkpoint": cmd_tiny_checkpoint, "train": cmd_train}
         result = commands[args.command](args)
