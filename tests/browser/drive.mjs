@@ -137,7 +137,8 @@ async function closeSettings(page) {
   await page.keyboard.press("Escape"); // an open dropdown first
   const dialog = settingsDialog(page);
   for (let i = 0; i < 3 && await dialog.count(); i += 1) {
-    const close = dialog.first().locator("button[aria-label='Close dialog'], button[aria-label=Close], .p-dialog-close-button");
+    const close = dialog.first()
+      .locator("button[aria-label='Close dialog'], button[aria-label=Close], .p-dialog-close-button");
     if (await close.count()) await close.first().click().catch(() => page.keyboard.press("Escape"));
     else await page.keyboard.press("Escape");
     await dialog.first().waitFor({ state: "detached", timeout: 5000 }).catch(() => {});

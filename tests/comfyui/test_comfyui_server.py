@@ -218,7 +218,8 @@ def test_no_template_uses_a_node_this_comfyui_marks_deprecated(comfy_server: Com
 def test_the_deprecated_node_check_can_fail(comfy_server: ComfyServer) -> None:
     """The check reads the `deprecated` flag: marking each node of one template finds them."""
     object_info = comfy_server.get("/object_info")
-    types = sorted({n["type"] for n in json.loads((WORKFLOWS / f"{DEMO_TTS}.json").read_text())["nodes"]} - FRONTEND_ONLY)
+    nodes = json.loads((WORKFLOWS / f"{DEMO_TTS}.json").read_text())["nodes"]
+    types = sorted({node["type"] for node in nodes} - FRONTEND_ONLY)
     for node_type in types:
         object_info[node_type] = {**object_info[node_type], "deprecated": True}
     assert deprecated_nodes(object_info)[DEMO_TTS] == types
