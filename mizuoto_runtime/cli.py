@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from . import cuda_allocator
 from .audio import Audio, read_wav, write_wav
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, check_request, install_hint
@@ -24,11 +27,11 @@ log = logging.getLogger("mizuoto")
 
 # engine id -> (module, function, pip extra): writers of small random checkpoints for tests.
 TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
-    "demo": ("mizuoto_runtime.engines.demo", "save_checkpoint", None),
-    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts_tiny", "write_tiny_checkpoint", "qwen3tts"),
-    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2_tiny", "write_tiny_checkpoint", "voxcpm2"),
-    "f5tts": ("mizuoto_runtime.engines.f5tts_tiny", "write_tiny_checkpoint", "f5tts"),
-    "omnivoice": ("mizuoto_runtime.engines.omnivoice_tiny", "write_tiny_checkpoint", "omnivoice"),
+    "demo": ("mizuoto_runtime.engines.demo.tiny", "save_checkpoint", None),
+    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts.tiny", "write_tiny_checkpoint", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
 }
 
 
@@ -235,14 +238,18 @@ def remote_runtime(url: str) -> dict[str, Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
-    """M52: the memory policy in force, and which engines can be imported."""
+    """M52: the memory policy in force, the CUDA allocator (M54: in force, or from the next
+    start), and which engines can be imported."""
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
         package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
-    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
+    allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
+                 "backend": torch.cuda.get_allocator_backend() if torch.cuda.is_available() else None}
+    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "cuda_allocator": allocator,
+            "engines": engines}
 
 
 def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
@@ -279,5 +286,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m mizuoto_runtime` (`entry`) also sets the allocator first
     raise SystemExit(main())
