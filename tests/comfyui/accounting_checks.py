@@ -8,13 +8,14 @@ would see. Imported by `version_check.py` (each release of the version harness) 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
 import json
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -160,6 +161,24 @@ def check_every_entry_answers_what_this_release_reads() -> None:
     assert adapter.clone_base_uuid != s.accounting.adapter(s.handle("other")).clone_base_uuid
 
 
+@contextlib.contextmanager
+def free_memory_calls() -> Iterator[list[dict[str, object]]]:
+    """The keyword arguments of each call to ComfyUI's `free_memory` meanwhile."""
+    asked: list[dict[str, object]] = []
+    free_memory = mm.free_memory
+
+    @functools.wraps(free_memory)  # the same signature: the bridge reads it
+    def recorded(*args: object, **kwargs: object) -> object:
+        asked.append(kwargs)
+        return free_memory(*args, **kwargs)
+
+    mm.free_memory = recorded
+    try:
+        yield asked
+    finally:
+        mm.free_memory = free_memory
+
+
 def check_under_dynamic_vram_we_ask_comfyui_with_for_dynamic() -> None:
     """0.12 on, comfy-aimdo active (this release's own flag: `aimdo_allocator` in 0.12-0.13,
     `aimdo_enabled` later): our manager asks this release's `free_memory` with `for_dynamic`
@@ -175,21 +194,13 @@ def check_under_dynamic_vram_we_ask_comfyui_with_for_dynamic() -> None:
     s = SharedDevice(mm)
     handle = s.handle("tts")
     legacy = s.comfy_model(4)
-    asked: list[dict[str, object]] = []
-    free_memory = mm.free_memory
-
-    @functools.wraps(free_memory)  # the same signature: the bridge reads it
-    def recorded(*args: object, **kwargs: object) -> object:
-        asked.append(kwargs)
-        return free_memory(*args, **kwargs)
-
-    before, mm.free_memory = getattr(memory, flag), recorded
+    before = getattr(memory, flag)
     setattr(memory, flag, on)
     try:
-        gained = s.accounting.free_for(CPU, 2 * MB, [handle])
+        with free_memory_calls() as asked:
+            gained = s.accounting.free_for(CPU, 2 * MB, [handle])
     finally:
         setattr(memory, flag, before)
-        mm.free_memory = free_memory
     assert asked and asked[0].get("for_dynamic") is True, asked
     assert legacy.loaded_size() <= 2 * MB and gained == 4 * MB - legacy.loaded_size(), (legacy.loaded_size(), gained)
     assert handle.is_whole and s.ours() == [handle]
@@ -227,19 +238,8 @@ def check_dynamic_vram_paths_with_comfy_aimdo_stubbed_at_its_library() -> None:
         mm.load_models_gpu([dynamic])
         held = dynamic.loaded_size()
         assert dynamic.is_dynamic() and held == 2 * MB, held
-        asked: list[dict[str, object]] = []
-        free_memory = mm.free_memory
-
-        @functools.wraps(free_memory)  # the same signature: the bridge reads it
-        def recorded(*args: object, **kwargs: object) -> object:
-            asked.append(kwargs)
-            return free_memory(*args, **kwargs)
-
-        mm.free_memory = recorded
-        try:
+        with free_memory_calls() as asked:
             gained = s.accounting.free_for(CPU, 3 * MB, [handle])
-        finally:
-            mm.free_memory = free_memory
         assert asked and asked[0].get("for_dynamic") is True, asked
         # ComfyUI counts its dynamic model's pages as given up on demand and frees its legacy
         # model only for the rest; the dynamic one keeps every byte.
