@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from . import cuda_allocator
 from .audio import Audio, read_wav, write_wav
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, check_request, install_hint
@@ -29,8 +32,13 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
     "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
 }
+# engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
+TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini"),
+                                             "gptsovits": ("v2", "v2pro")}
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -82,9 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
-    tiny.add_argument("--version", default="v2", choices=("v2", "v2pro"),
-                      help="gptsovits: which GPT-SoVITS version the voice is (written in half precision, as "
-                           "published voices are)")
+    tiny.add_argument("--version", help="cosyvoice: 2 or 3 (default 2); fishspeech: s2-pro or s1-mini "
+                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth); "
+                                        "gptsovits: v2 or v2pro (default v2; written in half precision, as "
+                                        "published voices are)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
     check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
@@ -245,7 +254,8 @@ def remote_runtime(url: str) -> dict[str, Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
-    """M52: the memory policy in force, and which engines can be imported."""
+    """M52: the memory policy in force, the CUDA allocator (M54: in force, or from the next
+    start), and which engines can be imported."""
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
@@ -253,7 +263,20 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
                    "gptsovits": "jieba"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
-    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
+    allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
+                 "backend": torch.cuda.get_allocator_backend() if torch.cuda.is_available() else None}
+    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "cuda_allocator": allocator,
+            "engines": engines}
+
+
+def _tiny_version(engine: str, version: str | None) -> str:
+    """`--version` for `engine`: one it has, or its first when none is given."""
+    versions = TINY_VERSIONS[engine]
+    if version is None:
+        return versions[0]
+    if version not in versions:
+        raise MizuotoError(f"--version {version!r}: {engine} has {', '.join(versions)}")
+    return version
 
 
 def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,7 +287,11 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
         elif args.engine == "gptsovits":
-            folder = writer(args.directory, args.version, seed=args.seed)
+            folder = writer(args.directory, _tiny_version(args.engine, args.version), seed=args.seed)
+        elif args.engine in TINY_VERSIONS:
+            version = _tiny_version(args.engine, args.version)
+            folder = writer(args.directory, int(version) if args.engine == "cosyvoice" else version, seed=args.seed,
+                            dtype=DTYPES[args.dtype])
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:
@@ -296,5 +323,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m mizuoto_runtime` (`entry`) also sets the allocator first
     raise SystemExit(main())
