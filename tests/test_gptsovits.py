@@ -23,7 +23,7 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.checkpoints import scan
 from mizuoto_runtime.devices import DeviceService
 from mizuoto_runtime.engines import Sampling
-from mizuoto_runtime.errors import CheckpointError
+from mizuoto_runtime.errors import ArgumentError, CheckpointError
 from mizuoto_runtime.handle import ModelHandle
 from mizuoto_runtime.units import plan_units
 
@@ -369,14 +369,21 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
     assert "gptsovits:bert" in meta["memory"]["components"] and meta["memory"]["streamed_mb"] > 0
 
 
-def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], tmp_path: Path) -> None:
+def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Chinese text without the BERT folder is one error naming it (English needs none); a voice
+    without a transcript is one error; a user's G2PWModel folder is named as not used."""
     _frontend_installed()
     folder = tmp_path / "alone"
     shutil.copytree(voices("v2"), folder)
     shutil.copytree(voices("v2").parent / "chinese-hubert-base", folder / "chinese-hubert-base")
+    (folder / "G2PWModel").mkdir()
     rt = Runtime({})
     engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
+    assert "G2PWModel is not used" in caplog.text
     ctx = rt.request(seed=1)
+    with pytest.raises(ArgumentError, match="transcript"):
+        engine.generate(ctx, "Hello", engine.voice_prompt(ctx, reference=REFERENCE), SAMPLING)
     voice = engine.voice_prompt(ctx, reference=REFERENCE, transcript="hello there")
     with pytest.raises(CheckpointError, match="chinese-roberta-wwm-ext-large"):
         engine.generate(ctx, "你好", voice, SAMPLING)

@@ -33,6 +33,7 @@ their features. Callers may give ids and features themselves (`PhonemeText`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,14 @@ from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
 from .text import Run, phonemize
+from .text.chinese import G2PW_FOLDER, PINYIN_SOURCE
 from .text.segment import LANGUAGES
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .vits import Synthesizer
 from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
+
+log = logging.getLogger(__name__)
 
 SSL_RATE = 16000
 PROMPT_SILENCE_S = 0.3
@@ -118,6 +122,7 @@ class GptSovitsEngine(Engine):
         self.hubert = self._optional_hubert(pair)
         self.sv = self._optional_sv(pair) if vits.cfg.is_pro else None
         self.bert, self.tokenizer = self._optional_bert(pair)
+        self._note_g2pw(pair)
 
     # ---- loading ------------------------------------------------------------------------------
     def _read(self, pair: VoicePair) -> tuple[Text2Semantic, Synthesizer]:
@@ -147,6 +152,15 @@ class GptSovitsEngine(Engine):
             return None, None
         model, tokenizer = bert_features.load_bert(folder, self.dtype)
         return self.register(model, "bert"), tokenizer
+
+    @staticmethod
+    def _note_g2pw(pair: VoicePair) -> None:
+        """Upstream reads Chinese polyphones with g2pW from a ``G2PWModel`` folder; this engine does
+        not run g2pW yet, and says so where a user has the folder (its readings then differ)."""
+        folder = find_aux(pair.sovits.parent, G2PW_FOLDER)
+        if folder is not None:
+            log.warning("GPT-SoVITS: %s is not used (g2pW is not supported here yet); Chinese polyphones are "
+                        "read with %s", folder, PINYIN_SOURCE)
 
     def handles(self) -> list[Any]:
         return [h for h in (self.t2s, self.vits, self.hubert, self.sv, self.bert) if h is not None]

@@ -9,7 +9,7 @@ before it, and spells each syllable in the table's symbols (`pinyin`).
 
 Polyphones: upstream reads them with g2pW (a BERT-based ONNX model) from its ``G2PWModel``
 folder; this frontend reads them from pypinyin's phrase dictionary (`PINYIN_SOURCE`), as
-upstream does without g2pW. Not carried from upstream's normaliser (PaddleSpeech's): dates and
+upstream does without g2pW, and the engine logs a warning where a user has that folder. Not carried from upstream's normaliser (PaddleSpeech's): dates and
 times other than years, phone numbers, units, ranges, fractions, traditional characters.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .symbols import PUNCTUATION
 log = logging.getLogger(__name__)
 
 PINYIN_SOURCE = "pypinyin's phrase dictionary (no g2pW)"
+G2PW_FOLDER = "G2PWModel"  # upstream's g2pW model folder (``GPT_SoVITS/text/G2PWModel``), not run here
 PUNCTUATION_MAP = {"：": ",", "；": ",", "，": ",", "。": ".", "！": "!", "？": "?", "\n": ".", "·": ",", "、": ",",
                    "...": "…", "$": ".", "/": ",", "—": "-", "~": "…", "～": "…"}
 _MARKS = "".join(PUNCTUATION)
