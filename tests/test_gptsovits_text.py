@@ -59,7 +59,16 @@ def test_chinese_cardinals(number: int, read: str) -> None:
 def test_chinese_normalisation_reads_numbers_and_keeps_six_marks() -> None:
     assert chinese.normalize("2024年有3.5%的人，说“好！”") == "二零二四年有百分之三点五的人,说好!"
     assert chinese.normalize("ＡＢ：你好～～") == ",你好…"
-    assert chinese.normalize("-3度") == "负三度"
+    assert chinese.normalize("-3度") == "零下三度"
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("12:30", "十二点半"), ("8:05:09", "八点零五分零九秒"), ("2024-03-05", "二零二四年三月五日"), ("-3°C", "零下三度"),
+    ("1/2", "二分之一"), ("5~10天", "五到十天"), ("1.8m", "一点八米"), ("70kg", "七十千克"),
+    ("13812345678", "幺三八幺二三四五六七八"), ("3:2", "三二")])
+def test_chinese_numbers_read_as_upstreams_normaliser(text: str, read: str) -> None:
+    """Each as upstream's normaliser reads it (compared outside the repository)."""
+    assert chinese.normalize(text) == read
 
 
 @pytest.mark.parametrize(("text", "expected"), [
