@@ -137,6 +137,8 @@ def test_phonemize_mixed_text_and_short_text() -> None:
     assert phones("好", "zh")[0] == "."  # a short first clause gets a leading mark, as upstream's TTS adds
     with pytest.raises(ArgumentError, match="no words"):
         phonemize("。。", "zh")
+    with pytest.raises(ArgumentError, match="nothing in 'ひらがな' can be read as zh"):
+        phonemize("ひらがな", "zh")  # Chinese keeps only Chinese characters
 
 
 def test_nothing_downloads_or_imports_nltk() -> None:

@@ -17,7 +17,7 @@ import re
 
 from ....errors import ArgumentError
 from . import segment
-from .symbols import phoneme_ids
+from .symbols import PUNCTUATION, phoneme_ids
 
 SPLITS = frozenset("，。？！,.?!~:：—…")
 MIN_PHONES = 6
@@ -78,8 +78,11 @@ def phonemize(text: str, language: str | None = None, target: bool = True) -> li
     prompt's transcript)."""
     if not re.sub(r"\W+", "", text):
         raise ArgumentError(f"GPT-SoVITS: {text!r} has no words to speak")
-    text = _edges(text, language, target)
-    runs = [_convert(lang, part) for lang, part in segment.split(text, language)]
+    edged = _edges(text, language, target)
+    runs = [_convert(lang, part) for lang, part in segment.split(edged, language)]
     if sum(len(r.phones) for r in runs) < MIN_PHONES:
-        runs = [_convert(lang, part) for lang, part in segment.split("." + text, language)]
+        runs = [_convert(lang, part) for lang, part in segment.split("." + edged, language)]
+    if all(p in PUNCTUATION for r in runs for p in r.phones):
+        raise ArgumentError(f"GPT-SoVITS: nothing in {text!r} can be read as {language or 'auto'} "
+                            f"(this frontend speaks {', '.join(segment.LANGUAGES[1:])})")
     return [r for r in runs if r.phones]
