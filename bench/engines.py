@@ -51,8 +51,8 @@ TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
            "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
-           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
-           "gptsovits": "mizuoto_runtime.engines.gptsovits.tiny"}
+           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny"}
+GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 MB = 1 << 20
@@ -317,7 +317,7 @@ def main() -> None:
         if fish is not None:
             time_fish(fish, args.frames, args.repeat)
         if "gptsovits" in chosen:
-            write_voice = importlib.import_module(WRITERS["gptsovits"]).write_voice
+            write_voice = importlib.import_module(GPTSOVITS_WRITER).write_voice
             time_gptsovits(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
         if args.peaks:
             phase_peaks(folders, args.steps)

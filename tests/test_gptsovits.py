@@ -319,7 +319,8 @@ def test_the_catalog_offers_voices_as_users_have_them(voices: Callable[..., Path
     assert catalog.find("gptsovits", "gptsovits/mine").info.languages == ["auto", "zh", "en", "ja"]
     rt = Runtime({})
     engine = rt.engine("gptsovits", catalog.find("gptsovits", "pretrained_models/v2Pro/s2Gv2Pro.pth").folder)
-    assert engine.vits.module.cfg.is_pro and engine.sv is not None and engine.bert is not None  # type: ignore[attr-defined]
+    assert engine.vits.module.cfg.is_pro and engine.sv is not None  # type: ignore[attr-defined]
+    assert engine.bert is not None  # type: ignore[attr-defined]
     assert engine.pair.gpt == base / "s1v3.ckpt"  # type: ignore[attr-defined]
 
 
@@ -364,6 +365,12 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
     assert prompt.bert.abs().sum(0).min() > 0  # all Chinese
     zh = len(target.ids) - 4  # "hello." → HH AH0 L OW1 ... the English run's columns are zeros
     assert target.bert[:, :3].abs().sum() > 0 and target.bert[:, -3:].abs().sum() == 0 and zh > 0
+    rt = _runtime("plain")
+    engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
+    ctx = rt.request(seed=3)
+    voice = engine.voice_prompt(ctx, reference=REFERENCE, transcript="今天天气好")
+    given, made = engine.texts(ctx, "你好, hello.", voice, None, None, PROMPT)  # only the target from the frontend
+    assert given is PROMPT and made.ids == target.ids and torch.equal(made.bert, target.bert)
     streamed_tokens, streamed_wav, meta, _ = say(_runtime("none"))
     assert torch.equal(streamed_tokens, tokens) and torch.equal(streamed_wav, wav)
     assert "gptsovits:bert" in meta["memory"]["components"] and meta["memory"]["streamed_mb"] > 0

@@ -42,17 +42,17 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError
-from . import bert as bert_features
-from ...nn.kv_cache import peak_bytes
 from ...nn.features import kaldi_fbank
+from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from . import bert as bert_features
 from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
+from .spectrogram import spectrogram
+from .t2s import Text2Semantic
 from .text import Run, phonemize
 from .text.chinese import G2PW_FOLDER, PINYIN_SOURCE
 from .text.segment import LANGUAGES
-from .spectrogram import spectrogram
-from .t2s import Text2Semantic
 from .vits import Synthesizer
 from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
@@ -243,7 +243,7 @@ class GptSovitsEngine(Engine):
         for runs in texts:
             ids = tuple(i for r in runs for i in r.ids)
             parts = [found.get(id(r), torch.zeros(bert_features.FEATURES, len(r.phones))) for r in runs]
-            out.append(PhonemeText(ids, torch.cat(parts, dim=1)))
+            out.append(PhonemeText(ids, torch.cat(parts, dim=1) if parts else torch.zeros(bert_features.FEATURES, 0)))
         return out
 
     def texts(self, ctx: Any, text: str, voice: Voice, language: str | None,

@@ -4,8 +4,9 @@ A voice is a pair of weight files: a GPT (T2S) ``.ckpt`` and a SoVITS ``.pth``. 
 
 * upstream's pretrained base folders (``GPT_SoVITS/pretrained_models/``):
   ``gsv-v2final-pretrained/`` holds the v2 pair (``s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt``,
-  ``s2G2333k.pth``, beside the discriminator ``s2D2333k.pth``, which is never a voice); ``v2Pro/`` holds ``s2Gv2Pro.pth`` and ``s2Gv2ProPlus.pth`` whose GPT is
-  ``s1v3.ckpt`` one folder up;
+  ``s2G2333k.pth``, beside the discriminator ``s2D2333k.pth``, which is never a voice);
+  ``v2Pro/`` holds ``s2Gv2Pro.pth`` and ``s2Gv2ProPlus.pth`` whose GPT is ``s1v3.ckpt`` one
+  folder up;
 * a fine-tuned pair, ``GPT_weights_v2*/<name>-e<N>.ckpt`` beside ``SoVITS_weights_v2*/<name>_e<N>_s<M>.pth``;
 * or any folder holding one ``.ckpt`` and one ``.pth``.
 

@@ -59,9 +59,9 @@ def package_file(package: str, relative: str) -> Path:
 
 
 # ---- numbers ---------------------------------------------------------------------------------
-UNITS = {"m": ("meter", "meters"), "km": ("kilometer", "kilometers"), "km/h": ("kilometer per hour",
-         "kilometers per hour"), "ft": ("feet", "feet"), "L": ("liter", "liters"), "tbsp": ("tablespoon", "tablespoons"),
-         "tsp": ("teaspoon", "teaspoons"), "h": ("hour", "hours"), "min": ("minute", "minutes"),
+UNITS = {"m": ("meter", "meters"), "km": ("kilometer", "kilometers"),
+         "km/h": ("kilometer per hour", "kilometers per hour"), "ft": ("feet", "feet"), "L": ("liter", "liters"),
+         "tbsp": ("tablespoon", "tablespoons"), "tsp": ("teaspoon", "teaspoons"), "h": ("hour", "hours"), "min": ("minute", "minutes"),
          "s": ("second", "seconds"), "°C": ("degree celsius", "degrees celsius"),
          "°F": ("degree fahrenheit", "degrees fahrenheit")}
 OPERATORS = {"+": " plus ", "-": " minus ", "×": " times ", "÷": " divided by ", "=": " Equals "}
