@@ -75,8 +75,30 @@ def _clone(engine: str) -> Callable[[pytest.FixtureRequest, Path], list[str]]:
     return argv
 
 
+def _cosyvoice(request: pytest.FixtureRequest, ref: Path) -> list[str]:
+    pytest.importorskip("transformers", reason="CosyVoice's text tokenizer (requirements/cosyvoice.txt)")
+    from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(ref.parent / "cosyvoice2", 2)
+    return ["--engine", "cosyvoice", "--model", str(folder), "--speaker", "tiny"]  # spk2info's one speaker
+
+
+def _fishspeech(request: pytest.FixtureRequest, ref: Path) -> list[str]:
+    pytest.importorskip("tokenizers", reason="Fish Speech's tokenizer (requirements/fishspeech.txt)")
+    from mizuoto_runtime.engines.fishspeech.tiny import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(ref.parent / "fishspeech")
+    return ["--engine", "fishspeech", "--model", str(folder), "--voice", str(ref), "--ref-text", "a reference voice"]
+
+
 ENGINES = {"demo": _demo, "qwen3tts": _qwen3tts, "f5tts": _clone("f5tts"), "omnivoice": _clone("omnivoice"),
-           "voxcpm2": _clone("voxcpm2")}
+           "voxcpm2": _clone("voxcpm2"), "cosyvoice": _cosyvoice, "fishspeech": _fishspeech}
+
+
+def test_every_engine_is_checked() -> None:
+    from mizuoto_runtime.engines import ENGINES as REGISTERED
+
+    assert set(ENGINES) == set(REGISTERED) - {"dummy"}  # the dummy engine is the tests' own, not a user's
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
