@@ -62,15 +62,7 @@ llm: !new:cosyvoice.llm.llm.{lm_class}
 """
 _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     input_size: 64
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {speech}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+{common}    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: 64
         attention_heads: 4
         linear_units: 96
@@ -86,19 +78,7 @@ _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+{cfm}        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
             channels: [64]
@@ -113,31 +93,11 @@ _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
 """
 _FLOW3 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
     input_size: 80
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {speech}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+{common}    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: 80
         channels: 64
         pre_lookahead_len: 3
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+{cfm}        estimator: !new:cosyvoice.flow.DiT.dit.DiT
             dim: 64
             depth: 4
             heads: 4
@@ -149,6 +109,28 @@ _FLOW3 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             out_channels: 80
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+"""
+_FLOW_COMMON = """    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {speech}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+"""
+_CFM = """    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
 """
 _TAIL = """hift: !new:cosyvoice.hifigan.generator.{hift_class}
     in_channels: 80
@@ -193,7 +175,7 @@ def model_yaml(version: int) -> str:
     v3 = version == 3
     return (_HEAD.format(version=version, hidden=HIDDEN, speech=SPEECH_TOKENS,
                          lm_class="CosyVoice3LM" if v3 else "Qwen2LM")
-            + (_FLOW3 if v3 else _FLOW2).format(speech=SPEECH_TOKENS)
+            + (_FLOW3 if v3 else _FLOW2).format(common=_FLOW_COMMON.format(speech=SPEECH_TOKENS), cfm=_CFM)
             + _TAIL.format(hift_class="CausalHiFTGenerator" if v3 else "HiFTGenerator",
                            f0_class="CausalConvRNNF0Predictor" if v3 else "ConvRNNF0Predictor",
                            look_right="\n    conv_pre_look_right: 4" if v3 else "",
