@@ -204,3 +204,27 @@ def test_cli_say_and_tiny_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixtu
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and out.is_file() and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
     assert result["applied"]["vocoder_fallback"].startswith("none")
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cfg_halves_share_each_copy(cosyvoice_checkpoint: Checkpoint, version: int) -> None:
+    """M18: both CFG halves run through each estimator unit in one batch of two, so a streamed
+    unit is copied once per Euler step: each extra step costs exactly the streamed estimator
+    units' bytes."""
+    folder = cosyvoice_checkpoint(version)
+    streamed: dict[int, int] = {}
+    per_step = 0
+    for steps in (2, 5):
+        rt = runtime("none")
+        engine = rt.engine("cosyvoice", folder)
+        engine.model.flow.decoder.n_timesteps = steps
+        ctx = rt.request(seed=1)
+        voice = engine.voice_prompt(ctx, speaker="tiny")
+        engine.decode(ctx, engine.generate(ctx, TEXT, voice, Sampling(seed=1, max_new_tokens=8)))
+        flow = engine.flow
+        estimator = {id(m) for m in engine.model.flow.decoder.estimator.memory_units()}
+        units = [u for u in flow.streamed_units if id(u.module) in estimator]
+        assert units, "no estimator unit streamed"
+        per_step = sum(u.nbytes for u in units)
+        streamed[steps] = flow.streamer.streamed_bytes_of(flow)
+    assert streamed[5] - streamed[2] == 3 * per_step
