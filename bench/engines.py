@@ -15,7 +15,12 @@ fixed number of tokens), resident and all streamed; ``--peaks`` adds its three p
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 
-    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda]
+Fish Speech (``--engines fishspeech``, issue 24), an autoregressive engine, is timed per frame:
+the talker phase's milliseconds per frame resident and all streamed, the MB streamed per frame,
+and, with the talker capped half-way between its minimum working set and its size, the MB per
+frame with the fast transformer marked hot (the engine's layout) and without the mark.
+
+    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech]
 """
 from __future__ import annotations
 
@@ -39,10 +44,13 @@ from mizuoto_runtime.audio import Audio  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
 
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+REFERENCE_44K = Audio(0.3 * torch.sin(torch.arange(44100) / 6.0).unsqueeze(0), 44100)
 TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
+           "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
            "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny"}
+FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 MB = 1 << 20
 MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
@@ -87,6 +95,45 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
         for name in runtimes:
             median = statistics.median(times[name])
             print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
+
+
+def fish_frames(rt: Runtime, folder: Path, frames: int, cap: bool, hot: bool = True) -> tuple[float, int, float]:
+    """One Fish Speech talker phase: (seconds, frames the slow transformer ran, MB streamed)."""
+    from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
+
+    engine_class = FishSpeechEngine if hot else type("Unmarked", (FishSpeechEngine,), {"FAST_HOT": False})
+    engine = engine_class(rt.manager, folder)
+    if cap:
+        engine.talker.cap_bytes = (engine.talker.min_working_set + engine.talker.size_bytes) // 2
+    ctx = rt.request(seed=1)
+    voice = engine.voice_prompt(ctx, REFERENCE_44K, TRANSCRIPT)
+    start = time.perf_counter()
+    codes = engine.generate(ctx, FISH_TEXT, voice, Sampling(seed=1, max_new_tokens=frames, temperature=1.0, top_p=0.9,
+                                                           top_k=30))
+    seconds = time.perf_counter() - start
+    streamed = engine.talker.streamer.streamed_bytes_of(engine.talker) / MB
+    engine.unload()
+    return seconds, codes.extra["frames_computed"], streamed
+
+
+def time_fish(folder: Path, frames: int, repeat: int) -> None:
+    rows = {"resident": ({"compute.simulate_vram_mb": 4096}, False, True),
+            "streamed": ({"compute.simulate_vram_mb": 4096, "compute.vram_mode": "none"}, False, True),
+            "half, fast hot": ({"compute.simulate_vram_mb": 4096}, True, True),
+            "half, not hot": ({"compute.simulate_vram_mb": 4096}, True, False)}
+    print(f"\n{'engine':10} {'talker placement':22} {'ms/frame':>9} {'vs resident':>12} {'MB/frame':>9}")
+    per_frame: dict[str, list[float]] = {name: [] for name in rows}
+    streamed: dict[str, float] = {}
+    for i in range(repeat + 1):  # the first round warms up
+        for name, (settings, cap, hot) in rows.items():
+            seconds, n, mb = fish_frames(Runtime(settings), folder, frames, cap, hot)
+            if i:
+                per_frame[name].append(1000 * seconds / n)
+            streamed[name] = mb / n
+    base = statistics.median(per_frame["resident"])
+    for name in rows:
+        median = statistics.median(per_frame[name])
+        print(f"{'fishspeech':10} {name:22} {median:9.2f} {median / base:11.2f}x {streamed[name]:9.3f}")
 
 
 def cosyvoice_talker(rt: Runtime, folder: Path, device: str) -> tuple[float, float]:
@@ -202,7 +249,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="ODE / diffusion steps per request (upstream: 32)")
     parser.add_argument("--peaks", action="store_true", help="also measure each phase's CPU working memory")
     parser.add_argument("--device", default="cpu", help="cpu (the simulated device) or cuda")
-    parser.add_argument("--engines", default="f5tts,omnivoice")
+    parser.add_argument("--engines", default="f5tts,omnivoice,fishspeech")
+    parser.add_argument("--frames", type=int, default=48, help="Fish Speech: frames per request at most")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
     args = parser.parse_args()
     if args.peaks and MMAP_ENV[0] not in os.environ:
@@ -220,12 +268,15 @@ def main() -> None:
                    for e in args.engines.split(",")}
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
+        fish = folders.pop("fishspeech", None)
         oneshot = {k: v for k, v in folders.items() if not k.startswith("cosyvoice")}
         if oneshot:
             time_engines(oneshot, args.steps, args.repeat, args.device)
         cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice")}
         if cosy:
             time_cosyvoice(cosy, args.repeat, args.device)
+        if fish is not None:
+            time_fish(fish, args.frames, args.repeat)
         if args.peaks:
             phase_peaks(folders, args.steps)
 

@@ -157,6 +157,13 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "Put the official weights in ComfyUI/models/mizuoto/VoxCPM2/ as published on Hugging Face "
         "(openbmb/VoxCPM2), then press R to refresh the lists. " + CLONE_NOTE,
         "Hello from Mizuoto. VoxCPM 2 speaks in the voice of the reference recording.", "audio/mizuoto_voxcpm2"),
+    "Voice Clone - Fish Speech, step by step (from a reference recording)": clone_graph(
+        "fishspeech", "s2-pro", "bfloat16",
+        "Put Fish Audio S2-Pro in ComfyUI/models/mizuoto/s2-pro/ as published on Hugging Face (fishaudio/s2-pro: "
+        "config.json, the model-*.safetensors shards with their index, tokenizer.json, codec.pth; research and "
+        "non-commercial licence), or OpenAudio S1-mini (fishaudio/openaudio-s1-mini) in its own folder, then press "
+        "R to refresh the lists. " + CLONE_NOTE,
+        "Hello from Mizuoto. Fish Speech speaks in the voice of the reference recording.", "audio/mizuoto_fishspeech"),
     "Step by step - demo engine (voice, speech codes, audio)": {
         "nodes": [
             (1, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),
