@@ -1,6 +1,7 @@
 """A tiny random CosyVoice 2 / 3 folder in the published layout (tests and demos; no download):
 
     cosyvoice2.yaml | cosyvoice3.yaml   llm.pt  flow.pt  hift.pt  spk2info.pt
+    campplus.onnx  speech_tokenizer_v2.onnx | speech_tokenizer_v3.onnx
     CosyVoice-BlankEN/  config.json  generation_config.json  model.safetensors
                         vocab.json  merges.txt  tokenizer_config.json
 
@@ -10,7 +11,8 @@ names, weight norm as ``parametrizations.weight.original0/1`` pairs; the Qwen2 b
 ``llm.pt`` (as upstream saves it) and in BlankEN's safetensors. The tokenizer is byte-level BPE
 without merges (one token per byte) and Qwen2's three specials. ``spk2info.pt`` holds one
 speaker, ``tiny``, saved as upstream's ``add_zero_shot_spk`` saves a voice (its embedding,
-prompt text ids, prompt speech tokens and prompt mel), so every mode but reference cloning runs.
+prompt text ids, prompt speech tokens and prompt mel). The two ONNX files are small graphs with
+the published files' inputs and outputs (`write_voice_models`), so cloning runs too.
 The LM's stop ids are made unlikely, so tests bound the length with ``max_new_tokens``.
 """
 from __future__ import annotations
@@ -240,6 +242,36 @@ def _weight_normed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def write_voice_models(folder: Path, version: int, generator: torch.Generator) -> None:
+    """Small ``campplus.onnx`` and speech tokenizer ONNX files with random initializers, the
+    published files' inputs and outputs: CAM++ (fbank ``(1, T, 80)`` -> mean over time ->
+    linear -> ``(1, 192)``) and a tokenizer (128-bin mel ``(1, 128, T)`` and its length -> a
+    stride-4 conv -> argmax -> ``(1, T / 4)`` ids, 25 Hz like the real one)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def save(nodes: list, inputs: list, outputs: list, inits: dict[str, torch.Tensor], name: str) -> None:
+        graph = helper.make_graph(nodes, name, inputs, outputs,
+                                  [numpy_helper.from_array(t.numpy(), k) for k, t in inits.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        onnx.checker.check_model(model)
+        onnx.save(model, str(folder / name))
+
+    save([helper.make_node("ReduceMean", ["input"], ["pooled"], axes=[1], keepdims=0),
+          helper.make_node("MatMul", ["pooled", "w"], ["proj"]), helper.make_node("Add", ["proj", "b"], ["output"])],
+         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
+         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 192])],
+         {"w": torch.randn(80, 192, generator=generator) * 0.1, "b": torch.randn(192, generator=generator) * 0.1},
+         "campplus.onnx")
+    save([helper.make_node("Conv", ["feats", "w"], ["scores"], kernel_shape=[4], strides=[4]),
+          helper.make_node("ArgMax", ["scores"], ["indices"], axis=1, keepdims=0)],
+         [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+          helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+         [helper.make_tensor_value_info("indices", TensorProto.INT64, [1, "N"])],
+         {"w": torch.randn(SPEECH_TOKENS, 128, 4, generator=generator) * 0.1},
+         f"speech_tokenizer_v{version}.onnx")
+
+
 def write_tiny_checkpoint(directory: str | Path, version: int = 2, seed: int = 0,
                           dtype: torch.dtype = torch.float32) -> Path:
     """Write the folder; `dtype` must be float32 (upstream's state_dicts are float32)."""
@@ -286,5 +318,6 @@ def write_tiny_checkpoint(directory: str | Path, version: int = 2, seed: int = 0
         "llm_prompt_speech_token": tokens, "flow_prompt_speech_token": tokens,
         "prompt_speech_feat": torch.randn(1, 24, 80, generator=generator) - 4.0,
     }}, out / SPK2INFO)
+    write_voice_models(out, version, generator)
     load_model(out)  # the folder loads with the engine's own loader
     return out
