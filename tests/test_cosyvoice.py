@@ -171,6 +171,18 @@ def test_modes_and_voice_errors(cosyvoice_checkpoint: Checkpoint) -> None:
         engine.voice_prompt(ctx)
 
 
+def test_folder_without_voice_files_keeps_its_speakers(cosyvoice_checkpoint: Checkpoint, tmp_path: Path) -> None:
+    from conftest import link_checkpoint
+
+    folder = link_checkpoint(cosyvoice_checkpoint(2), tmp_path / "cv", skip=("campplus.onnx",))
+    rt = Runtime()
+    engine = rt.engine("cosyvoice", folder)
+    assert [h.name for h in engine.handles()] == ["llm", "flow", "vocoder"]
+    with pytest.raises(MizuotoError, match="lacks campplus.onnx; use a speaker saved in spk2info.pt"):
+        engine.voice_prompt(rt.request(), REFERENCE, "a transcript")
+    assert engine.voice_prompt(rt.request(), speaker="tiny").data["embedding"].shape == (1, 192)
+
+
 def test_yaml_is_data_and_unknown_tags_are_named(cosyvoice_checkpoint: Checkpoint, tmp_path: Path) -> None:
     from conftest import link_checkpoint
 

@@ -151,10 +151,20 @@ class CosyVoiceEngine(Engine):
         self.tokenizer = TextTokenizer(self.model.blank_en, self.version)
         self.speakers = read_speakers(self.model_dir)
         self.campplus = self.speech_tokenizer = None
+        self.no_cloning = ""  # why reference audio cannot be cloned (empty: it can)
         files = [self.model_dir / f for f in VOICE_FILES[self.version]]
-        if all(f.is_file() for f in files):  # reference cloning; speakers of spk2info.pt need neither
-            self.campplus = self.register(load_campplus(files[0]), "campplus")
-            self.speech_tokenizer = self.register(load_speech_tokenizer(files[1]), "speech_tokenizer")
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:  # speakers of spk2info.pt need neither file
+            self.no_cloning = f"the checkpoint folder lacks {', '.join(missing)}"
+        else:
+            try:
+                campplus, tokenizer = load_campplus(files[0]), load_speech_tokenizer(files[1])
+            except ImportError as exc:
+                self.no_cloning = f"{exc.name} is not installed (requirements/cosyvoice.txt)"
+                log.warning("cosyvoice: cloning from reference audio is off: %s", self.no_cloning)
+            else:
+                self.campplus = self.register(campplus, "campplus")
+                self.speech_tokenizer = self.register(tokenizer, "speech_tokenizer")
         self.llm = self.register(self.model.lm, "llm", kind="sequence")
         self.flow = self.register(self.model.flow, "flow")
         self.vocoder = self.register(self.model.hift, "vocoder")
@@ -206,9 +216,8 @@ class CosyVoiceEngine(Engine):
         prompt mel of the 24 kHz audio, tokens and mel cut to 2 mel frames per token (upstream's
         ``frontend_zero_shot``)."""
         if self.campplus is None or self.speech_tokenizer is None:
-            missing = [f for f in VOICE_FILES[self.version] if not (self.model_dir / f).is_file()]  # type: ignore[operator]
-            raise MizuotoError(f"cosyvoice: cloning from reference audio needs {', '.join(missing)} in the "
-                               f"checkpoint folder; or use a speaker saved in {SPK2INFO}")
+            raise MizuotoError(f"cosyvoice: cannot clone from reference audio: {self.no_cloning}; "
+                               f"use a speaker saved in {SPK2INFO}")
         if reference.seconds > MAX_PROMPT_SECONDS:
             raise MizuotoError(f"cosyvoice: the reference audio is {reference.seconds:.1f} s; the speech tokenizer "
                                f"takes at most {MAX_PROMPT_SECONDS} s")
