@@ -21,12 +21,19 @@ Components (each a registered handle) and phases:
 * ``vocoder`` — ``hift``, `oneshot`. No tiled fallback (M43): its source signal's phase is a
   running sum over every sample of the utterance, so tiles would not join.
 
+Text (`text`): upstream's front end normalises the text and splits it into sentences
+(``text_normalize(split=True)``); each sentence is one LM run, one flow and one vocoder call,
+and the sentences' audio is joined end to end, as upstream's ``inference_*`` yields it. All
+sentences run inside the same talker, flow and vocoder phases.
+
 Random numbers. The talker seeds the global generator with the request's seed (inside a
 `fork_rng`, so retries replay it, M40). CosyVoice 2's vocoder draws its source phases and
 noise from the same generator after the LM's draws, as upstream's ``tts`` does: the talker
 hands the generator's state on in its output, and the vocoder phase continues from it. The
 result is upstream's ``CosyVoice2Model.tts`` output for the same seed (tested against the
-reference data's end-to-end stage).
+reference data's end-to-end stage). Sentence *i* of a text starts from seed + *i* (the
+runtime's rule for chunks), so each sentence replays on its own; upstream's one generator runs
+on from sentence to sentence, so only the first sentence's draws are upstream's.
 
 Sampling: upstream's RAS with the yaml's settings (top-p 0.8, top-k 25, window 10); the
 request's seed and ``max_new_tokens`` apply, its temperature, top-k and top-p do not.
@@ -48,6 +55,7 @@ from typing import Any
 import torch
 
 from ...audio import Audio
+from ...chunking import chunk_seed
 from ...errors import CheckpointError, MizuotoError
 from ...nn.decoder import KVCache
 from ...nn.kv_cache import BufferCache, peak_bytes
@@ -56,7 +64,7 @@ from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .lm import length_bounds
 from .model import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
-from .text import normalize
+from .text import normalize, sentences
 from .voice import MAX_PROMPT_SECONDS, SPEAKER_RATE, load_campplus, load_speech_tokenizer, resample
 from .tokenizer import ENDOFPROMPT, TextTokenizer
 
@@ -256,11 +264,23 @@ class CosyVoiceEngine(Engine):
         return torch.tensor([self.tokenizer.encode(text)], dtype=torch.int64)
 
     # ---- talker ----------------------------------------------------------------------------
+    def sentences(self, text: str) -> list[str]:
+        """`text` normalised and split as upstream's front end does (`text.sentences`), non-Chinese
+        text measured in LM tokens."""
+        found = sentences(text, lambda s: len(self.tokenizer.encode(s)))
+        if not found:
+            raise MizuotoError(f"cosyvoice: nothing to speak in {text[:40]!r}: it is punctuation only")
+        return found
+
     def text_ids(self, text: str, voice: Voice) -> torch.Tensor:
-        """The text the LM speaks, normalised as upstream does (`text.normalize`). CosyVoice 3 needs ``<|endofprompt|>`` in its text or prompt:
-        a voice without an LM prompt gets the system prompt before the text."""
+        """The ids of the whole text, normalised as upstream does (`text.normalize`), unsplit."""
+        return self.sentence_ids(normalize(text), voice)
+
+    def sentence_ids(self, sentence: str, voice: Voice) -> torch.Tensor:
+        """The ids of one normalised sentence. CosyVoice 3 needs ``<|endofprompt|>`` in its text
+        or prompt: a voice without an LM prompt gets the system prompt before the text."""
         prompt = voice.data.get("llm_prompt_text")
-        text = normalize(text)
+        text = sentence
         if self.version == 3 and prompt is None and ENDOFPROMPT not in text:
             text = SYSTEM_PROMPT + text
         return self._ids(text)
@@ -289,36 +309,45 @@ class CosyVoiceEngine(Engine):
         return {"kv_cache": kv, "activations": activations, "logits": logits}
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
+        """Speech tokens of each sentence (`sentences`), one LM run each, in one talker phase.
+        The codes hold them end to end; ``extra["sentences"]`` has each one's length and the
+        generator state its vocoder continues from."""
         data = voice.data
-        ids = self.text_ids(text, voice)
-        plan = self.plan(ids, voice, sampling.max_new_tokens)
-        parts = self.talker_memory(plan)
-        ctx.report.add_phase("talker", kv_positions=plan.positions, tokens_at_most=plan.tokens_at_most,
+        all_ids = [self.sentence_ids(s, voice) for s in self.sentences(text)]
+        plans = [self.plan(ids, voice, sampling.max_new_tokens) for ids in all_ids]
+        largest = max(plans, key=lambda p: p.positions)  # one sentence's cache is live at a time
+        parts = self.talker_memory(largest)
+        ctx.report.add_phase("talker", kv_positions=largest.positions,
+                             tokens_at_most=sum(p.tokens_at_most for p in plans), sentences=len(plans),
                              **{f"{k}_mb": round(v / 2**20, 3) for k, v in parts.items()})
-        prompt_text = data.get("llm_prompt_text", torch.zeros(1, 0, dtype=torch.int64))
-        prompt_token = data.get("llm_prompt_token", torch.zeros(1, 0, dtype=torch.int32))
-        count = [0]
+        prompt_text = data.get("llm_prompt_text", torch.zeros(1, 0, dtype=torch.int64)).to(self.device)
+        prompt_token = data.get("llm_prompt_token", torch.zeros(1, 0, dtype=torch.int32)).to(self.device)
+        count, total = [0], sum(p.tokens_at_most for p in plans)
 
         def tick(_token: int) -> None:
             count[0] += 1
-            ctx.progress(count[0], plan.tokens_at_most)
+            ctx.progress(count[0], total)
 
         @torch.inference_mode()
-        def run() -> tuple[list[int], torch.Tensor]:
-            cache = BufferCache(min_capacity=plan.positions) if plan.kv_kind == "static" else KVCache()
-            with self.seeded(sampling.seed):
-                gen = speech_tokens(self.model, ids.to(self.device), prompt_text.to(self.device),
-                                    prompt_token.to(self.device).to(torch.int64), cache=cache,
-                                    max_new_tokens=plan.tokens_at_most, on_token=tick)
-                state = _rng_state(self.device)  # the vocoder continues from here (module docstring)
-            return gen.tokens, state
+        def run() -> list[tuple[list[int], torch.Tensor]]:
+            count[0] = 0  # a retry after OOM starts over
+            out = []
+            for index, (ids, plan) in enumerate(zip(all_ids, plans)):
+                cache = BufferCache(min_capacity=plan.positions) if plan.kv_kind == "static" else KVCache()
+                with self.seeded(chunk_seed(sampling.seed, index)):
+                    gen = speech_tokens(self.model, ids.to(self.device), prompt_text, prompt_token.to(torch.int64),
+                                        cache=cache, max_new_tokens=plan.tokens_at_most, on_token=tick)
+                    state = _rng_state(self.device)  # its vocoder continues from here (module docstring)
+                out.append((drop_silent(gen.tokens, SILENT_TOKENS[self.version]), state))
+            return out
 
-        tokens, rng = ctx.run("talker", [self.llm], run, sum(parts.values()))
-        ctx.applied.update(kv_cache=plan.kv_kind)
-        tokens = drop_silent(tokens, SILENT_TOKENS[self.version])
-        if not tokens:
+        runs = ctx.run("talker", [self.llm], run, sum(parts.values()))
+        ctx.applied.update(kv_cache=largest.kv_kind)
+        runs = [(tokens, rng) for tokens, rng in runs if tokens]
+        if not runs:
             raise MizuotoError("cosyvoice: the LM produced no speech tokens for this text")
-        return Codes(torch.tensor([tokens], dtype=torch.int32), self.id, {"rng": rng, "voice": data})
+        tokens = torch.tensor([[t for part, _ in runs for t in part]], dtype=torch.int32)
+        return Codes(tokens, self.id, {"sentences": [(len(part), rng) for part, rng in runs], "voice": data})
 
     # ---- flow + vocoder --------------------------------------------------------------------
     def flow_memory(self, frames: int) -> int:
@@ -342,32 +371,38 @@ class CosyVoiceEngine(Engine):
         return samples * SOURCE_BYTES_PER_SAMPLE + 4 * VOCODER_STAGE_COPIES * stages
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
+        """Each sentence's tokens through the flow (one phase), each mel through HiFT from its
+        sentence's generator state (one phase); the waveforms end to end."""
         data = codes.extra["voice"]
-        tokens = codes.tokens.to(torch.int32)
+        lengths, states = zip(*codes.extra["sentences"])
+        parts = torch.split(codes.tokens.to(torch.int32), list(lengths), dim=1)
         prompt_token = data.get("prompt_token", torch.zeros(1, 0, dtype=torch.int32)).to(torch.int32)
         prompt_feat = data.get("prompt_feat", torch.zeros(1, 0, 80))
         embedding = data["embedding"]
-        frames = (tokens.shape[1] + prompt_token.shape[1]) * self.model.flow.token_mel_ratio
+        frames = (max(lengths) + prompt_token.shape[1]) * self.model.flow.token_mel_ratio
+        steps = self.model.flow.decoder.n_timesteps
 
         @torch.inference_mode()
-        def flow() -> torch.Tensor:
+        def flow() -> list[torch.Tensor]:
             dev = self.device
-            with self.progress_per_call(ctx, self.model.flow.decoder.estimator, self.model.flow.decoder.n_timesteps):
-                mel = self.model.flow(tokens.to(dev), prompt_token.to(dev), prompt_feat.to(dev, self.dtype),
-                                      embedding.to(dev, self.dtype))
-            return mel.cpu()
+            with self.progress_per_call(ctx, self.model.flow.decoder.estimator, steps * len(parts)):
+                return [self.model.flow(tokens.to(dev), prompt_token.to(dev), prompt_feat.to(dev, self.dtype),
+                                        embedding.to(dev, self.dtype)).cpu() for tokens in parts]
 
-        mel = ctx.run("flow", [self.flow], flow, self.flow_memory(frames))
+        mels = ctx.run("flow", [self.flow], flow, self.flow_memory(frames))
 
         @torch.inference_mode()
         def vocode() -> torch.Tensor:
-            with self.seeded(0):
-                _set_rng_state(self.device, codes.extra["rng"])
-                wav, _, _ = self.model.hift(mel.to(self.device, self.dtype))
-            return wav.float().cpu()
+            waves = []
+            for mel, state in zip(mels, states):
+                with self.seeded(0):
+                    _set_rng_state(self.device, state)
+                    wav, _, _ = self.model.hift(mel.to(self.device, self.dtype))
+                waves.append(wav.float().cpu())
+            return torch.cat(waves, dim=-1)
 
         ctx.applied["vocoder_fallback"] = NO_FALLBACK  # meta.applied: what the report shows
-        wav = ctx.run("vocoder", [self.vocoder], vocode, self.vocoder_memory(mel.shape[-1]))
+        wav = ctx.run("vocoder", [self.vocoder], vocode, self.vocoder_memory(max(m.shape[-1] for m in mels)))
         return Audio(wav, self.sample_rate)
 
 
