@@ -285,3 +285,51 @@ def test_voice_modules_equal_onnxruntime(cosyvoice_checkpoint: Checkpoint) -> No
     tokenizer = load_speech_tokenizer(folder / "speech_tokenizer_v2.onnx")
     assert not tokenizer.packaged  # not the published layout: converted as a graph
     assert torch.equal(tokenizer.model(mel, torch.tensor([40], dtype=torch.int32)), torch.from_numpy(want))
+
+
+def upstream_kept(head: list[float], top_p: float) -> int:
+    """Upstream's nucleus loop: keep while the running sum (float32, added in order) < top_p."""
+    import numpy as np
+
+    cum, kept = np.float32(0.0), 0
+    for value in head:
+        if kept and not cum < np.float32(top_p):
+            break
+        cum, kept = np.float32(cum + np.float32(value)), kept + 1
+    return kept
+
+
+def test_kept_mask_adds_in_float32_as_upstream() -> None:
+    """The nucleus's kept count on the device equals upstream's float32 loop, also where a
+    float64 sum (or torch's CPU cumsum, which accumulates in double) would keep fewer: tiny
+    probabilities that a float32 sum of 0.79999995 absorbs."""
+    from mizuoto_runtime.engines.cosyvoice.lm import kept_mask
+
+    absorbed = torch.tensor([0.79999995] + [2e-8] * 24, dtype=torch.float32)
+    assert int(kept_mask(absorbed, 0.8).sum()) == upstream_kept(absorbed.tolist(), 0.8) == 25
+    cumsum = torch.cat([torch.zeros(1), absorbed.cumsum(0)[:-1]])
+    assert int((cumsum < 0.8).sum()) < 25  # what a cumsum would have kept
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        concentration = float(torch.rand(1, generator=g)) * 4
+        head = (torch.randn(400, generator=g) * concentration).softmax(0).sort(descending=True).values[:25]
+        mask = kept_mask(head, 0.8)
+        kept = upstream_kept(head.tolist(), 0.8)
+        assert mask.tolist() == [True] * kept + [False] * (25 - kept)
+
+
+def test_draw_is_torch_multinomial() -> None:
+    """`draw` gives multinomial(1, replacement=True)'s id and leaves the generator where it
+    leaves it; over the kept head with the rest zeroed it draws the same id."""
+    from mizuoto_runtime.engines.cosyvoice.lm import draw
+
+    g = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        p = (torch.randn(2 + trial % 30, generator=g) * 2).softmax(0).sort(descending=True).values
+        kept = 1 + trial % p.numel()
+        torch.manual_seed(trial)
+        expected, after = p[:kept].multinomial(1, replacement=True).item(), torch.rand(1)
+        torch.manual_seed(trial)
+        assert int(draw(p[:kept])) == expected and torch.equal(torch.rand(1), after)
+        torch.manual_seed(trial)
+        assert int(draw(torch.where(torch.arange(p.numel()) < kept, p, 0))) == expected

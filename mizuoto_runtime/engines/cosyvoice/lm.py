@@ -12,11 +12,23 @@ CosyVoice 3 takes them from ``speech_embedding`` rows ``S`` and ``S+2`` and stop
 RAS sampling (`RasSampler`) makes upstream's random draws in upstream's order from the global
 torch generator: ``multinomial`` over the kept nucleus (unnormalised), then, when that id
 occurs in the last ``win_size`` tokens often enough, ``multinomial`` over the full softmax with
-that id removed. The kept count depends on a float32 running sum, reproduced exactly. Both
-facts need the host: the kept count (the number of random numbers a draw consumes depends on
-it) and the drawn id (whether a second draw happens). So the loop reads the top ``top_k``
-probabilities and the id each step — two small reads, where upstream's Python nucleus loop
-reads each kept probability and several more values.
+that id removed (M57: the same seed gives upstream's tokens, in every placement).
+
+Host reads. ``multinomial(1, replacement=True)`` is ``argmax(p / q)`` with ``q`` one
+``exponential_`` draw per element of ``p`` — after host checks of ``p`` (finite, non-negative, non-zero
+sum). `draw` does that arithmetic without the checks: the same ids from the same random
+numbers. The kept count stays on the device (`kept_mask`: upstream's float32 running sum,
+added in the same order) and the draw runs over the ``top_k`` head with the dropped
+probabilities zeroed, which gives the same id (``q[:kept]`` are the same numbers, and the
+zeros never win the argmax). Whether that also leaves the generator where upstream's leaves it
+depends on the generator: CUDA's Philox advances by one fixed offset for any tensor this size
+(torch's launch policy for random kernels: one block of threads up to 1024 elements, element
+*i* from thread *i*), so there nothing is read — taken from torch's kernel, not yet measured on
+a GPU; the CPU's Mersenne Twister advances by one number per element, so the
+draw must have exactly the kept size and the count is read there — a read of host memory,
+which costs no device sync. One read per token is left on every device: the drawn id.
+Whether the repetition fallback draws again (and so moves the generator) depends on it, and
+the loop must know it to stop; a fallback token reads its second id as well.
 """
 from __future__ import annotations
 
@@ -24,7 +36,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -41,6 +52,24 @@ class RasParams:
     tau_r: float = 0.1
 
 
+def draw(prob: torch.Tensor) -> torch.Tensor:
+    """``prob.multinomial(1, replacement=True)`` of a 1-D `prob` (weights, not necessarily
+    normalised), as a 0-dim index on its device: torch's own algorithm for one sample (an
+    exponential per element, the argmax of weight / draw), without its host checks."""
+    return (prob / torch.empty_like(prob).exponential_(1)).argmax()
+
+
+def kept_mask(head: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the sorted probabilities `head` (descending) upstream's nucleus keeps: the first
+    always, each next one while the float32 running sum of those before it is below `top_p`.
+    The sum is added element by element, in order, as upstream adds it (a cumsum would round
+    differently); on the device, so nothing is read."""
+    before = [torch.zeros_like(head[0])]
+    for value in head[:-1]:
+        before.append(before[-1] + value)
+    return torch.stack(before) < top_p
+
+
 class RasSampler:
     """Repetition-aware sampling as upstream draws it."""
 
@@ -48,28 +77,26 @@ class RasSampler:
         self.params = params
         self.fallbacks: list[bool] = []
 
-    def nucleus(self, scores: torch.Tensor) -> int:
-        p = self.params
+    def nucleus(self, scores: torch.Tensor) -> torch.Tensor:
+        """The nucleus draw's id, on the device (module docstring: host reads)."""
         sorted_value, sorted_idx = scores.softmax(dim=0).sort(descending=True, stable=True)
-        head = sorted_value[: p.top_k].tolist()
-        limit, cum, kept = np.float32(p.top_p), np.float32(0.0), 0
-        for value in head:  # upstream: keep while cum < top_p and fewer than top_k, cum in float32
-            if kept and not cum < limit:
-                break
-            cum = np.float32(cum + np.float32(value))
-            kept += 1
-        prob = sorted_value[:kept].clone()
-        return int(sorted_idx[prob.multinomial(1, replacement=True)].item())
+        head = sorted_value[: self.params.top_k]
+        keep = kept_mask(head, self.params.top_p)
+        if head.device.type == "cpu":  # one random number per element: exactly the kept ones
+            prob = head[: int(keep.sum())]
+        else:
+            prob = torch.where(keep, head, torch.zeros_like(head))
+        return sorted_idx[draw(prob)]
 
     def __call__(self, scores: torch.Tensor, decoded: Sequence[int]) -> int:
         """One token from log-probabilities `scores` (1-D; changed in place on a fallback, as upstream)."""
         p = self.params
-        top = self.nucleus(scores)
+        top = int(self.nucleus(scores))  # the one read per token
         window = decoded[-p.win_size:] if p.win_size > 0 else []
         fallback = sum(1 for t in window if t == top) >= p.win_size * p.tau_r
         if fallback:
             scores[top] = -float("inf")
-            top = int(scores.softmax(dim=0).multinomial(1, replacement=True).item())
+            top = int(draw(scores.softmax(dim=0)))
         self.fallbacks.append(fallback)
         return top
 
