@@ -15,6 +15,7 @@ import yaml
 from torch import nn
 
 from ...errors import MizuotoError
+from ...nn.weight_norm import fold_state_dict
 
 # Keys a real gpt.pth may hold that the model does not read: GPT-2's unused token and position
 # tables, the causal-mask buffers older transformers saved, the inference wrapper's aliases.
@@ -52,7 +53,9 @@ def state_dict_of(obj: Any, path: Path, wrappers: tuple[str, ...]) -> dict[str, 
 
 def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,
               ignore: re.Pattern[str] | None = None) -> None:
-    """Strict load with one clear error naming missing, unexpected and mis-shaped tensors."""
+    """Strict load with one clear error naming missing, unexpected and mis-shaped tensors.
+    Weight-norm pairs are folded into plain weights first (the models hold plain layers)."""
+    state = fold_state_dict(state)
     own = module.state_dict()
     unexpected = [k for k in state if k not in own and not (ignore and ignore.match(k))]
     missing = [k for k in own if k not in state]

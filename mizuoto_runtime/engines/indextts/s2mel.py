@@ -6,7 +6,8 @@ the valid length, U-ViT skips from the first half of the blocks into the second)
 goes through a WaveNet (weight-normed convolutions with reflect padding, conditioned on a second
 time embedding) and an adaLN final layer. Euler over 25 steps with classifier-free guidance:
 the batch-2 call whose second half has zero prompt, style and content.
-Weight-norm layers keep the stored weight_g / weight_v form (M13 streams both forms).
+Weight-norm pairs (weight_g / weight_v) are folded into plain weights when loading, with the
+kernel torch's weight norm itself calls, so the weights are bit-equal to upstream's.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import weight_norm
 
 
 def length_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
@@ -173,12 +173,12 @@ class DiTTransformer(nn.Module):
 
 
 class ReflectConv(nn.Module):
-    """A weight-normed Conv1d padded by reflection to keep the length (stride 1)."""
+    """A (stored weight-normed) Conv1d padded by reflection to keep the length (stride 1)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1) -> None:
         super().__init__()
         self.conv = nn.Module()
-        self.conv.conv = weight_norm(nn.Conv1d(cin, cout, kernel, dilation=dilation))
+        self.conv.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation)
         total = (kernel - 1) * dilation
         self.pad = (total - total // 2, total // 2)
 
@@ -219,7 +219,7 @@ class FinalLayer(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.norm_final = nn.LayerNorm(hidden, elementwise_affine=False, eps=1e-6)
-        self.linear = weight_norm(nn.Linear(hidden, hidden))
+        self.linear = nn.Linear(hidden, hidden)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -264,7 +264,7 @@ class DiT(nn.Module):
     def __init__(self, c: DiTConfig) -> None:
         super().__init__()
         self.transformer = DiTTransformer(c.hidden, c.heads, c.depth)
-        self.x_embedder = weight_norm(nn.Linear(c.in_channels, c.hidden))  # stored, unused
+        self.x_embedder = nn.Linear(c.in_channels, c.hidden)  # stored, unused
         self.cond_embedder = nn.Embedding(c.content_codebook_size, c.hidden)  # stored, unused
         self.cond_projection = nn.Linear(c.content_dim, c.hidden)
         self.t_embedder = TimestepEmbedder(c.hidden)
