@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
+    check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
+                                                   "code (one line per stage; exit 1 on any failure)")
+    check.add_argument("directory", help="a folder with ckpt/, reference.safetensors and reference.json")
+    check.add_argument("--engine", required=True)
+    check.add_argument("--stage", help="run only the stages whose name contains this")
+    check.add_argument("--threads", type=int, default=1, help="CPU threads (the references use 1)")
     return p
 
 
@@ -265,6 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
+        if args.command == "check-reference":
+            from .reference_check import run_cli
+
+            return run_cli(args.engine, args.directory, args.stage, args.threads, sys.stdout)
         commands = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor,
                     "tiny-checkpoint": cmd_tiny_checkpoint, "train": cmd_train}
         result = commands[args.command](args)
