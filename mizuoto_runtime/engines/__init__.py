@@ -15,6 +15,7 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2", "VoxCPM2Engine", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts", "F5TTSEngine", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice", "OmniVoiceEngine", "omnivoice"),
+    "indextts2": ("mizuoto_runtime.engines.indextts.engine", "IndexTTS2Engine", "indextts2"),
 }
 
 

@@ -144,6 +144,10 @@ class BigVGAN(nn.Module):
         self.activation_post = AntiAliasedSnake(last, h.snake_logscale)
         self.conv_post = nn.Conv1d(last, 1, 7, 1, padding=3, bias=h.use_bias_at_final)
 
+    def memory_units(self) -> list[nn.Module]:
+        """M11: each upsampling conv and each AMP block moves on its own."""
+        return [*self.ups, *self.resblocks]
+
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         x = self.conv_pre(mel)
         kernels = len(self.h.resblock_kernel_sizes)

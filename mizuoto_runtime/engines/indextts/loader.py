@@ -62,9 +62,18 @@ class Layout:
         return self.file("qwen_emo_path", "qwen0.6bemo4-merge")
 
 
+def feature_width(layout: Layout) -> int:
+    """The w2v-BERT features' width, from the stats file (1024 for the real model)."""
+    stats = load_torch(layout.file("w2v_stat", "wav2vec2bert_stats.pt"))
+    mean = stats.get("mean") if isinstance(stats, dict) else None
+    if not isinstance(mean, torch.Tensor) or mean.ndim != 1:
+        raise MizuotoError(f"{layout.file('w2v_stat', 'wav2vec2bert_stats.pt')}: expected {{'mean': [width], 'var': [width]}}")
+    return int(mean.shape[0])
+
+
 def load_gpt(layout: Layout) -> UnifiedVoice:
     path = layout.file("gpt_checkpoint", "gpt.pth")
-    model = UnifiedVoice(GPTConfig.from_yaml(layout.config["gpt"]))
+    model = UnifiedVoice(GPTConfig.from_yaml(layout.config["gpt"]), feature_width(layout))
     load_into(model, state_dict_of(load_torch(path), path, ("model",)), str(path), IGNORED_GPT_KEYS)
     return model.eval()
 

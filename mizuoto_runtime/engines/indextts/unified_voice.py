@@ -22,7 +22,8 @@ from .gpt2 import GPT2Stack, LayerCache
 from .perceiver import PerceiverResampler
 
 COND_LATENTS = 32
-W2V_DIM = 1024
+W2V_DIM = 1024  # w2v-BERT 2.0's width; a test checkpoint may use another (read from the stats file)
+EMO_DIM = 1024  # the emotion perceiver's width (fixed upstream, whatever the features' width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,26 +66,26 @@ class LearnedPositions(nn.Module):
         return self.emb.weight[index][None, None, :]
 
 
-def _encoder(cfg: dict[str, Any]) -> ConformerEncoder:
-    return ConformerEncoder(W2V_DIM, cfg["output_size"], cfg["linear_units"], cfg["attention_heads"],
+def _encoder(cfg: dict[str, Any], features: int) -> ConformerEncoder:
+    return ConformerEncoder(features, cfg["output_size"], cfg["linear_units"], cfg["attention_heads"],
                             cfg["num_blocks"], cfg["input_layer"])
 
 
 class UnifiedVoice(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, features: int = W2V_DIM) -> None:
         super().__init__()
         self.cfg = cfg
         d, cm, em = cfg.model_dim, cfg.condition_module, cfg.emo_condition_module
-        self.conditioning_encoder = _encoder(cm)
+        self.conditioning_encoder = _encoder(cm, features)
         self.perceiver_encoder = PerceiverResampler(d, cm["output_size"], COND_LATENTS,
                                                     cm["attention_heads"], cm["perceiver_mult"])
         self.speed_emb = nn.Embedding(2, d)
-        self.emo_conditioning_encoder = _encoder(em)
-        self.emo_perceiver_encoder = PerceiverResampler(W2V_DIM, em["output_size"], 1,
+        self.emo_conditioning_encoder = _encoder(em, features)
+        self.emo_perceiver_encoder = PerceiverResampler(EMO_DIM, em["output_size"], 1,
                                                         em["attention_heads"], em["perceiver_mult"])
         self.text_embedding = nn.Embedding(cfg.number_text_tokens + 1, d)
         self.emo_layer = nn.Linear(d, d)
-        self.emovec_layer = nn.Linear(W2V_DIM, d)
+        self.emovec_layer = nn.Linear(EMO_DIM, d)
         self.mel_embedding = nn.Embedding(cfg.number_mel_codes, d)
         self.gpt = GPT2Stack(d, cfg.heads, cfg.layers)
         self.mel_pos_embedding = LearnedPositions(cfg.max_mel_tokens + 3, d)
@@ -98,7 +99,7 @@ class UnifiedVoice(nn.Module):
         return self.conditioning_encoder(spk, lengths)
 
     def speaker_latent(self, spk: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """spk (B, T, 1024) normalised w2v-BERT features -> (B, 32, d)."""
+        """spk (B, T, features) normalised w2v-BERT features -> (B, 32, d)."""
         x, mask = self.conditioning_encoder(spk, lengths)
         return self.perceiver_encoder(x, F.pad(mask.squeeze(1), (COND_LATENTS, 0), value=True))
 
@@ -107,7 +108,7 @@ class UnifiedVoice(nn.Module):
         return self.emo_perceiver_encoder(x, F.pad(mask.squeeze(1), (1, 0), value=True)).squeeze(1)
 
     def emotion_vector(self, emo: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B, T, 1024) -> (B, d)."""
+        """(B, T, features) -> (B, d)."""
         return self.emo_layer(self.emovec_layer(self.emotion_perceiver(emo, lengths)))
 
     def merge_emotion(self, spk: torch.Tensor, emo: torch.Tensor, spk_lengths: torch.Tensor,
