@@ -117,14 +117,14 @@ class IndexTTS2Engine(Engine):
         self.s2mel = load_s2mel(layout)
         self.w2v = W2VBert(layout.w2v_bert_dir, self.tables.w2v_mean, self.tables.w2v_std)
         self.emotions: dict[str, torch.Tensor] = {}
+        self.flow_module = Flow(self.s2mel, codec)  # copies the code embedding: before any handle holds it
+        self.bigvgan = load_bigvgan(layout)
         self.w2v_bert = self.register(self.w2v, "w2v_bert")
         self.semantic_codec = self.register(CodecEncoder(codec), "semantic_codec")
         self.campplus = self.register(load_campplus(layout), "campplus")
         self.conditioning = self.register(Conditioning(self.gpt), "conditioning")
         self.talker = self.register(Talker(self.gpt), "talker", kind="sequence")
-        self.flow_module = Flow(self.s2mel, codec)
         self.flow = self.register(self.flow_module, "flow")
-        self.bigvgan = load_bigvgan(layout)
         self.vocoder = self.register(self.bigvgan, "vocoder")
         self.num_beams = NUM_BEAMS
 

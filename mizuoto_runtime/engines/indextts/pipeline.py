@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ...errors import ArgumentError
 from ...nn.features import mel_spectrogram
 from .bigvgan import BigVGAN
 from .campplus import CAMPPlus
@@ -88,7 +89,8 @@ def emotion_from_weights(tables: Tables, style: torch.Tensor, weights: list[floa
     """The 8-emotion vector path: per emotion, the matrix row whose speaker row is most similar
     (cosine) to the voice's style, weighted; the voice's own emotion fills the remainder."""
     if len(weights) != len(tables.emo_matrix):
-        raise ValueError(f"emotion vector needs {len(tables.emo_matrix)} weights, got {len(weights)}")
+        raise ArgumentError(f"indextts2: the emotion vector needs {len(tables.emo_matrix)} weights "
+                            f"(happy, angry, sad, afraid, disgusted, melancholic, surprised, calm), got {len(weights)}")
     scale = max(0.0, min(1.0, alpha))
     if scale != 1.0:
         weights = [int(w * scale * 10000) / 10000 for w in weights]

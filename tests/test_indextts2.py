@@ -1,0 +1,208 @@
+"""IndexTTS-2 under the memory runtime (issue 25) on a tiny random checkpoint in the published
+layout: phases place only their components and a cached voice places no prompt encoder (M1, M4);
+every placement equals the plain run with beams on (M57); an injected OOM reruns exactly (M40);
+the GPT-2 `Conv1D` leaves stream only because they declare it (M13); the beams share one copy of
+each streamed unit per step (M18); emotion inputs change the result and are cached."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="IndexTTS-2 needs transformers (GPT-2 Conv1D, w2v-BERT)")
+pytest.importorskip("sentencepiece", reason="IndexTTS-2's tokenizer is SentencePiece")
+pytest.importorskip("yaml", reason="IndexTTS-2 reads config.yaml")
+pytest.importorskip("torchaudio", reason="IndexTTS-2 resamples its reference audio")
+
+from oom import allocations_during  # noqa: E402
+from mizuoto_runtime import OomInjector, Runtime  # noqa: E402
+from mizuoto_runtime.audio import Audio  # noqa: E402
+from mizuoto_runtime.engines import Sampling  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+REFERENCE = Audio(0.3 * torch.sin(torch.arange(22050) / 6.0).unsqueeze(0), 22050)
+EMOTION_AUDIO = Audio(0.3 * torch.sin(torch.arange(16000) / 3.0).unsqueeze(0), 16000)
+TEXT = "hello tiny model. this is a test!"
+CODES = 12
+SAMPLING = Sampling(seed=5, max_new_tokens=CODES, temperature=0.8, top_k=30, top_p=0.8, repetition_penalty=10.0)
+PROMPT_ENCODERS = {"indextts2:w2v_bert", "indextts2:semantic_codec", "indextts2:campplus", "indextts2:conditioning"}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("indextts2"))
+
+
+def runtime(placement: str) -> Runtime:
+    if placement == "plain":
+        return Runtime()
+    return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
+
+
+def say(rt: Runtime, folder: Path, placement: str = "plain", sampling: Sampling = SAMPLING,
+        **emotion: object) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    engine = rt.engine("indextts2", folder)
+    if placement == "half":
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    ctx = rt.request(seed=sampling.seed)
+    voice = engine.voice_prompt(ctx, REFERENCE)
+    from mizuoto_runtime.engines.indextts.engine import Emotion
+
+    codes = engine.generate(ctx, TEXT, voice, sampling, emotion=Emotion(**emotion) if emotion else None)
+    audio = engine.decode(ctx, codes)
+    return codes.tokens, audio.waveform, ctx.meta
+
+
+_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def plain(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    if "run" not in _plain:
+        _plain["run"] = say(Runtime(), folder)[:2]
+    return _plain["run"]
+
+
+@pytest.mark.parametrize("placement", ["none", "half", "whole"])
+def test_every_placement_equals_the_plain_run(folder: Path, placement: str) -> None:
+    """M57 with three beams: codes and audio torch.equal to the plain CPU run."""
+    expected_codes, expected_wav = plain(folder)
+    codes, wav, meta = say(runtime(placement), folder, placement)
+    assert codes.shape[1] > 0 and wav.abs().max() > 0
+    assert torch.equal(codes, expected_codes), f"{placement}: codes differ from the plain run"
+    assert torch.equal(wav, expected_wav), f"{placement}: audio differs from the plain run"
+    memory = meta["memory"]
+    if placement == "whole":
+        assert memory["partial"] == {} and memory["streamed_mb"] == 0
+    else:
+        assert memory["streamed_mb"] > 0
+        assert "indextts2:talker" in memory["partial"] and "indextts2:flow" in memory["partial"]
+
+
+def test_phases_and_a_cached_voice(folder: Path) -> None:
+    """M1: each phase places its own components; M4: the same voice again places none of the
+    prompt encoders (w2v-BERT, codec, CAM++, conditioning), and gives the same audio."""
+    rt = runtime("none")
+    engine = rt.engine("indextts2", folder)
+    first, meta = rt.say(engine, TEXT, reference=REFERENCE, sampling=SAMPLING)
+    phases = {k: v["phase"] for k, v in meta["memory"]["components"].items()}
+    assert phases == {**{k: "voice prompt" for k in PROMPT_ENCODERS}, "indextts2:talker": "talker",
+                      "indextts2:flow": "flow", "indextts2:vocoder": "vocoder"}
+    rt.manager.events.clear()
+    again, _ = rt.say(engine, TEXT, reference=REFERENCE, sampling=SAMPLING)
+    placed = {name for action, name, _ in rt.manager.events if action == "place"}
+    assert placed == {"indextts2:talker", "indextts2:flow", "indextts2:vocoder"}
+    assert not placed & PROMPT_ENCODERS
+    assert torch.equal(first.waveform, again.waveform)
+
+
+def test_beams_share_one_copy_per_streamed_unit(folder: Path) -> None:
+    """M18, M20: with every GPT block streamed, each GPT forward copies every streamed unit once —
+    the three beams are rows of one batch, not three passes."""
+    rt = runtime("none")
+    engine = rt.engine("indextts2", folder)
+    talker = engine.talker
+    assert talker.kind == "sequence" and len(talker.units) == 3
+    calls: list[int] = []
+    hook = engine.gpt.gpt.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        ctx = rt.request(seed=5)
+        voice = engine.voice_prompt(ctx, REFERENCE)
+        before = talker.streamer.streamed_bytes_of(talker)
+        codes = engine.generate(ctx, TEXT, voice, SAMPLING)
+        streamed = talker.streamer.streamed_bytes_of(talker) - before
+    finally:
+        hook.remove()
+    unit_bytes = sum(u.nbytes for u in talker.streamed_units)
+    assert engine.num_beams == 3 and unit_bytes > 0
+    # prefill + one step per code after the first + the latent forward
+    assert len(calls) == codes.tokens.shape[1] + 1 or len(calls) == codes.tokens.shape[1] + 2
+    assert streamed == len(calls) * unit_bytes  # not 3 x
+
+
+def test_conv1d_streams_because_it_declares_it() -> None:
+    """M13: transformers' GPT-2 `Conv1D` reads its weights only inside its forward, but the
+    runtime streams only layers that say so: plain, a GPT-2 block is all fixed part; as the
+    engine declares it (StreamingConv1D), the same block is a streamed unit."""
+    from transformers.pytorch_utils import Conv1D
+
+    from mizuoto_runtime.engines.indextts.gpt2 import GPT2Stack, StreamingConv1D
+    from mizuoto_runtime.units import plan_units
+
+    stack = GPT2Stack(256, 4, 2)  # blocks of 3 MB: list children the runtime takes as units (M12)
+    declared = plan_units(stack)
+    assert [u.name for u in declared.units] == ["h.0", "h.1"]
+    for block in stack.h:
+        for holder, name in ((block.attn, "c_attn"), (block.attn, "c_proj"), (block.mlp, "c_fc"), (block.mlp, "c_proj")):
+            old = getattr(holder, name)
+            plain = Conv1D(old.nf, old.nx)
+            plain.load_state_dict(old.state_dict())
+            setattr(holder, name, plain)
+    undeclared = plan_units(stack)
+    assert undeclared.units == []
+    reasons = dict(undeclared.why_fixed())
+    assert any("Conv1D" in why and "STREAMABLE" in why for why in reasons)
+    assert StreamingConv1D.STREAMABLE and not getattr(Conv1D, "STREAMABLE", False)
+
+
+def test_oom_in_the_talker_reruns_exactly(folder: Path) -> None:
+    """M40: an OOM mid-decoding (a streamed copy) reruns the talker phase with the same draws."""
+    expected_codes, expected_wav = plain(folder)
+    probe = runtime("none")
+    engine = probe.engine("indextts2", folder)
+    with allocations_during(probe, engine, "generate") as inside:
+        ctx = probe.request(seed=5)
+        voice = engine.voice_prompt(ctx, REFERENCE)
+        engine.generate(ctx, TEXT, voice, SAMPLING)
+    assert len(inside) > 10
+    rt = runtime("none")
+    engine = rt.engine("indextts2", folder)
+    injector = OomInjector(at=inside[len(inside) // 2])  # counted from the voice prompt on, as the probe's
+    rt.devices.fault_hook = injector
+    try:
+        ctx = rt.request(seed=5)
+        voice = engine.voice_prompt(ctx, REFERENCE)
+        codes = engine.generate(ctx, TEXT, voice, SAMPLING)
+    finally:
+        rt.devices.fault_hook = None
+    audio = engine.decode(ctx, codes)
+    assert injector.raised == 1 and ctx.meta["applied"]["oom_retries"] == 1
+    assert torch.equal(codes.tokens, expected_codes) and torch.equal(audio.waveform, expected_wav)
+
+
+def test_emotion_audio_and_vector(folder: Path) -> None:
+    """An emotion reference audio (cached per voice and audio) and an emotion vector both change
+    the result; alpha 0 of an emotion audio is the voice's own emotion."""
+    rt = Runtime()
+    _, base, _ = say(rt, folder)
+    _, with_audio, _ = say(rt, folder, audio=EMOTION_AUDIO, alpha=1.0)
+    engine = rt.engine("indextts2", folder)
+    cached = len(engine.emotions)
+    rt.manager.events.clear()
+    _, again, _ = say(rt, folder, audio=EMOTION_AUDIO, alpha=1.0)
+    assert len(engine.emotions) == cached == 1 and torch.equal(again, with_audio)
+    assert "indextts2:w2v_bert" not in {name for action, name, _ in rt.manager.events if action == "place"}
+    _, with_vector, _ = say(rt, folder, vector=(0, 0, 0.8, 0, 0, 0, 0, 0), alpha=1.0)
+    _, none_audio, _ = say(rt, folder, audio=EMOTION_AUDIO, alpha=0.0)
+    assert not torch.equal(with_audio, base) and not torch.equal(with_vector, base)
+    assert torch.equal(none_audio, base)
+
+
+def test_bad_inputs_name_the_problem(folder: Path, tmp_path: Path) -> None:
+    from mizuoto_runtime import CheckpointError, MizuotoError
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    ctx = rt.request(seed=1)
+    with pytest.raises(MizuotoError, match="give reference audio"):
+        engine.voice_prompt(ctx, None)
+    with pytest.raises(MizuotoError, match="emotion vector needs 8 weights"):
+        say(rt, folder, vector=(1.0, 0.0))
+    (tmp_path / "config.yaml").write_text("gpt: {}\n")
+    with pytest.raises(CheckpointError, match="missing gpt.pth"):
+        rt.engine("indextts2", tmp_path)
