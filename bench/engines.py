@@ -38,7 +38,7 @@ from mizuoto_runtime.engines import Sampling  # noqa: E402
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
 TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
-WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts_tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice_tiny"}
+WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny"}
 MB = 1 << 20
 MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
 

@@ -24,11 +24,11 @@ log = logging.getLogger("mizuoto")
 
 # engine id -> (module, function, pip extra): writers of small random checkpoints for tests.
 TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
-    "demo": ("mizuoto_runtime.engines.demo", "save_checkpoint", None),
-    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts_tiny", "write_tiny_checkpoint", "qwen3tts"),
-    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2_tiny", "write_tiny_checkpoint", "voxcpm2"),
-    "f5tts": ("mizuoto_runtime.engines.f5tts_tiny", "write_tiny_checkpoint", "f5tts"),
-    "omnivoice": ("mizuoto_runtime.engines.omnivoice_tiny", "write_tiny_checkpoint", "omnivoice"),
+    "demo": ("mizuoto_runtime.engines.demo.tiny", "save_checkpoint", None),
+    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts.tiny", "write_tiny_checkpoint", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
 }
 
 

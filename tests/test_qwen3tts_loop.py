@@ -22,7 +22,7 @@ from mizuoto_runtime.engines import Sampling
 
 require_qwen_tts()  # the engine's import: a bare `import qwen_tts` fails on transformers 5.x
 
-from mizuoto_runtime.engines import qwen3tts_loop  # noqa: E402  (imports transformers)
+from mizuoto_runtime.engines.qwen3tts import loop as qwen3tts_loop  # noqa: E402  (imports transformers)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -255,7 +255,7 @@ def test_sampler_draws_what_generate_draws() -> None:
 def test_the_estimate_follows_the_loop_and_the_kv_cache(qwen3tts_checkpoint: Checkpoint) -> None:
     """M46: the lean loop keeps one hidden state per step, not every layer's; the static cache
     is estimated as the `BufferCache` it allocates (`peak_bytes(kind="static")`)."""
-    from mizuoto_runtime.lm.cache import peak_bytes
+    from mizuoto_runtime.nn.kv_cache import peak_bytes
 
     rt = Runtime({"compute.kv_cache": "static"})
     engine = rt.engine("qwen3tts", qwen3tts_checkpoint("custom_voice"))

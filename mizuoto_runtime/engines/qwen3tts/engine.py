@@ -19,7 +19,7 @@ Components and phases (M1), each a handle registered with the manager:
   of 300 frames with 25 of left context, so no tiled fallback (M43: it would change samples).
 
 The talker loop. By default the talker phase runs our lean per-frame loop over the package's
-talker and code-predictor modules (`qwen3tts_loop`: no generic ``generate`` machinery, no host
+talker and code-predictor modules (`qwen3tts.loop`: no generic ``generate`` machinery, no host
 sync per token, the static KV cache of M53 and CUDA Graphs of M24 where they apply), which
 gives the same codes as the package's own loop; ``engine.talker_loop = "upstream"`` runs the
 package's loop instead (the reference the tests hold it equal to). What ran is named in
@@ -53,15 +53,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..audio import Audio
-from ..errors import CheckpointError, MizuotoError
-from ..lm.cache import peak_bytes
-from ..loading import build_on_meta, load_safetensors
-from ..phases import RequestContext
-from ..upstream import ImportNoise, quiet_import
-from . import qwen3tts_compat, qwen3tts_loop
-from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from .checkpoint_files import config_from, read_json
+from ...audio import Audio
+from ...errors import CheckpointError, MizuotoError
+from ...loading import build_on_meta, load_safetensors
+from ...nn.kv_cache import peak_bytes
+from ...phases import RequestContext
+from ...upstream import ImportNoise, quiet_import
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..checkpoint_files import config_from, read_json
+from . import compat
+from . import loop as lean_loop
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,9 @@ QWEN_TTS_NOISE = ImportNoise(
 
 def import_upstream() -> None:
     """Import `qwen_tts` (an optional extra) without its import noise, adapted to transformers
-    5.x where that is what the environment has (`qwen3tts_compat`); stdout stays clean for
+    5.x where that is what the environment has (`qwen3tts.compat`); stdout stays clean for
     `mizuoto say`'s JSON."""
-    qwen3tts_compat.install(lambda: quiet_import("qwen_tts", QWEN_TTS_NOISE))
+    compat.install(lambda: quiet_import("qwen_tts", QWEN_TTS_NOISE))
 
 
 def check_layout(folder: Path) -> dict[str, Any]:
@@ -163,7 +164,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     codec_config = config_from(Qwen3TTSTokenizerV2Config, st_folder)
     codec = build_on_meta(lambda: Qwen3TTSTokenizerV2Model(codec_config), torch.float32)
     if model.tts_model_type == "base":
-        load_safetensors(codec, st_folder / "model.safetensors", rename=qwen3tts_compat.codec_module_name)
+        load_safetensors(codec, st_folder / "model.safetensors", rename=compat.codec_module_name)
     else:
         # Nothing but Base clones a voice: the encoder's weights are never read, and dropped.
         load_safetensors(codec.decoder, st_folder / "model.safetensors", prefix="decoder.")
@@ -228,7 +229,7 @@ class Qwen3TTSEngine(Engine):
         codec = model.speech_tokenizer.model
         self.talker = self.register(model.talker, "talker", kind="sequence", graphable=True)
         self.talker.mark(model.talker.code_predictor, "hot")
-        qwen3tts_loop.install(model.talker)
+        lean_loop.install(model.talker)
         self.talker_loop = "lean"  # or "upstream": the package's own loop (the reference)
         self.cuda_graphs = True  # M24: capture where `graphs.eligible` allows (benchmarks turn it off)
         self.speaker_encoder = None
@@ -423,7 +424,7 @@ class Qwen3TTSEngine(Engine):
                                         kv_cache=kv_cache)
         total = int(settings["max_new_tokens"])
         model = self.tts.model
-        reports: list[qwen3tts_loop.LoopReport] = []
+        reports: list[lean_loop.LoopReport] = []
 
         def talk() -> torch.Tensor:
             tick = self._progress_tick(ctx, total)
@@ -442,24 +443,24 @@ class Qwen3TTSEngine(Engine):
     def _loop_that_runs(self) -> str:
         """The talker loop that will run: the lean one, unless the package's is asked for or
         the talker has a setting the lean loop does not reproduce."""
-        if self.talker_loop == "upstream" or qwen3tts_loop.unsupported(self.tts.model.talker) is not None:
+        if self.talker_loop == "upstream" or lean_loop.unsupported(self.tts.model.talker) is not None:
             return "upstream"
         return "lean"
 
     @contextlib.contextmanager
-    def _loop(self, kv_cache: str, tick: Any, reports: list[qwen3tts_loop.LoopReport]) -> Iterator[None]:
+    def _loop(self, kv_cache: str, tick: Any, reports: list[lean_loop.LoopReport]) -> Iterator[None]:
         """This thread's talker loop for the block: the lean one, or the package's (the
         progress hook `tick` is then called by the talker's forward)."""
         if self.talker_loop == "upstream":
-            with qwen3tts_loop.forward_ticks(self.tts.model.talker, tick):
+            with lean_loop.forward_ticks(self.tts.model.talker, tick):
                 yield
             return
-        loop = qwen3tts_loop.LeanLoop(self.talker, kv_cache=kv_cache, graphs_wanted=self.cuda_graphs, on_step=tick)
+        loop = lean_loop.LeanLoop(self.talker, kv_cache=kv_cache, graphs_wanted=self.cuda_graphs, on_step=tick)
         reports.append(loop.report)
-        with qwen3tts_loop.loop_in_this_thread(self.tts.model.talker, loop):
+        with lean_loop.loop_in_this_thread(self.tts.model.talker, loop):
             yield
 
-    def _applied(self, ctx: RequestContext, report: qwen3tts_loop.LoopReport | None) -> None:
+    def _applied(self, ctx: RequestContext, report: lean_loop.LoopReport | None) -> None:
         """`meta.applied`: which talker loop ran, with which KV cache and CUDA Graphs (M50, M53)."""
         if report is None:
             ctx.applied.update(talker_loop="upstream", kv_cache="dynamic",

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import MizuotoError
-from ..handle import ModelHandle
-from ..loading import SafetensorsFile
-from ..training.lora import LoraFile, merged_weight, read_lora
-from .base import Engine
+from ...errors import MizuotoError
+from ...handle import ModelHandle
+from ...loading import SafetensorsFile
+from ...training.lora import LoraFile, merged_weight, read_lora
+from ..base import Engine
 
 log = logging.getLogger(__name__)
 

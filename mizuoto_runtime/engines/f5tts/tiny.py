@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .f5tts import EMA_PREFIX, VOCODER_FOLDER
-from .f5tts_upstream import import_upstream
+from .engine import EMA_PREFIX, VOCODER_FOLDER
+from .upstream import import_upstream
 
 log = logging.getLogger(__name__)
 

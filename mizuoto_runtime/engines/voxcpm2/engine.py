@@ -81,15 +81,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..audio import Audio
-from ..errors import CheckpointError, MizuotoError
-from ..lm.cache import peak_bytes
-from ..loading import load_safetensors, parameters_on_meta
-from ..phases import RequestContext
-from ..tiling import tiled_1d
-from ..units import plan_units
-from .base import CheckpointInfo, Codes, Engine, Sampling, Voice
-from .checkpoint_files import read_json
+from ...audio import Audio
+from ...errors import CheckpointError, MizuotoError
+from ...loading import load_safetensors, parameters_on_meta
+from ...nn.kv_cache import peak_bytes
+from ...phases import RequestContext
+from ...tiling import tiled_1d
+from ...units import plan_units
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
+from ..checkpoint_files import read_json
 
 log = logging.getLogger(__name__)
 

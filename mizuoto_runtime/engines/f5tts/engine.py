@@ -33,7 +33,7 @@ memory-mapped safetensors copied in (no float32 copy); the vocoder's ``.bin`` is
 classes (nothing else is imported from a model folder).
 
 The package's ``f5_tts.model`` ``__init__`` imports its trainer (wandb, accelerate, datasets);
-`import_upstream` imports the model modules without running it (`f5tts_upstream`).
+`import_upstream` imports the model modules without running it (`f5tts.upstream`).
 """
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..audio import Audio
-from ..errors import CheckpointError, MizuotoError
-from ..loading import build_on_meta, load_safetensors
-from ..phases import RequestContext
-from ..tiling import tiled_1d
-from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from .checkpoint_files import read_yaml
-from .f5tts_upstream import import_upstream, package_config, vocos_classes
+from ...audio import Audio
+from ...errors import CheckpointError, MizuotoError
+from ...loading import build_on_meta, load_safetensors
+from ...phases import RequestContext
+from ...tiling import tiled_1d
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..checkpoint_files import read_yaml
+from .upstream import import_upstream, package_config, vocos_classes
 
 log = logging.getLogger(__name__)
 

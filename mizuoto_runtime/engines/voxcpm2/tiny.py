@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .tiny import fan_in_std, scale_output, word_merges, write_json
+from ..tiny import fan_in_std, scale_output, word_merges, write_json
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | tor
     """Write a tiny random VoxCPM 2 checkpoint into `directory`. `dtype` is that of
     ``model.safetensors`` and the config's run precision; the audio VAE is always float32, as
     the official checkpoint ships it and the package runs it."""
-    from .voxcpm2 import import_upstream
+    from .engine import import_upstream
 
     import_upstream()
     from safetensors.torch import save_file

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .omnivoice import import_upstream
+from .engine import import_upstream
 
 log = logging.getLogger(__name__)
 

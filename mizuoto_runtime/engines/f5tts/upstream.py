@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from .checkpoint_files import read_yaml
+from ..checkpoint_files import read_yaml
 
 
 @dataclasses.dataclass(frozen=True)

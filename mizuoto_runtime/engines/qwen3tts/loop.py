@@ -55,8 +55,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import graphs
-from ..lm.cache import BufferCache, Kind
+from ... import graphs
+from ...nn.kv_cache import BufferCache, Kind
 
 log = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import qwen3tts_compat
-from .qwen3tts import import_upstream
-from .tiny import fan_in_std, scale_output, word_merges, write_json
+from ..tiny import fan_in_std, scale_output, word_merges, write_json
+from . import compat
+from .engine import import_upstream
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ def write_tiny_checkpoint(directory: str | Path, model_type: str = "base", seed:
     write_json(out / "speech_tokenizer" / "preprocessor_config.json", SPEECH_PREPROCESSOR)
     codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**_without_architectures(st_config)))
     randomize_codec(codec, gen)
-    _save(codec, out / "speech_tokenizer" / "model.safetensors", key=qwen3tts_compat.codec_key)
+    _save(codec, out / "speech_tokenizer" / "model.safetensors", key=compat.codec_key)
 
     # The package slices the chat template at 3 tokens: check the trap is handled.
     ids = Qwen2TokenizerFast.from_pretrained(str(out))("<|im_start|>assistant\n")["input_ids"]

@@ -1,6 +1,6 @@
 """OmniVoice over the official `omnivoice` package's model code, run in phases by the memory
 runtime (issue 11). Needs transformers >= 5.3 (its codec, Higgs Audio v2's tokenizer, is part of
-transformers); Qwen3-TTS runs on that same transformers (`qwen3tts_compat`).
+transformers); Qwen3-TTS runs on that same transformers (`qwen3tts.compat`).
 
 Components and phases (M1), each a handle registered with the manager:
 
@@ -43,13 +43,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..audio import Audio
-from ..errors import CheckpointError, MizuotoError
-from ..loading import build_on_meta, load_safetensors
-from ..phases import RequestContext
-from ..tiling import tiled_1d
-from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from .checkpoint_files import config_from, read_json
+from ...audio import Audio
+from ...errors import CheckpointError, MizuotoError
+from ...loading import build_on_meta, load_safetensors
+from ...phases import RequestContext
+from ...tiling import tiled_1d
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..checkpoint_files import config_from, read_json
 
 log = logging.getLogger(__name__)
 
