@@ -29,6 +29,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "indextts2": ("mizuoto_runtime.engines.indextts.tiny", "write_tiny_checkpoint", "indextts2"),
 }
 
 
