@@ -191,6 +191,12 @@ def test_emotion_audio_and_vector(folder: Path) -> None:
     _, none_audio, _ = say(rt, folder, audio=EMOTION_AUDIO, alpha=0.0)
     assert not torch.equal(with_audio, base) and not torch.equal(with_vector, base)
     assert torch.equal(none_audio, base)
+    # the same emotion carried by the voice (the Emotion node's way) gives the same audio
+    from mizuoto_runtime.engines.indextts.engine import Emotion
+
+    ctx = rt.request(seed=SAMPLING.seed)
+    voice = engine.voice_prompt(ctx, REFERENCE, emotion=Emotion(audio=EMOTION_AUDIO, alpha=1.0))
+    assert torch.equal(engine.decode(ctx, engine.generate(ctx, TEXT, voice, SAMPLING)).waveform, with_audio)
 
 
 def test_bad_inputs_name_the_problem(folder: Path, tmp_path: Path) -> None:

@@ -181,11 +181,25 @@ class IndexTTS2Engine(Engine):
         return (len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores + 4 * frames * cfg.intermediate_size
 
     # ---- emotion ---------------------------------------------------------------------------
+    def voice_prompt(self, ctx: Any, reference: Audio | None = None, transcript: str | None = None,
+                     speaker: str | None = None, instruct: str | None = None,
+                     emotion: Emotion | None = None) -> Voice:
+        """The cached voice (M4), with `emotion` applied when given (see `with_emotion`)."""
+        voice = super().voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
+        return voice if emotion is None else self.with_emotion(ctx, voice, emotion)
+
+    def with_emotion(self, ctx: Any, voice: Voice, emotion: Emotion) -> Voice:
+        """`voice` speaking with `emotion`: its emotion vector is computed now (an emotion audio
+        places w2v-BERT and the conditioning encoders once, then comes from the cache)."""
+        vector = self.emotion_vector(ctx, voice, emotion)
+        return Voice(f"{voice.key}+{emotion.key()}", {**voice.data, "emotion_vector": vector}, self.id)
+
     def emotion_vector(self, ctx: Any, voice: Voice, emotion: Emotion | None) -> torch.Tensor:
-        """The emotion vector a request uses (cached per emotion audio and voice)."""
+        """The emotion vector a request uses (cached per emotion audio and voice): the voice's own
+        when no emotion is given."""
         base = voice.data["base_emotion"]
         if emotion is None or (emotion.audio is None and emotion.vector is None):
-            return base
+            return voice.data.get("emotion_vector", base)
         if emotion.vector is not None:
             return pipeline.emotion_from_weights(self.tables, voice.data["style"], list(emotion.vector), base,
                                                  emotion.alpha)
