@@ -33,10 +33,13 @@ MAX_DEPTH = 2
 #: (the official Qwen3-TTS layout has a config.json; the demo engine writes bare safetensors).
 CHECKPOINT_CONFIG = "config.json"
 CHECKPOINT_WEIGHTS = "*.safetensors"
+#: Configs of layouts with neither (IndexTTS-2: config.yaml beside .pth files).
+OTHER_CONFIGS = ("config.yaml",)
 
 
 def is_checkpoint_root(folder: Path) -> bool:
-    return (folder / CHECKPOINT_CONFIG).is_file() or any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS))
+    return ((folder / CHECKPOINT_CONFIG).is_file() or any((folder / name).is_file() for name in OTHER_CONFIGS)
+            or any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS)))
 
 
 def _subfolders(folder: Path) -> list[Path]:

@@ -212,3 +212,13 @@ def test_bad_inputs_name_the_problem(folder: Path, tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("gpt: {}\n")
     with pytest.raises(CheckpointError, match="missing gpt.pth"):
         rt.engine("indextts2", tmp_path)
+
+
+def test_the_catalog_lists_a_published_folder(folder: Path) -> None:
+    """Loader dropdowns: a folder in the published layout (config.yaml, no config.json) is listed
+    for indextts2, and for no other engine."""
+    from mizuoto_runtime.checkpoints import scan
+
+    catalog = scan([folder.parent], ["indextts2", "qwen3tts"])
+    assert [(c.engine, c.path, c.info.label) for c in catalog.choices if c.path] == [
+        ("indextts2", folder.name, "IndexTTS-2")]
