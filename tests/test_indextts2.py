@@ -214,11 +214,12 @@ def test_bad_inputs_name_the_problem(folder: Path, tmp_path: Path) -> None:
         rt.engine("indextts2", tmp_path)
 
 
-def test_the_catalog_lists_a_published_folder(folder: Path) -> None:
+def test_the_catalog_lists_a_published_folder(folder: Path, tmp_path: Path) -> None:
     """Loader dropdowns: a folder in the published layout (config.yaml, no config.json) is listed
     for indextts2, and for no other engine."""
     from mizuoto_runtime.checkpoints import scan
 
-    catalog = scan([folder.parent], ["indextts2", "qwen3tts"])
-    assert [(c.engine, c.path, c.info.label) for c in catalog.choices if c.path] == [
-        ("indextts2", folder.name, "IndexTTS-2")]
+    (tmp_path / "IndexTTS-2").symlink_to(folder, target_is_directory=True)
+    catalog = scan([tmp_path], ["indextts2", "qwen3tts"])
+    assert [(c.engine, c.value, c.info.label) for c in catalog.choices if c.path] == [
+        ("indextts2", "IndexTTS-2", "IndexTTS-2")]
