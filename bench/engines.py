@@ -1,7 +1,7 @@
-"""The one-shot engines under the memory runtime, side by side in one run (issue 11).
+"""The one-shot engines and IndexTTS-2 under the memory runtime, side by side in one run (issues 11, 25).
 
-Per engine (F5-TTS, OmniVoice; tiny random checkpoints in their published layouts, written to a
-temporary folder), one request of each placement, repeated and interleaved:
+Per engine (F5-TTS, OmniVoice, IndexTTS-2; tiny random checkpoints in their published layouts,
+written to a temporary folder), one request of each placement, repeated and interleaved:
 
 * resident — every component whole on the device (simulated: a device larger than the model);
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
@@ -11,8 +11,10 @@ It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_m
 resident memory rises during the phase, Linux) against the engine's estimate (M45).
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
+For IndexTTS-2 it also prints the talker's milliseconds per code (three beams), plain and all
+streamed, and with ``--peaks`` the voice prompt's peak.
 
-    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda]
+    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines f5tts,omnivoice,indextts2]
 """
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ from mizuoto_runtime.engines import Sampling  # noqa: E402
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
 TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
-WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny"}
+WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
+           "indextts2": "mizuoto_runtime.engines.indextts.tiny"}
+CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
 MB = 1 << 20
 MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
 
@@ -59,8 +63,11 @@ def request(rt: Runtime, engine_id: str, folder: Path, steps: int, device: str) 
     if device != "cpu":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    _, meta = rt.say(engine, TEXT, reference=REFERENCE, transcript=TRANSCRIPT,
-                     sampling=Sampling(seed=1, language="English"))
+    if engine_id == "indextts2":
+        _, meta = rt.say(engine, TEXT, reference=REFERENCE, sampling=Sampling(seed=1, max_new_tokens=CODES))
+    else:
+        _, meta = rt.say(engine, TEXT, reference=REFERENCE, transcript=TRANSCRIPT,
+                         sampling=Sampling(seed=1, language="English"))
     if device != "cpu":
         torch.cuda.synchronize()
     return time.perf_counter() - start, meta["memory"]["streamed_mb"]
@@ -82,6 +89,32 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
         for name in runtimes:
             median = statistics.median(times[name])
             print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
+
+
+def talker_ms_per_code(folder: Path, repeat: int, device: str) -> None:
+    """IndexTTS-2's decoding loop (three beams, then the latent forward) per code: plain and with
+    every GPT block streamed."""
+    print(f"\n{'indextts2 talker':22} {'ms per code':>12} {'vs resident':>12} {'streamed MB':>12}")
+    rows: dict[str, list[float]] = {}
+    streamed: dict[str, float] = {}
+    for name, settings in placements(device).items():
+        rt = Runtime(settings)
+        engine = rt.engine("indextts2", folder, device=None if device == "cpu" else device)
+        ctx = rt.request(seed=1)
+        voice = engine.voice_prompt(ctx, REFERENCE)
+        for i in range(repeat + 1):
+            sampling = Sampling(seed=1, max_new_tokens=CODES)
+            start = time.perf_counter()
+            codes = engine.generate(ctx, TEXT, voice, sampling)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            if i:  # the first is a warm-up
+                rows.setdefault(name, []).append(1000 * (time.perf_counter() - start) / codes.tokens.shape[1])
+        streamed[name] = engine.talker.streamer.streamed_bytes_of(engine.talker) / MB / (repeat + 1)
+    base = statistics.median(rows["resident"])
+    for name, values in rows.items():
+        median = statistics.median(values)
+        print(f"{name:22} {median:12.2f} {median / base:11.2f}x {streamed[name]:12.1f}")
 
 
 def _status_kb(field: str) -> int:
@@ -114,6 +147,11 @@ def phase_peaks(folders: dict[str, Path], steps: int) -> None:
             reference = Audio(0.3 * torch.sin(torch.arange(seconds * 24000) / 6.0).unsqueeze(0), 24000)
             engine.voices.clear()
             ctx = rt.request(seed=1)
+            if engine_id == "indextts2":
+                voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference))
+                samples = int(seconds * 16000)
+                rows.append((engine_id, f"prompt {seconds}s", engine.prompt_memory(samples), encode_peak))
+                continue
             voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference, TRANSCRIPT))
             sampling = Sampling(seed=1, language="English")
             codes, flow_peak = live_peak(lambda: engine.generate(ctx, TEXT, voice, sampling))
@@ -156,6 +194,8 @@ def main() -> None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
         time_engines(folders, args.steps, args.repeat, args.device)
+        if "indextts2" in folders:
+            talker_ms_per_code(folders["indextts2"], args.repeat, args.device)
         if args.peaks:
             phase_peaks(folders, args.steps)
 

@@ -181,13 +181,19 @@ class IndexTTS2Engine(Engine):
         return ctx.run("voice prompt", handles, run, self.prompt_memory(wav_16k.shape[-1]))
 
     def prompt_memory(self, samples_16k: int) -> int:
-        """M45: the voice prompt's working memory: w2v-BERT's activations over the prompt's frames
-        (50 per second; hidden states kept for each of its layers, attention scores of one)."""
+        """M45: the voice prompt's working memory (float32), the larger of its two big parts:
+        w2v-BERT over the prompt's frames (50 per second: the hidden state of every layer is kept,
+        plus the attention scores and feed-forward of one layer and the 160-wide input features),
+        and CAM++'s 2-D front end over the fbank frames (100 per second: its channels x 80 bands,
+        a few maps alive at once)."""
         frames = samples_16k // 320 + 1
         cfg = self.w2v.model.config
         hidden = 4 * frames * cfg.hidden_size
         scores = 4 * cfg.num_attention_heads * frames * frames
-        return (len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores + 4 * frames * cfg.intermediate_size
+        w2v = (len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores + 4 * frames * (cfg.intermediate_size + 160)
+        head = self.campplus.module.head
+        campplus = 4 * 4 * head.conv1.out_channels * 80 * (samples_16k // 160 + 1)
+        return max(w2v, campplus)
 
     # ---- emotion ---------------------------------------------------------------------------
     def voice_prompt(self, ctx: Any, reference: Audio | None = None, transcript: str | None = None,
