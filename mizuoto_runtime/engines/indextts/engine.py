@@ -124,7 +124,7 @@ class IndexTTS2Engine(Engine):
         self.gpt = load_gpt(layout)
         codec = load_codec(layout)
         self.s2mel = load_s2mel(layout)
-        self.w2v = W2VBert(layout.w2v_bert_dir, self.tables.w2v_mean, self.tables.w2v_std)
+        self.w2v = W2VBert(layout.aux("w2v_bert"), self.tables.w2v_mean, self.tables.w2v_std)
         self.emotions: dict[str, torch.Tensor] = {}
         self.flow_module = Flow(self.s2mel, codec)  # copies the code embedding: before any handle holds it
         self.bigvgan = load_bigvgan(layout)

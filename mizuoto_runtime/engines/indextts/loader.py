@@ -26,6 +26,8 @@ from .semantic_codec import CodecConfig, SemanticCodec
 from .unified_voice import GPTConfig, UnifiedVoice
 
 AUX = "hf_cache"
+AUX_FILES = {"codec": "semantic_codec_model.safetensors", "campplus": "campplus_cn_common.bin", "bigvgan": "bigvgan",
+             "w2v_bert": "w2v-bert-2.0"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,21 +43,9 @@ class Layout:
     def file(self, key: str, default: str) -> Path:
         return self.folder / str(self.config.get(key, default))
 
-    @property
-    def codec_file(self) -> Path:
-        return self.folder / AUX / "semantic_codec_model.safetensors"
-
-    @property
-    def campplus_file(self) -> Path:
-        return self.folder / AUX / "campplus_cn_common.bin"
-
-    @property
-    def bigvgan_dir(self) -> Path:
-        return self.folder / AUX / "bigvgan"
-
-    @property
-    def w2v_bert_dir(self) -> Path:
-        return self.folder / AUX / "w2v-bert-2.0"
+    def aux(self, name: str) -> Path:
+        """An auxiliary model's file or folder under hf_cache/ (`AUX_FILES`)."""
+        return self.folder / AUX / AUX_FILES[name]
 
     @property
     def qwen_emotion_dir(self) -> Path:
@@ -93,7 +83,7 @@ def load_s2mel(layout: Layout) -> S2Mel:
 def load_codec(layout: Layout) -> SemanticCodec:
     from safetensors.torch import load_file
 
-    path = layout.codec_file
+    path = layout.aux("codec")
     if not path.is_file():
         raise MizuotoError(f"IndexTTS-2 semantic codec missing: {path}")
     model = SemanticCodec(CodecConfig.from_yaml(layout.config["semantic_codec"]))
@@ -102,7 +92,7 @@ def load_codec(layout: Layout) -> SemanticCodec:
 
 
 def load_campplus(layout: Layout) -> CAMPPlus:
-    path = layout.campplus_file
+    path = layout.aux("campplus")
     state = state_dict_of(load_torch(path), path, ())
     model = CAMPPlus(CAMPPlusSizes.from_state(state))
     load_into(model, state, str(path))
@@ -110,7 +100,7 @@ def load_campplus(layout: Layout) -> CAMPPlus:
 
 
 def load_bigvgan(layout: Layout) -> BigVGAN:
-    folder = layout.bigvgan_dir
+    folder = layout.aux("bigvgan")
     if not (folder / "config.json").is_file():
         raise MizuotoError(f"IndexTTS-2 BigVGAN folder lacks config.json: {folder}")
     path = folder / "bigvgan_generator.pt"

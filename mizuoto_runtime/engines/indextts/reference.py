@@ -16,7 +16,6 @@ from ...reference_check import Check, Reference, Stage
 from . import pipeline
 from .decoding import DecodeSettings
 from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel
-from .unified_voice import UnifiedVoice
 
 # output name -> (settings key, seed key or None) in reference.json stages.gpt
 DECODES = {
@@ -36,32 +35,18 @@ def settings_of(raw: dict[str, Any]) -> DecodeSettings:
 class Models:
     """The checkpoint's parts, each loaded the first time a stage needs it."""
 
+    LOADERS: dict[str, Callable[[Layout], Any]] = {"gpt": load_gpt, "s2mel": load_s2mel, "codec": load_codec,
+                                                  "campplus": load_campplus, "bigvgan": load_bigvgan}
+
     def __init__(self, ref: Reference) -> None:
         self.ref = ref
         self.layout = ref.shared("indextts2.layout", lambda: Layout.open(ref.ckpt))
 
-    def _get(self, name: str, load: Callable[[Layout], Any]) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        load = type(self).LOADERS.get(name)
+        if load is None:
+            raise AttributeError(name)
         return self.ref.shared(f"indextts2.{name}", lambda: load(self.layout))
-
-    @property
-    def gpt(self) -> UnifiedVoice:
-        return self._get("gpt", load_gpt)
-
-    @property
-    def s2mel(self) -> Any:
-        return self._get("s2mel", load_s2mel)
-
-    @property
-    def codec(self) -> Any:
-        return self._get("codec", load_codec)
-
-    @property
-    def campplus(self) -> Any:
-        return self._get("campplus", load_campplus)
-
-    @property
-    def bigvgan(self) -> Any:
-        return self._get("bigvgan", load_bigvgan)
 
 
 def _lengths(ref: Reference, key: str, fallback: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.norm import RMSNorm
+
 
 def length_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
     return torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]
@@ -71,21 +73,11 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * self.weight
-
-
 class AdaptiveNorm(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.project_layer = nn.Linear(dim, 2 * dim)
-        self.norm = RMSNorm(dim)
+        self.norm = RMSNorm(dim, eps=1e-5)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         weight, bias = self.project_layer(c).chunk(2, dim=-1)
@@ -93,7 +85,8 @@ class AdaptiveNorm(nn.Module):
 
 
 def rotary_table(frames: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """(T, head_dim/2, 2): cos and sin per position and pair, as a complex polar table."""
+    """(T, head_dim/2, 2): cos and sin per position and pair, as a complex polar table. The DiT
+    rotates interleaved (even, odd) pairs, not nn.rotary's halves: a table of its own."""
     freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
     angles = torch.outer(torch.arange(frames, device=freqs.device), freqs)
     table = torch.polar(torch.ones_like(angles), angles)
