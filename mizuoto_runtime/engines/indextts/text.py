@@ -5,8 +5,10 @@ Read from upstream's front end as a specification. Kept: the punctuation map (fu
 bracket characters to ASCII ones), "x's" -> "x is", the CJK split (each CJK character its own
 word, everything upper-cased), the single-character shortcut, and the segment splitting (on
 sentence punctuation, then commas, then dashes, then by length; short neighbours merged).
-Number and symbol normalisation (upstream's WeTextProcessing / wetext grammars) runs when the
-`wetext` package is installed; without it numbers are read as written — see the README.
+Numbers and symbols are normalised by `wetext` (what upstream uses on macOS and Windows; on Linux
+it builds WeTextProcessing's grammars, which may differ in corner cases such as interjections).
+Not kept: upstream's protection of names, technical terms, pinyin with tones, e-mail addresses
+and <word|reading> annotations from the normaliser, and its glossary.
 """
 from __future__ import annotations
 
