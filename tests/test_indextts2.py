@@ -223,3 +223,35 @@ def test_the_catalog_lists_a_published_folder(folder: Path, tmp_path: Path) -> N
     catalog = scan([tmp_path], ["indextts2", "qwen3tts"])
     assert [(c.engine, c.value, c.info.label) for c in catalog.choices if c.path] == [
         ("indextts2", "IndexTTS-2", "IndexTTS-2")]
+
+
+def test_w2v_bert_keeps_17_layers_and_their_output_is_upstreams(folder: Path) -> None:
+    """Upstream runs all of w2v-BERT and takes hidden state 17; the engine keeps 17 layers: the
+    same features (normalised by the stats file), without the later layers' weights."""
+    from transformers import Wav2Vec2BertModel
+
+    from mizuoto_runtime.engines.indextts.w2v import W2VBert
+
+    w2v_dir = folder / "hf_cache" / "w2v-bert-2.0"
+    stats = torch.load(folder / "wav2vec2bert_stats.pt", weights_only=True)
+    ours = W2VBert(w2v_dir, stats["mean"], stats["var"].sqrt()).eval()
+    full = Wav2Vec2BertModel.from_pretrained(str(w2v_dir)).eval()
+    wav = 0.3 * torch.sin(torch.arange(16000) / 5.0).unsqueeze(0)
+    feats, mask = ours.inputs(wav)
+    with torch.no_grad():
+        hidden = full(input_features=feats, attention_mask=mask, output_hidden_states=True).hidden_states[17]
+        assert torch.equal(ours(feats, mask), (hidden - stats["mean"]) / stats["var"].sqrt())
+    assert len(ours.model.encoder.layers) == 17 < full.config.num_hidden_layers
+
+
+def test_segments_follow_upstreams_rules() -> None:
+    """The text splits as upstream's front end does: at sentence ends (a following quote goes with
+    the sentence and, as upstream, starts the next one too), commas re-split a long segment, and
+    neighbours that fit are merged."""
+    from mizuoto_runtime.engines.indextts.text import SENTENCE_END, split_segments, split_cjk
+
+    tokens = ["▁A", "B", "C", ".", "'", "▁D", "E", "F", "?"]
+    assert split_segments(tokens, SENTENCE_END, 4) == [["▁A", "B", "C", ".", "'"], ["'", "▁D", "E", "F"], ["?"]]
+    assert split_segments(tokens, SENTENCE_END, 120) == [tokens[:5] + ["'"] + tokens[5:]]
+    assert split_segments(["▁A", ",", "B", "C", ",", "D"], SENTENCE_END, 3) == [["▁A", ","], ["B", "C", ","], ["D"]]
+    assert split_cjk("你好world 测试") == "你 好 WORLD 测 试"

@@ -1,6 +1,7 @@
 """A tiny random IndexTTS-2 checkpoint in the published layout (tests, demos; no download):
 config.yaml, gpt.pth, s2mel.pth ({"net": ...}), bpe.model, feat1.pt, feat2.pt,
-wav2vec2bert_stats.pt and hf_cache/ with w2v-BERT (17 layers of width 32), the semantic codec,
+wav2vec2bert_stats.pt and hf_cache/ with w2v-BERT (18 layers of width 32: one more than the
+engine keeps), the semantic codec,
 CAM++ and BigVGAN. Weight-normed layers are stored as weight_g / weight_v, as the real files.
 Every GPT-2 block and DiT block is above the runtime's 64 KB unit floor, so they stream.
 """
@@ -128,7 +129,7 @@ def write_w2v_bert(folder: Path, seed: int) -> None:
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
 
     torch.manual_seed(seed)
-    cfg = Wav2Vec2BertConfig(hidden_size=WIDTH, num_hidden_layers=17, num_attention_heads=2, intermediate_size=64,
+    cfg = Wav2Vec2BertConfig(hidden_size=WIDTH, num_hidden_layers=18, num_attention_heads=2, intermediate_size=64,
                              output_hidden_size=WIDTH, conv_depthwise_kernel_size=3, left_max_position_embeddings=16,
                              right_max_position_embeddings=4)
     Wav2Vec2BertModel(cfg).eval().save_pretrained(str(folder), safe_serialization=True)
