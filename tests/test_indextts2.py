@@ -255,3 +255,34 @@ def test_segments_follow_upstreams_rules() -> None:
     assert split_segments(tokens, SENTENCE_END, 120) == [tokens[:5] + ["'"] + tokens[5:]]
     assert split_segments(["▁A", ",", "B", "C", ",", "D"], SENTENCE_END, 3) == [["▁A", ","], ["B", "C", ","], ["D"]]
     assert split_cjk("你好world 测试") == "你 好 WORLD 测 试"
+
+
+def test_cfg_halves_share_one_copy_per_step(folder: Path) -> None:
+    """M18: the flow's classifier-free guidance is one batch-2 estimator call per Euler step, so
+    each streamed DiT block is copied once per step (25 steps), not twice."""
+    from mizuoto_runtime.engines.indextts.pipeline import DIFFUSION_STEPS
+
+    rt = runtime("none")
+    engine = rt.engine("indextts2", folder)
+    ctx = rt.request(seed=5)
+    voice = engine.voice_prompt(ctx, REFERENCE)
+    codes = engine.generate(ctx, TEXT, voice, SAMPLING)
+    flow = engine.flow
+    before = flow.streamer.streamed_bytes_of(flow)
+    engine.decode(ctx, codes)
+    streamed = flow.streamer.streamed_bytes_of(flow) - before
+    assert len(flow.units) == 3 and len(flow.streamed_units) == 3
+    per_step = sum(u.nbytes for u in flow.streamed_units)
+    # once per step; a `oneshot` handle may copy the next block ahead once more at the end
+    assert DIFFUSION_STEPS * per_step <= streamed <= DIFFUSION_STEPS * per_step + max(u.nbytes for u in flow.units)
+
+
+def test_kv_estimate_follows_the_text_and_max_new_tokens(folder: Path) -> None:
+    """M46: the talker reserves 24 codes per text token for every beam, capped by max_new_tokens."""
+    engine = Runtime().engine("indextts2", folder)
+    short, long_ = engine.talker_memory(2, 1000)["kv_cache"], engine.talker_memory(4, 1000)["kv_cache"]
+    assert long_ > short
+    capped = engine.talker_memory(4, 10)["kv_cache"]
+    assert capped < long_
+    cfg = engine.gpt.cfg
+    assert capped == 2 * cfg.layers * (32 + 2 + 4 + 2 + 1 + 10) * cfg.model_dim * 4 * 3
