@@ -6,14 +6,33 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from mizuoto_runtime import MizuotoError
+from mizuoto_runtime import Audio, MizuotoError
 from mizuoto_runtime.comfy_bridge import node_request
+from mizuoto_runtime.engines.indextts.emotion import EMOTIONS, Emotion
 from mizuoto_runtime.engines import Voice
 from mizuoto_runtime.host import PROCESS, EngineRef
 
 from .common import STEPS_CATEGORY, EngineSocket, VoiceSocket, audio_in, check_made_by, memory_text, schema
 
-EMOTIONS = ("happy", "angry", "sad", "afraid", "disgusted", "melancholic", "surprised", "calm")
+EMOTION_TOOLTIP = ("IndexTTS-2: emotions as name=weight, e.g. 'sad=0.8, calm=0.2' (happy, angry, sad, afraid, "
+                   "disgusted, melancholic, surprised, calm; weights 0 to 1.2); empty = the voice's own")
+
+
+def emotion_inputs() -> list[io.Input]:
+    """The Text to Speech node's emotion inputs (IndexTTS-2; optional, last)."""
+    return [
+        io.Audio.Input("emotion_audio", optional=True,
+                       tooltip="IndexTTS-2: speech whose emotion to take (its voice is not cloned)"),
+        io.String.Input("emotion", optional=True, default="", tooltip=EMOTION_TOOLTIP),
+        io.Float.Input("emotion_strength", optional=True, default=1.0, min=0.0, max=1.0, step=0.05,
+                       tooltip="IndexTTS-2: how much of the emotion; 0 keeps the voice's own"),
+    ]
+
+
+def emotion_options(audio: Audio | None, text: str, strength: float) -> dict[str, Any]:
+    """The voice option of a request with emotion inputs; none when they are unset."""
+    emotion = Emotion.from_inputs(audio, text, strength)
+    return {} if emotion is None else {"emotion": emotion}
 
 
 class MizuotoEmotion(io.ComfyNode):
@@ -48,8 +67,6 @@ class MizuotoEmotion(io.ComfyNode):
         if not hasattr(tts, "with_emotion"):
             raise MizuotoError(f"Emotion (IndexTTS-2): engine {tts.id!r} has no emotion control; use indextts2")
         check_made_by(voice, tts, "voice")
-        from mizuoto_runtime.engines.indextts.engine import Emotion
-
         audio = audio_in(emotion_audio, "emotion_audio")
         vector = None if audio is not None else tuple(float(weights.get(name, 0.0)) for name in EMOTIONS)
         if vector is not None and not any(vector):

@@ -52,7 +52,7 @@ def say(rt: Runtime, folder: Path, placement: str = "plain", sampling: Sampling 
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
     ctx = rt.request(seed=sampling.seed)
     voice = engine.voice_prompt(ctx, REFERENCE)
-    from mizuoto_runtime.engines.indextts.engine import Emotion
+    from mizuoto_runtime.engines.indextts.emotion import Emotion
 
     codes = engine.generate(ctx, TEXT, voice, sampling, emotion=Emotion(**emotion) if emotion else None)
     audio = engine.decode(ctx, codes)
@@ -192,7 +192,7 @@ def test_emotion_audio_and_vector(folder: Path) -> None:
     assert not torch.equal(with_audio, base) and not torch.equal(with_vector, base)
     assert torch.equal(none_audio, base)
     # the same emotion carried by the voice (the Emotion node's way) gives the same audio
-    from mizuoto_runtime.engines.indextts.engine import Emotion
+    from mizuoto_runtime.engines.indextts.emotion import Emotion
 
     ctx = rt.request(seed=SAMPLING.seed)
     voice = engine.voice_prompt(ctx, REFERENCE, emotion=Emotion(audio=EMOTION_AUDIO, alpha=1.0))
@@ -286,3 +286,24 @@ def test_kv_estimate_follows_the_text_and_max_new_tokens(folder: Path) -> None:
     assert capped < long_
     cfg = engine.gpt.cfg
     assert capped == 2 * cfg.layers * (32 + 2 + 4 + 2 + 1 + 10) * cfg.model_dim * 4 * 3
+
+
+def test_say_takes_the_emotion_as_a_voice_option(folder: Path) -> None:
+    """The one-node path (`Runtime.say`, the Text to Speech node, `mizuoto say --emotion`): the
+    emotion is a voice option; the same emotion gives the step-by-step path's audio, an engine
+    without emotion control refuses it by name, and a bad weight names the problem."""
+    from mizuoto_runtime import ArgumentError
+    from mizuoto_runtime.engines.indextts.emotion import Emotion, parse_weights
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    emotion = Emotion.from_inputs(None, "sad=0.8", 1.0)
+    assert emotion is not None and emotion.vector == (0, 0, 0.8, 0, 0, 0, 0, 0)
+    audio, _ = rt.say(engine, TEXT, reference=REFERENCE, sampling=SAMPLING, voice_options={"emotion": emotion})
+    _, stepwise, _ = say(rt, folder, vector=emotion.vector, alpha=1.0)
+    assert torch.equal(audio.waveform, stepwise)
+    with pytest.raises(ArgumentError, match="engine 'demo' takes no emotion"):
+        rt.say(rt.engine("demo"), TEXT, voice_options={"emotion": emotion})
+    with pytest.raises(ArgumentError, match="from 0 to 1.2"):
+        parse_weights("happy=3")
+    assert parse_weights(" ") is None

@@ -22,9 +22,7 @@ KV cache (M45, M46): estimated at 24 codes per text token, times the beams, capp
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +31,11 @@ import torch
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...nn.features import kaldi_fbank
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size, voice_key
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import pipeline
 from .components import CodecEncoder, Conditioning, Flow, Talker
 from .decoding import DecodeSettings
+from .emotion import Emotion
 from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .text import TextTokenizer
 from .w2v import W2VBert
@@ -69,20 +68,6 @@ def check_layout(folder: Path) -> None:
                               "(expected the layout of IndexTeam/IndexTTS-2)")
 
 
-@dataclasses.dataclass(frozen=True)
-class Emotion:
-    """How a request sets the emotion: a reference audio (mixed with the voice's own by `alpha`),
-    or eight weights over the checkpoint's emotion matrix (happy, angry, sad, afraid, disgusted,
-    melancholic, surprised, calm), scaled by `alpha`."""
-
-    audio: Audio | None = None
-    vector: tuple[float, ...] | None = None
-    alpha: float = 1.0
-
-    def key(self) -> str:
-        return voice_key(self.audio, repr(self.vector), None, f"alpha={self.alpha}")
-
-
 def _mono(audio: Audio) -> torch.Tensor:
     return audio.waveform.float().mean(0, keepdim=True)
 
@@ -102,6 +87,7 @@ class IndexTTS2Engine(Engine):
     id = "indextts2"
     title = "IndexTTS-2"
     sample_rate = SAMPLE_RATE
+    VOICE_OPTIONS = ("emotion",)
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
