@@ -268,6 +268,9 @@ class IndexTTS2Engine(Engine):
                     codes = pipeline.cut_at_stop(raw, self.gpt.cfg.stop_mel_token)
                     if codes.shape[1] == 0:
                         raise MizuotoError("indextts2: the model stopped before speaking a segment; try another seed")
+                    if int(codes.max()) >= self.gpt.cfg.start_mel_token:
+                        raise MizuotoError(f"indextts2: the model produced code {int(codes.max())} (its start code), "
+                                           "which has no sound; try another seed")
                     latent = self.gpt.latent(spk_latent, text_ids, codes, vec)
                     frames = ref_frames + pipeline.target_frames(codes.shape[1])
                     noise = torch.randn([1, self.s2mel.cfm.in_channels, frames], device=self.device)

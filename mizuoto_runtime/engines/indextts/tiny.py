@@ -151,6 +151,7 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | tor
     randomize(gpt, gen)
     with torch.no_grad():
         gpt.mel_head.bias[cfg["gpt"]["stop_mel_token"]] -= 2.0  # sampled codes run for a while
+        gpt.mel_head.bias[cfg["gpt"]["start_mel_token"]] -= 30.0  # as a trained model, never predicts start
     torch.save(gpt.state_dict(), out / "gpt.pth")
 
     gpt_layer = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 128), nn.Linear(128, WIDTH))
