@@ -1,7 +1,8 @@
 """IndexTTS-2 in a running ComfyUI server (issue 25): a tiny checkpoint (random weights, the
-published layout) under the server's `models/mizuoto/indextts2/`, and a step-by-step graph —
-Load TTS Engine (with Memory Settings for a small simulated GPU) → LoadAudio → Voice Clone →
-Emotion (IndexTTS-2) → Text → Speech Codes → Speech Codes → Audio → SaveAudio — that saves audio.
+published layout) under the server's `models/mizuoto/`, and the example workflow "Voice Clone -
+IndexTTS-2, step by step (with an emotion)" — Load TTS Engine (with Memory Settings for a small
+simulated GPU) → LoadAudio → Voice Clone → Emotion (IndexTTS-2) → Text → Speech Codes → Speech
+Codes → Audio → SaveAudio — that saves audio; and the one-node Text to Speech with an emotion.
 The checkpoint is written by ComfyUI's Python into the server's temporary base folder."""
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import REFERENCE_WAV, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server
+import json
+
+from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
+                             ui_to_api)
 from test_comfyui_qwen3tts import flac_stream_info, messages
 from test_comfyui_server import memory_settings
 
 pytestmark = requires_comfyui
 
-CHECKPOINT = "indextts2/tiny"  # under models/mizuoto: a grouping folder, then the checkpoint
+CHECKPOINT = "IndexTTS-2"  # under models/mizuoto: the folder the template names
+WORKFLOW = REPO / "example_workflows" / "Voice Clone - IndexTTS-2, step by step (with an emotion).json"
 SAMPLE_RATE = 22050
 SIMULATED_MB = 8  # the talker and the flow do not fit: they stream
 RUN_TIMEOUT_S = 300.0
@@ -40,19 +45,7 @@ def node(server: ComfyServer, kind: str, **given: Any) -> dict[str, Any]:
     return {"class_type": kind, "inputs": {**inputs, **given}}
 
 
-def test_a_step_by_step_graph_with_emotion_saves_audio(server: ComfyServer) -> None:
-    prompt = {
-        "80": memory_settings(SIMULATED_MB),
-        "1": node(server, "MizuotoEngineLoader", engine="indextts2", checkpoint=CHECKPOINT, dtype="float32",
-                  memory=["80", 0]),
-        "2": node(server, "LoadAudio", audio=REFERENCE_WAV),
-        "3": node(server, "MizuotoVoicePrompt", engine=["1", 0], reference=["2", 0]),
-        "4": node(server, "MizuotoEmotion", engine=["1", 0], voice=["3", 0], sad=0.8),
-        "5": node(server, "MizuotoTalker", engine=["1", 0], voice=["4", 0], text="hello tiny model. this is a test!",
-                  seed=3, max_new_tokens=12),
-        "6": node(server, "MizuotoDecoder", engine=["1", 0], codes=["5", 0]),
-        "7": node(server, "SaveAudio", audio=["6", 0], filename_prefix="audio/indextts2"),
-    }
+def saved_audio(server: ComfyServer, prompt: dict[str, Any]) -> tuple[dict[str, Any], Path]:
     history = server.wait_history(server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", messages(history)
     saved = [server.output / item["subfolder"] / item["filename"]
@@ -60,7 +53,29 @@ def test_a_step_by_step_graph_with_emotion_saves_audio(server: ComfyServer) -> N
     assert len(saved) == 1, history["outputs"]
     rate, samples = flac_stream_info(saved[0])
     assert rate == SAMPLE_RATE and samples > 0
-    talker = history["outputs"]["5"]["text"][0]
+    return history, saved[0]
+
+
+def test_the_example_workflow_clones_with_an_emotion_and_saves_audio(server: ComfyServer) -> None:
+    prompt = ui_to_api(json.loads(WORKFLOW.read_text()), server.get("/object_info"))
+    prompt["80"] = memory_settings(SIMULATED_MB)
+    nodes = {n["class_type"]: n["inputs"] for n in prompt.values()}
+    nodes["MizuotoEngineLoader"].update(memory=["80", 0])
+    nodes["LoadAudio"]["audio"] = REFERENCE_WAV
+    nodes["MizuotoTalker"].update(text="hello tiny model. this is a test!", seed=3, max_new_tokens=12)
+    history, _ = saved_audio(server, prompt)
+    by_type = {prompt[node]["class_type"]: output for node, output in history["outputs"].items()}
+    talker = by_type["MizuotoTalker"]["text"][0]
     assert "talker" in talker and "streamed" in talker, talker
     names = {m["name"] for m in server.get("/mizuoto/runtime")["models"]}
     assert {"w2v_bert", "talker", "flow", "vocoder"} <= names
+
+
+def test_text_to_speech_takes_an_emotion(server: ComfyServer) -> None:
+    prompt = {
+        "2": node(server, "LoadAudio", audio=REFERENCE_WAV),
+        "3": node(server, "MizuotoTTS", text="hello tiny model.", seed=3, max_new_tokens=12, reference=["2", 0],
+                  engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", emotion="sad=0.8"),
+        "4": node(server, "SaveAudio", audio=["3", 0], filename_prefix="audio/indextts2_tts"),
+    }
+    saved_audio(server, prompt)
