@@ -9,6 +9,10 @@ provides the stages: a module ``mizuoto_runtime.engines.<name>.reference`` with 
 inputs and returns `Check`s: an output it computed beside the recorded one, and the tolerance
 that applies.
 
+A stage may add, for an ill-conditioned output, how far a one-ulp change of its recorded input
+moves it (`Check.conditioning`): printed beside the error, so a failure within the output's own
+conditioning is told apart from a wrong computation; it never turns a FAIL into a PASS.
+
 Tolerances (the fixture READMEs' rule): ``module`` — one module or one step,
 ``max|got - ref| <= 1e-4 * max(1, max|ref|)``; ``chain`` — a chained solve or a whole
 pipeline, ``1e-3``; ``exact`` — integers (ids, lengths, flags), identical. Every recorded
@@ -78,6 +82,9 @@ class Check:
     got: torch.Tensor | Sequence[int] | int | None
     kind: Kind = "module"
     want: torch.Tensor | Sequence[int] | int | None = None
+    # How far the same computation moves when its recorded input changes by about one float32
+    # ulp (for ill-conditioned outputs); shown beside the error, never changes PASS/FAIL.
+    conditioning: float | None = None
 
 
 @dataclasses.dataclass
@@ -159,7 +166,10 @@ def compare(check: Check, ref: Reference) -> Line:
     max_abs = float((got_f - want_f).abs().max()) if want_f.numel() else 0.0
     rel = max_abs / scale
     passed = math.isfinite(max_abs) and rel <= TOLERANCE[check.kind]
-    return Line(check.name, check.kind, passed, max_abs, rel)
+    note = ""
+    if check.conditioning is not None:
+        note = f"(a 1-ulp change of the input moves this by {check.conditioning:.1e})"
+    return Line(check.name, check.kind, passed, max_abs, rel, note)
 
 
 def check_reference(engine: str, folder: str | Path, only: str | None = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mizuoto_runtime.lm.cache import BufferCache
+from mizuoto_runtime.nn.kv_cache import BufferCache
 from mizuoto_runtime.nn.decoder import DecoderConfig, DecoderModel, KVCache, repeat_kv
 
 transformers = pytest.importorskip("transformers")

@@ -20,6 +20,8 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.engine", "VoxCPM2Engine", "voxcpm2"),
     "f5tts": ("mizuoto_runtime.engines.f5tts.engine", "F5TTSEngine", "f5tts"),
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.engine", "OmniVoiceEngine", "omnivoice"),
+    "fishspeech": ("mizuoto_runtime.engines.fishspeech.engine", "FishSpeechEngine", "fishspeech"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.engine", "CosyVoiceEngine", "cosyvoice"),
     "indextts2": ("mizuoto_runtime.engines.indextts.engine", "IndexTTS2Engine", "indextts2"),
 }
 

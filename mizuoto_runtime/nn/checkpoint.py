@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import CheckpointError
 
-class CheckpointError(ValueError):
-    """A checkpoint file that is missing, unreadable or not a state_dict."""
+__all__ = ["CheckpointError", "load_state_dict"]
 
 
 def load_state_dict(path: str | Path, *, wrappers: Sequence[str] = ("state_dict", "model", "net"),

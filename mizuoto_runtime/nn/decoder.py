@@ -11,7 +11,7 @@ head's queries and keys before RoPE (Qwen3, Fish Speech).
 
 A cache is anything with ``update(key, value, layer_idx) -> (keys, values)`` and
 ``get_seq_length(layer_idx)``: `KVCache` here (grows by concatenation, as transformers'
-``DynamicCache``) or `mizuoto_runtime.lm.cache.BufferCache` (static buffers, M53).
+``DynamicCache``) or `mizuoto_runtime.nn.kv_cache.BufferCache` (static buffers, M53).
 """
 from __future__ import annotations
 

@@ -58,6 +58,7 @@ from ...errors import CheckpointError, MizuotoError
 from ...loading import build_on_meta, load_safetensors
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
+from ...slots import DeviceSlots
 from ...upstream import ImportNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from ..checkpoint_files import config_from, read_json
@@ -428,7 +429,8 @@ class Qwen3TTSEngine(Engine):
 
         def talk() -> torch.Tensor:
             tick = self._progress_tick(ctx, total)
-            with self.seeded(sampling.seed), self._loop(kv_cache, tick, reports):
+            slots = ctx.manager.phase_slots([self.talker])  # a capture needs the device alone
+            with self.seeded(sampling.seed), self._loop(kv_cache, tick, reports, slots):
                 try:
                     codes, _hidden = model.generate(**inputs, **settings)
                 except (ValueError, NotImplementedError) as exc:
@@ -448,14 +450,16 @@ class Qwen3TTSEngine(Engine):
         return "lean"
 
     @contextlib.contextmanager
-    def _loop(self, kv_cache: str, tick: Any, reports: list[lean_loop.LoopReport]) -> Iterator[None]:
+    def _loop(self, kv_cache: str, tick: Any, reports: list[lean_loop.LoopReport],
+              slots: DeviceSlots | None) -> Iterator[None]:
         """This thread's talker loop for the block: the lean one, or the package's (the
         progress hook `tick` is then called by the talker's forward)."""
         if self.talker_loop == "upstream":
             with lean_loop.forward_ticks(self.tts.model.talker, tick):
                 yield
             return
-        loop = lean_loop.LeanLoop(self.talker, kv_cache=kv_cache, graphs_wanted=self.cuda_graphs, on_step=tick)
+        loop = lean_loop.LeanLoop(self.talker, kv_cache=kv_cache, graphs_wanted=self.cuda_graphs, on_step=tick,
+                                  slots=slots)
         reports.append(loop.report)
         with lean_loop.loop_in_this_thread(self.tts.model.talker, loop):
             yield

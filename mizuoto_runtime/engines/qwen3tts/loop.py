@@ -36,7 +36,9 @@ sampling, are captured once per request and replayed every frame: fixed shapes, 
 same random numbers (the warm-up's draws are undone before capture, and a graph's RNG ops draw
 from the generator's offset at replay as eager ops would). The talker's own step stays eager:
 its attention length grows every frame, and a padded, masked attention would sum in another
-order. Capture refused or failed: eager, and `meta.applied.cuda_graphs` says why.
+order. Capture refused (another request holds the device, `compute.gpu_jobs` > 1) or failed:
+eager, with the same codes — a failed capture puts the device generator back as it was
+(`graphs.capture`) — and `meta.applied.cuda_graphs` says why; a failure is logged once.
 
 Settings the lean loop does not reproduce (a batch of several prompts, an attention other
 than ``sdpa``, a generation config that asks for other logits processors) make it hand the call
@@ -57,6 +59,7 @@ from torch import nn
 
 from ... import graphs
 from ...nn.kv_cache import BufferCache, Kind
+from ...slots import DeviceSlots
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +292,9 @@ class LeanLoop:
     """Answers the package's ``talker.generate(inputs_embeds=..., ...)`` call for one request."""
 
     def __init__(self, talker_handle: Any, kv_cache: Kind = "dynamic", graphs_wanted: bool = True,
-                 on_step: Callable[[], None] | None = None) -> None:
+                 on_step: Callable[[], None] | None = None, slots: DeviceSlots | None = None) -> None:
         self.handle = talker_handle
+        self.slots = slots  # the device's request slots: no capture while another request holds it
         self.talker: nn.Module = talker_handle.module
         self.kv_cache: Kind = kv_cache
         self.graphs_wanted = graphs_wanted
@@ -432,11 +436,12 @@ class LeanLoop:
             self.report.cuda_graphs = f"off: {reason}"
             return None
         try:
-            return _PredictorGraph(self.handle, predictor, past_hidden, token)
-        except (RuntimeError, graphs.GraphRefused) as exc:  # a kernel that cannot be captured
-            log.warning("qwen3tts: CUDA Graph capture of the code predictor failed, running eagerly (%s)", exc)
-            self.report.cuda_graphs = f"off: capture failed ({exc})"
-            return None
+            return _PredictorGraph(self.handle, predictor, past_hidden, token, self.slots)
+        except graphs.GraphRefused as exc:  # another request holds the device
+            self.report.cuda_graphs = f"off: {str(exc).rpartition('no CUDA Graph: ')[2]}"
+        except RuntimeError as exc:  # a kernel that cannot be captured: `capture` undid what it did
+            self.report.cuda_graphs = f"off: {graphs.note_failure('qwen3tts code predictor', exc)}"
+        return None
 
 
 def _until_stop(frames: list[torch.Tensor], eos: int | None) -> list[torch.Tensor]:
@@ -519,10 +524,12 @@ class _Predictor:
 class _PredictorGraph:
     """`_Predictor.frame` captured as one CUDA Graph over static inputs (M24)."""
 
-    def __init__(self, handle: Any, predictor: _Predictor, past_hidden: torch.Tensor, token: torch.Tensor) -> None:
+    def __init__(self, handle: Any, predictor: _Predictor, past_hidden: torch.Tensor, token: torch.Tensor,
+                 slots: DeviceSlots | None) -> None:
         self.hidden = past_hidden.clone()
         self.token = token.clone()
-        self.graph = graphs.capture(handle, lambda: predictor.frame(self.hidden, self.token), keep_rng=True)
+        self.graph = graphs.capture(handle, lambda: predictor.frame(self.hidden, self.token), keep_rng=True,
+                                    slots=slots)
 
     def __call__(self, past_hidden: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.hidden.copy_(past_hidden)

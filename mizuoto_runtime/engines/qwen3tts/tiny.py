@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..tiny import fan_in_std, scale_output, word_merges, write_json
+from ..tiny import byte_alphabet, fan_in_std, scale_output, word_merges, write_json
 from . import compat
 from .engine import import_upstream
 
@@ -76,24 +76,10 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 
 
 # ---- text tokenizer ------------------------------------------------------------------------
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level BPE alphabet (what Qwen2's tokenizer uses)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    codes = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            codes.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, (chr(c) for c in codes)))
-
-
 def text_tokenizer() -> tuple[dict[str, int], list[str], dict[str, Any], dict[str, int]]:
     """Vocabulary, merges, tokenizer_config.json and special-token ids of a byte-level BPE
     whose merges make ``assistant``, ``user`` and ``system`` single tokens."""
-    alphabet = _bytes_to_unicode()
+    alphabet = byte_alphabet()
     vocab = {alphabet[b]: b for b in range(256)}
     merges = word_merges(MERGE_WORDS, vocab)
     special = {token: len(vocab) + i for i, token in enumerate(SPECIAL_TOKENS)}
