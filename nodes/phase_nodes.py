@@ -38,7 +38,7 @@ VOICE_TOOLTIPS = {
     "transcript": "What the reference says: a closer clone where the engine uses it (Qwen3-TTS Base); "
                   "empty = clone the voice's timbre only",
     "instruct": "Describe the voice or speaking style in words (Qwen3-TTS VoiceDesign, and the 1.7B "
-                "CustomVoice); empty = none",
+                "CustomVoice; IndexTTS-2: the emotion, read by its emotion model); empty = none",
 }
 
 

@@ -307,3 +307,36 @@ def test_say_takes_the_emotion_as_a_voice_option(folder: Path) -> None:
     with pytest.raises(ArgumentError, match="from 0 to 1.2"):
         parse_weights("happy=3")
     assert parse_weights(" ") is None
+
+
+def test_emotion_text_runs_the_emotion_model_once_per_text(folder: Path) -> None:
+    """Emotion from text (`instruct`): the checkpoint's Qwen3 emotion model runs under its own
+    handle, once per text (cached), and its weights drive the emotion-vector path."""
+    rt = runtime("none")
+    engine = rt.engine("indextts2", folder)
+    assert engine.emotion_text is not None and engine.emotion_text.kind == "sequence"
+    first, meta = rt.say(engine, TEXT, reference=REFERENCE, instruct="I am so sad today", sampling=SAMPLING)
+    assert "indextts2:emotion_text" in meta["memory"]["components"]
+    weights = engine.text_emotions["I am so sad today"]
+    assert len(weights) == 8 and max(weights) > 0
+    rt.manager.events.clear()
+    again, _ = rt.say(engine, TEXT, reference=REFERENCE, instruct="I am so sad today", sampling=SAMPLING)
+    assert "indextts2:emotion_text" not in {name for action, name, _ in rt.manager.events if action == "place"}
+    assert torch.equal(first.waveform, again.waveform)
+    from mizuoto_runtime.engines.indextts.emotion import Emotion
+
+    by_vector, _ = rt.say(engine, TEXT, reference=REFERENCE, sampling=SAMPLING,
+                          voice_options={"emotion": Emotion(vector=weights)})
+    assert torch.equal(first.waveform, by_vector.waveform)
+
+
+def test_emotion_answers_parse_as_upstream() -> None:
+    """The emotion model's answer -> eight weights (upstream's QwenEmotion rules)."""
+    from mizuoto_runtime.engines.indextts.emotion_text import parse
+
+    assert parse('{"高兴": 0.5, "悲伤": 2.0}', "x") == (0.5, 0.0, 1.2, 0.0, 0.0, 0.0, 0.0, 0.0)
+    assert parse('高兴": 0.7, 自然: 0.3 trailing', "x") == (0.7, 0, 0, 0, 0, 0, 0, 0.3)  # not JSON: pairs
+    assert parse('{"悲伤": 0.9}', "so gloomy") == (0, 0, 0, 0, 0, 0.9, 0, 0)  # melancholic words swap
+    assert parse('{"emotion": "angry"}', "x") == (0, 1.0, 0, 0, 0, 0, 0, 0)
+    assert parse('"surprised"', "x") == (0, 0, 0, 0, 0, 0, 1.0, 0)
+    assert parse("nothing here", "x") == (0, 0, 0, 0, 0, 0, 0, 1.0)  # none detected: calm

@@ -13,6 +13,8 @@ Components (M1), each a handle:
   so the random draws come in upstream's order.
 * flow — ``flow``, s2mel (`oneshot`): the CFG halves are one batch-2 estimator call per step,
   so they share each copy (M18).
+* emotion text — ``emotion_text``, the checkpoint's Qwen3 emotion model (`sequence`), placed
+  only when a request gives the emotion as text (`instruct`); cached per text.
 * vocoder — ``vocoder``, BigVGAN v2 (`oneshot`). No `tiled_1d` fallback: it does not tile
   exactly (on the tiny checkpoint the tiles differ from the whole decode by 3.5e-4 of full scale
   away from the crossfades, and by far more inside them).
@@ -29,13 +31,14 @@ from typing import Any
 import torch
 
 from ...audio import Audio
-from ...errors import CheckpointError, MizuotoError
+from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...nn.features import kaldi_fbank
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import pipeline
 from .components import CodecEncoder, Conditioning, Flow, Talker
 from .decoding import DecodeSettings
-from .emotion import Emotion
+from .emotion_text import MAX_NEW_TOKENS, EmotionModel, parse
+from .emotion import EMOTIONS, Emotion
 from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .text import TextTokenizer
 from .w2v import W2VBert
@@ -114,6 +117,10 @@ class IndexTTS2Engine(Engine):
         self.s2mel = load_s2mel(layout)
         self.w2v = W2VBert(layout.aux("w2v_bert"), self.tables.w2v_mean, self.tables.w2v_std)
         self.emotions: dict[str, torch.Tensor] = {}
+        self.text_emotions: dict[str, tuple[float, ...]] = {}
+        self.emotion_dir = layout.qwen_emotion_dir
+        self.emotion_model = (EmotionModel(self.emotion_dir)
+                              if (self.emotion_dir / "config.json").is_file() else None)
         self.flow_module = Flow(self.s2mel, codec)  # copies the code embedding: before any handle holds it
         self.bigvgan = load_bigvgan(layout)
         self.w2v_bert = self.register(self.w2v, "w2v_bert")
@@ -123,11 +130,14 @@ class IndexTTS2Engine(Engine):
         self.talker = self.register(Talker(self.gpt), "talker", kind="sequence")
         self.flow = self.register(self.flow_module, "flow")
         self.vocoder = self.register(self.bigvgan, "vocoder")
+        self.emotion_text = (self.register(self.emotion_model, "emotion_text", kind="sequence")
+                             if self.emotion_model is not None else None)
         self.num_beams = NUM_BEAMS
 
     def handles(self) -> list[Any]:
+        extra = [self.emotion_text] if self.emotion_text is not None else []
         return [self.w2v_bert, self.semantic_codec, self.campplus, self.conditioning, self.talker, self.flow,
-                self.vocoder]
+                self.vocoder, *extra]
 
     # ---- voice prompt ----------------------------------------------------------------------
     def prompt_audio(self, reference: Audio) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,9 +157,6 @@ class IndexTTS2Engine(Engine):
             raise MizuotoError("indextts2 clones a voice: give reference audio")
         if speaker:
             raise MizuotoError("indextts2 has no built-in speakers; give reference audio")
-        if instruct:
-            raise MizuotoError("indextts2: emotion text needs the qwen0.6bemo4-merge model, which this build does "
-                               "not run yet; give an emotion reference audio or an emotion vector")
         wav_22k, wav_16k = self.prompt_audio(reference)
         fbank = kaldi_fbank(wav_16k, num_mel_bins=80, sample_frequency=16000.0)
         handles = [self.w2v_bert, self.semantic_codec, self.campplus, self.conditioning]
@@ -189,7 +196,33 @@ class IndexTTS2Engine(Engine):
                      emotion: Emotion | None = None) -> Voice:
         """The cached voice (M4), with `emotion` applied when given (see `with_emotion`)."""
         voice = super().voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
+        if instruct:
+            if emotion is not None:
+                raise ArgumentError("indextts2: give the emotion as text (instruct) or as audio / weights, not both")
+            emotion = Emotion(vector=self.emotion_from_text(ctx, instruct, voice.key))
         return voice if emotion is None else self.with_emotion(ctx, voice, emotion)
+
+    def emotion_from_text(self, ctx: Any, text: str, seed_key: str) -> tuple[float, ...]:
+        """The eight emotion weights the checkpoint's emotion model reads in `text` (cached per
+        text). It samples as its folder's generation config says; seeded from the text, so the
+        same text gives the same weights."""
+        if self.emotion_model is None:
+            raise MizuotoError(f"indextts2: emotion from text needs the emotion model in "
+                               f"{self.emotion_dir} (qwen0.6bemo4-merge/ of IndexTeam/IndexTTS-2)")
+        if text not in self.text_emotions:
+            model = self.emotion_model
+            ids = model.prompt(text)
+
+            @torch.inference_mode()
+            def run() -> str:
+                with self.seeded(0):
+                    return model.answer(ids.to(self.device))
+
+            answer = ctx.run("emotion text", [self.emotion_text], run,
+                             model.kv_bytes(ids.shape[1] + MAX_NEW_TOKENS))
+            self.text_emotions[text] = parse(answer, text)
+            log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, self.text_emotions[text])))
+        return self.text_emotions[text]
 
     def with_emotion(self, ctx: Any, voice: Voice, emotion: Emotion) -> Voice:
         """`voice` speaking with `emotion`: its emotion vector is computed now (an emotion audio

@@ -1,8 +1,8 @@
 """A tiny random IndexTTS-2 checkpoint in the published layout (tests, demos; no download):
 config.yaml, gpt.pth, s2mel.pth ({"net": ...}), bpe.model, feat1.pt, feat2.pt,
-wav2vec2bert_stats.pt and hf_cache/ with w2v-BERT (18 layers of width 32: one more than the
-engine keeps), the semantic codec,
-CAM++ and BigVGAN. Weight-normed layers are stored as weight_g / weight_v, as the real files.
+wav2vec2bert_stats.pt, qwen0.6bemo4-merge/ (a tiny Qwen3 emotion model) and hf_cache/ with
+w2v-BERT (18 layers of width 32: one more than the engine keeps), the semantic codec, CAM++ and
+BigVGAN. Weight-normed layers are stored as weight_g / weight_v, as the real files.
 Every GPT-2 block and DiT block is above the runtime's 64 KB unit floor, so they stream.
 """
 from __future__ import annotations
@@ -190,4 +190,33 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | tor
     torch.save({"mean": torch.randn(WIDTH, generator=gen) * 0.1, "var": torch.rand(WIDTH, generator=gen) + 0.5},
                out / "wav2vec2bert_stats.pt")
     write_w2v_bert(out / "hf_cache" / "w2v-bert-2.0", seed)
+    write_emotion_model(out / "qwen0.6bemo4-merge", seed)
     return out
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+                 "not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+def write_emotion_model(folder: Path, seed: int) -> None:
+    """A tiny Qwen3 causal LM with a byte-level BPE tokenizer and a Qwen-style chat template (its
+    answers are random; the engine's parser then falls back to calm)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ['{"高兴": 0.5, "悲伤": 0.2, "自然": 1.0}', "文本情感分类", WORDS, "system user assistant"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(folder))
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).eval().save_pretrained(str(folder), safe_serialization=True)
