@@ -31,7 +31,7 @@ WRITER = "from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoin
 @pytest.fixture(scope="module")
 def server() -> Iterator[ComfyServer]:
     def prepare(root: Path) -> None:
-        run_with_comfyui_python(WRITER, str(root / "models" / "mizuoto" / CHECKPOINT), needs="indextts.engine")
+        run_with_comfyui_python(WRITER, str(root / "models" / "mizuoto" / CHECKPOINT), needs="indextts")
 
     with running_server("mizuoto-comfyui-indextts2-", prepare) as running:
         yield running
