@@ -340,3 +340,22 @@ def test_emotion_answers_parse_as_upstream() -> None:
     assert parse('{"emotion": "angry"}', "x") == (0, 1.0, 0, 0, 0, 0, 0, 0)
     assert parse('"surprised"', "x") == (0, 0, 0, 0, 0, 0, 1.0, 0)
     assert parse("nothing here", "x") == (0, 0, 0, 0, 0, 0, 0, 1.0)  # none detected: calm
+
+
+@pytest.mark.parametrize("step", [3, 20])  # in the talker (at most 13 calls here), in the flow (25 steps)
+def test_progress_per_code_and_step_and_interrupt(folder: Path, step: int) -> None:
+    """Progress and interrupt once per GPT call (talker) and per Euler step (flow): an interrupt
+    stops the request there, with one clear error."""
+    from interrupt import interrupt_at
+
+    from mizuoto_runtime import CancelledError
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    cancel_check, on_progress = interrupt_at(step)
+    seen: list[tuple[int, int]] = []
+    with pytest.raises(CancelledError):
+        rt.say(engine, TEXT, reference=REFERENCE, sampling=SAMPLING, cancel_check=cancel_check,
+               on_progress=lambda d, t: (seen.append((d, t)), on_progress(d, t)))
+    assert seen and seen[-1][0] >= step
+    assert seen[-1][1] == (CODES + 1 if step == 3 else 25)  # stopped in the talker, or in the flow

@@ -294,7 +294,9 @@ class IndexTTS2Engine(Engine):
         def run() -> list[dict[str, torch.Tensor]]:
             out = []
             spk_latent, vec = voice.data["spk_latent"].to(self.device), emovec.to(self.device)
-            with self.seeded(sampling.seed):
+            # progress and interrupt once per GPT call: prefill, one per code, the latent forward
+            calls = len(segments) * (max_new + 1)
+            with self.seeded(sampling.seed), self.progress_per_call(ctx, self.gpt.gpt, calls):
                 for ids in segments:
                     text_ids = torch.tensor([ids], dtype=torch.int32, device=self.device)
                     raw = pipeline.decode_codes(self.gpt, spk_latent, text_ids, vec, settings, max_new)
@@ -336,23 +338,14 @@ class IndexTTS2Engine(Engine):
         segments = codes.extra.get("segments")
         if voice is None or segments is None:
             raise MizuotoError("indextts2 decode: codes must come from this engine's generate")
-        ref_mel = voice["ref_mel"]
-        frames = max(ref_mel.shape[-1] + pipeline.target_frames(s["codes"].shape[1]) for s in segments)
+        ref_frames = voice["ref_mel"].shape[-1]
+        frames = max(ref_frames + pipeline.target_frames(s["codes"].shape[1]) for s in segments)
 
         @torch.inference_mode()
         def run_flow() -> list[torch.Tensor]:
-            flow, s2m, dev = self.flow_module, self.s2mel, self.device
-            prompt = s2m.length_regulator(voice["semantic"].to(dev), torch.tensor([ref_mel.shape[-1]], device=dev))
-            mels = []
-            for seg in segments:
-                projected = s2m.gpt_layer(seg["latent"].to(dev))
-                embedded = flow.embed(seg["codes"].to(dev))
-                target = torch.tensor([pipeline.target_frames(embedded.shape[1])], device=dev)
-                cond = torch.cat([prompt, s2m.length_regulator(embedded + projected, target)], dim=1)
-                full = s2m.cfm.solve(seg["noise"].to(dev), torch.tensor([cond.shape[1]], device=dev), ref_mel.to(dev),
-                                     cond, voice["style"].to(dev), pipeline.DIFFUSION_STEPS, pipeline.CFG_RATE)
-                mels.append(full[:, :, ref_mel.shape[-1]:].cpu())
-            return mels
+            # progress and interrupt once per Euler step
+            with self.progress_per_call(ctx, self.s2mel.cfm.estimator, len(segments) * pipeline.DIFFUSION_STEPS):
+                return [self._flow_segment(segment, voice) for segment in segments]
 
         mels = ctx.run("flow", [self.flow], run_flow, self.flow_memory(frames))
 
@@ -369,3 +362,17 @@ class IndexTTS2Engine(Engine):
         longest = max(m.shape[-1] for m in mels)
         wav = ctx.run("vocoder", [self.vocoder], run_vocoder, self.vocoder_memory(longest))
         return Audio(wav, SAMPLE_RATE)
+
+    def _flow_segment(self, segment: dict[str, torch.Tensor], voice: dict[str, Any]) -> torch.Tensor:
+        """One segment's mel: the prompt's content, then the codes' stretched to 1.72 frames per
+        code; 25 Euler steps from the noise the talker drew; the prompt's frames cut off."""
+        flow, s2m, dev = self.flow_module, self.s2mel, self.device
+        ref_mel = voice["ref_mel"].to(dev)
+        prompt = s2m.length_regulator(voice["semantic"].to(dev), torch.tensor([ref_mel.shape[-1]], device=dev))
+        projected = s2m.gpt_layer(segment["latent"].to(dev))
+        embedded = flow.embed(segment["codes"].to(dev))
+        target = torch.tensor([pipeline.target_frames(embedded.shape[1])], device=dev)
+        cond = torch.cat([prompt, s2m.length_regulator(embedded + projected, target)], dim=1)
+        full = s2m.cfm.solve(segment["noise"].to(dev), torch.tensor([cond.shape[1]], device=dev), ref_mel, cond,
+                             voice["style"].to(dev), pipeline.DIFFUSION_STEPS, pipeline.CFG_RATE)
+        return full[:, :, ref_mel.shape[-1]:].cpu()
