@@ -359,3 +359,17 @@ def test_progress_per_code_and_step_and_interrupt(folder: Path, step: int) -> No
                on_progress=lambda d, t: (seen.append((d, t)), on_progress(d, t)))
     assert seen and seen[-1][0] >= step
     assert seen[-1][1] == (CODES + 1 if step == 3 else 25)  # stopped in the talker, or in the flow
+
+
+def test_reference_audio_is_resampled_as_upstream_loads_it(folder: Path) -> None:
+    """Upstream loads the reference with librosa at 22.05 kHz (soxr_hq), cuts 15 s, and makes the
+    16 kHz copy with torchaudio's resampler: the same numbers here."""
+    import librosa
+    import torchaudio
+
+    engine = Runtime().engine("indextts2", folder)
+    wav = 0.3 * torch.sin(torch.arange(48000 * 16) / 7.0).unsqueeze(0)
+    wav_22k, wav_16k = engine.prompt_audio(Audio(wav, 48000))
+    expected = torch.from_numpy(librosa.resample(wav.numpy(), orig_sr=48000, target_sr=22050, res_type="soxr_hq"))
+    assert torch.equal(wav_22k, expected[:, :15 * 22050])
+    assert torch.equal(wav_16k, torchaudio.transforms.Resample(22050, 16000)(wav_22k))

@@ -56,6 +56,7 @@ REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_st
 def import_upstream() -> None:
     """Import what the engine needs beside torch (no upstream package: the model code is ours);
     the harness of the real-ComfyUI tests calls it to skip where an environment lacks one."""
+    import librosa  # noqa: F401
     import sentencepiece  # noqa: F401
     import torchaudio  # noqa: F401
     import transformers  # noqa: F401
@@ -75,12 +76,20 @@ def _mono(audio: Audio) -> torch.Tensor:
     return audio.waveform.float().mean(0, keepdim=True)
 
 
-def resample(wav: torch.Tensor, rate: int, target: int) -> torch.Tensor:
+def load_rate(wav: torch.Tensor, rate: int, target: int) -> torch.Tensor:
+    """What upstream's `librosa.load(path, sr=target)` makes of a file: librosa's soxr_hq resampler."""
     if rate == target:
         return wav
+    import librosa
+
+    return torch.from_numpy(librosa.resample(wav.numpy(), orig_sr=rate, target_sr=target, res_type="soxr_hq"))
+
+
+def resample(wav: torch.Tensor, rate: int, target: int) -> torch.Tensor:
+    """Upstream's `torchaudio.transforms.Resample(rate, target)` (22.05 kHz -> 16 kHz)."""
     import torchaudio
 
-    return torchaudio.functional.resample(wav, rate, target)
+    return torchaudio.transforms.Resample(rate, target)(wav)  # its kernel is not functional.resample's to the bit
 
 
 class IndexTTS2Engine(Engine):
@@ -141,8 +150,9 @@ class IndexTTS2Engine(Engine):
 
     # ---- voice prompt ----------------------------------------------------------------------
     def prompt_audio(self, reference: Audio) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> the reference at 22.05 kHz (cut to 15 s, as upstream) and at 16 kHz."""
-        wav = resample(_mono(reference), reference.sample_rate, SAMPLE_RATE)[:, :PROMPT_SECONDS * SAMPLE_RATE]
+        """-> the reference at 22.05 kHz (as upstream loads it, cut to 15 s) and at 16 kHz (as upstream
+        resamples that)."""
+        wav = load_rate(_mono(reference), reference.sample_rate, SAMPLE_RATE)[:, :PROMPT_SECONDS * SAMPLE_RATE]
         if wav.shape[-1] < SAMPLE_RATE // 10:
             raise MizuotoError(f"indextts2: reference audio of {reference.seconds:.2f} s is too short (0.1 s at least)")
         return wav, resample(wav, SAMPLE_RATE, 16000)
@@ -241,7 +251,7 @@ class IndexTTS2Engine(Engine):
                                                  emotion.alpha)
         key = f"{voice.key}:{emotion.key()}"
         if key not in self.emotions:
-            wav = resample(_mono(emotion.audio), emotion.audio.sample_rate, 16000)[:, :PROMPT_SECONDS * 16000]
+            wav = load_rate(_mono(emotion.audio), emotion.audio.sample_rate, 16000)[:, :PROMPT_SECONDS * 16000]
 
             @torch.inference_mode()
             def run() -> torch.Tensor:
