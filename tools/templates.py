@@ -67,7 +67,7 @@ def clone_graph(engine: str, checkpoint: str, dtype: str, note: str, text: str, 
             (4, "MizuotoVoicePrompt", 1, {"transcript": "Type here exactly what the reference recording says."}),
             (5, "MizuotoTalker", 1, {"text": text}),
             (6, "MizuotoDecoder", 2, {}),
-            (7, "SaveAudio", 2, {"filename_prefix": prefix}),
+            (7, "MizuotoSaveWav", 2, {"filename_prefix": prefix}),
         ],
         "links": [(2, "engine", 4, "engine"), (3, "AUDIO", 4, "reference"), (2, "engine", 5, "engine"),
                   (4, "voice", 5, "voice"), (2, "engine", 6, "engine"), (5, "codes", 6, "codes"),
@@ -83,7 +83,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
             (2, "MizuotoTTS", 1, {"text": "Hello from Mizuoto. This is the demo engine: its voice is noise, "
                                           "but every step runs as it would with real weights.",
                                   "engine_name": "demo", "checkpoint": "none"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_demo"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_demo"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -96,7 +96,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                           "with light rain in the afternoon.",
                                   "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-CustomVoice",
                                   "speaker": "ryan", "language": "english", "dtype": "bfloat16"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_customvoice"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_customvoice"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -110,7 +110,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                   "transcript": "Type here exactly what the reference recording says.",
                                   "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-Base",
                                   "language": "english", "dtype": "bfloat16"}),
-            (4, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_clone"}),
+            (4, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_clone"}),
         ],
         "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
     },
@@ -123,7 +123,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                               "and clearly, with a gentle smile.",
                                   "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
                                   "language": "english", "dtype": "bfloat16"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_voicedesign"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_voicedesign"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -137,7 +137,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
             (2, "MizuotoTTS", 1, {"text": "Good evening. Here is the weather for tomorrow: sunny in the morning, "
                                           "with light rain in the afternoon.",
                                   "engine_name": "cosyvoice", "checkpoint": "CosyVoice2-0.5B"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_cosyvoice"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_cosyvoice"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -181,7 +181,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                      "temperature": 0.8, "top_k": 30, "top_p": 0.8, "repetition_penalty": 10.0,
                                      "max_new_tokens": 1500}),
             (7, "MizuotoDecoder", 2, {}),
-            (8, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_indextts2"}),
+            (8, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_indextts2"}),
         ],
         "links": [(2, "engine", 4, "engine"), (3, "AUDIO", 4, "reference"), (2, "engine", 5, "engine"),
                   (4, "voice", 5, "voice"), (2, "engine", 6, "engine"), (5, "voice", 6, "voice"),
@@ -193,7 +193,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
             (2, "MizuotoVoicePrompt", 0, {}),
             (3, "MizuotoTalker", 1, {"text": "Each step of text to speech is its own node here."}),
             (4, "MizuotoDecoder", 2, {}),
-            (5, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_steps"}),
+            (5, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_steps"}),
             (6, "Note", 2, {"text": "The same speech as Text to Speech, one step per node: the voice, the "
                                     "speech codes, the audio. Each step places only its own model parts on the "
                                     "GPU. " + DEMO_NOTE.split(": ")[0] + "."}),
@@ -202,7 +202,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                   (1, "engine", 4, "engine"), (3, "codes", 4, "codes"), (4, "audio", 5, "audio")],
     },
 }
-WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "SaveAudio": 320,
+WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "MizuotoSaveWav": 320,
           "MizuotoEmotion": 320}
 NOTE_H = 180
 THUMBNAIL_WIDTH = 640

@@ -2,7 +2,7 @@
 published layout) under the server's `models/mizuoto/`, and the example workflow "Voice Clone -
 IndexTTS-2, step by step (with an emotion)" — Load TTS Engine (with Memory Settings for a small
 simulated GPU) → LoadAudio → Voice Clone → Emotion (IndexTTS-2) → Text → Speech Codes → Speech
-Codes → Audio → SaveAudio — that saves audio; and the one-node Text to Speech with an emotion.
+Codes → Audio → Save Audio (WAV) — that saves audio; and the one-node Text to Speech with an emotion.
 The checkpoint is written by ComfyUI's Python into the server's temporary base folder."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import json
 
 from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
                              ui_to_api)
-from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import memory_settings
 
 pytestmark = requires_comfyui
@@ -51,7 +51,7 @@ def saved_audio(server: ComfyServer, prompt: dict[str, Any]) -> tuple[dict[str, 
     saved = [server.output / item["subfolder"] / item["filename"]
              for output in history["outputs"].values() for item in output.get("audio", [])]
     assert len(saved) == 1, history["outputs"]
-    rate, samples = flac_stream_info(saved[0])
+    rate, samples = wav_stream_info(saved[0])
     assert rate == SAMPLE_RATE and samples > 0
     return history, saved[0]
 
@@ -76,6 +76,6 @@ def test_text_to_speech_takes_an_emotion(server: ComfyServer) -> None:
         "2": node(server, "LoadAudio", audio=REFERENCE_WAV),
         "3": node(server, "MizuotoTTS", text="hello tiny model.", seed=3, max_new_tokens=12, reference=["2", 0],
                   engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", emotion="sad=0.8"),
-        "4": node(server, "SaveAudio", audio=["3", 0], filename_prefix="audio/indextts2_tts"),
+        "4": node(server, "MizuotoSaveWav", audio=["3", 0], filename_prefix="audio/indextts2_tts"),
     }
     saved_audio(server, prompt)
