@@ -176,7 +176,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
             (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
             (4, "MizuotoVoicePrompt", 1, {}),
             (5, "MizuotoEmotion", 1, {"happy": 0.6}),
-            (6, "MizuotoTalker", 1, {"text": "Hello from Mizuoto. IndexTTS-2 speaks in the voice of the reference "
+            (6, "MizuotoTalker", 2, {"text": "Hello from Mizuoto. IndexTTS-2 speaks in the voice of the reference "
                                              "recording, with a happy tone.",
                                      "temperature": 0.8, "top_k": 30, "top_p": 0.8, "repetition_penalty": 10.0,
                                      "max_new_tokens": 1500}),
