@@ -1,5 +1,6 @@
-"""The one-shot engines under the memory runtime, side by side in one run (issue 11),
-CosyVoice 2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``) and IndexTTS-2 (issue 25).
+"""The one-shot engines under the memory runtime, side by side in one run (issue 11), CosyVoice
+2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``), GPT-SoVITS (issue 26: ``--engines
+gptsovits``) and IndexTTS-2 (issue 25: ``--engines indextts2``).
 
 Per engine (F5-TTS, OmniVoice, IndexTTS-2; tiny random checkpoints in their published layouts,
 written to a temporary folder), one request of each placement, repeated and interleaved:
@@ -11,7 +12,8 @@ It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_m
 ``--peaks`` also measures each phase's working memory on the plain CPU (how far the process's
 resident memory rises during the phase, Linux) against the engine's estimate (M45).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
-fixed number of tokens), resident and all streamed; ``--peaks`` adds its three phases.
+fixed number of tokens), resident and all streamed; ``--peaks`` adds its three phases. So is
+GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generated token.
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 For IndexTTS-2 it also prints the talker's milliseconds per code (three beams), plain and all
@@ -53,6 +55,7 @@ WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_
            "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
            "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
            "indextts2": "mizuoto_runtime.engines.indextts.tiny"}
+GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
@@ -226,6 +229,41 @@ def cosyvoice_peaks(folders: dict[str, Path]) -> list[tuple[str, str, int, int]]
     return rows
 
 
+def time_gptsovits(folder: Path, repeat: int, device: str) -> None:
+    """Talker only: ms per generated token of the T2S loop, each placement (the voice prompt is
+    cached first; phoneme ids are given, so no text frontend or BERT phase runs)."""
+    from mizuoto_runtime.engines.gptsovits.engine import PhonemeText
+
+    target, prompt = PhonemeText(tuple(range(100, 140))), PhonemeText(tuple(range(200, 220)))
+    sampling = Sampling(seed=1, top_k=15, temperature=1.0, repetition_penalty=1.35, max_new_tokens=200)
+    print(f"\n{'engine':10} {'placement':22} {'ms/token':>9} {'vs resident':>12} {'tokens':>7} {'streamed MB':>12}")
+    runtimes = {name: Runtime(settings) for name, settings in placements(device).items()}
+    engines = {name: rt.engine("gptsovits", folder, device=None if device == "cpu" else device)
+               for name, rt in runtimes.items()}
+    voices = {name: engines[name].voice_prompt(rt.request(seed=1), REFERENCE, TRANSCRIPT)
+              for name, rt in runtimes.items()}
+    times: dict[str, list[float]] = {name: [] for name in runtimes}
+    last: dict[str, tuple[int, float]] = {}
+    for round_ in range(repeat + 1):  # the first round warms up (and learns the unit order)
+        for name, rt in runtimes.items():
+            ctx = rt.request(seed=1)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            codes = engines[name].generate(ctx, TEXT, voices[name], sampling, target=target, prompt_text=prompt)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            tokens = codes.tokens.shape[-1]
+            if round_:
+                times[name].append((time.perf_counter() - start) * 1000 / max(tokens, 1))
+            last[name] = (tokens, ctx.meta["memory"]["streamed_mb"])
+    base = statistics.median(times["resident"])
+    for name, per_token in times.items():
+        median = statistics.median(per_token)
+        print(f"{'gptsovits':10} {name:22} {median:9.2f} {median / base:11.2f}x {last[name][0]:7} "
+              f"{last[name][1]:12.1f}")
+
+
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -301,9 +339,10 @@ def main() -> None:
     import importlib
 
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+        chosen = args.engines.split(",")
         folders = {e: importlib.import_module(WRITERS[e]).write_tiny_checkpoint(
                        Path(tmp) / e, **({"version": int(e[-1])} if e.startswith("cosyvoice") else {}))
-                   for e in args.engines.split(",")}
+                   for e in chosen if e != "gptsovits"}
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
         fish = folders.pop("fishspeech", None)
@@ -317,6 +356,9 @@ def main() -> None:
             time_cosyvoice(cosy, args.repeat, args.device)
         if fish is not None:
             time_fish(fish, args.frames, args.repeat)
+        if "gptsovits" in chosen:
+            write_voice = importlib.import_module(GPTSOVITS_WRITER).write_voice
+            time_gptsovits(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
         if args.peaks:
             phase_peaks(folders, args.steps)
 

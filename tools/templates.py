@@ -55,6 +55,13 @@ CLONE_NOTE = ("Load 5-15 s of clear speech of the voice to clone and type what i
               "Each step is its own node: the voice, the speech codes, the audio; each places only its own "
               "model parts on the GPU.")
 
+GPTSOVITS_NOTE = ("Put GPT-SoVITS's pretrained_models folder (lj1995/GPT-SoVITS: gsv-v2final-pretrained/, "
+                  "chinese-hubert-base/, chinese-roberta-wwm-ext-large/; for v2Pro also v2Pro/, sv/ and "
+                  "s1v3.ckpt) in ComfyUI/models/mizuoto/pretrained_models/, and your own voices (the "
+                  "GPT_weights_v2*/ and SoVITS_weights_v2*/ folders) in ComfyUI/models/mizuoto/gptsovits/, "
+                  "then press R and pick yours as checkpoint. Load 3-10 s of the voice and type what it says. "
+                  "Chinese, English and Japanese, mixed too.")
+
 
 def clone_graph(engine: str, checkpoint: str, dtype: str, note: str, text: str, prefix: str) -> dict[str, Any]:
     """A voice-clone graph step by step: a recording and its transcript make the voice, the
@@ -164,6 +171,20 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "non-commercial licence), or OpenAudio S1-mini (fishaudio/openaudio-s1-mini) in its own folder, then press "
         "R to refresh the lists. " + CLONE_NOTE,
         "Hello from Mizuoto. Fish Speech speaks in the voice of the reference recording.", "audio/mizuoto_fishspeech"),
+    "Voice Clone - GPT-SoVITS v2 (your fine-tuned voice)": {
+        "nodes": [
+            (1, "Note", 0, {"text": GPTSOVITS_NOTE}),
+            (2, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (3, "MizuotoTTS", 1, {"text": "你好，欢迎使用 Mizuoto。This sentence is spoken in the voice of your "
+                                          "GPT-SoVITS model.",
+                                  "transcript": "Type here exactly what the reference recording says.",
+                                  "engine_name": "gptsovits",
+                                  "checkpoint": "pretrained_models/gsv-v2final-pretrained (GPT-SoVITS v2)",
+                                  "language": "auto", "top_k": 15, "temperature": 1.0, "repetition_penalty": 1.35}),
+            (4, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_gptsovits"}),
+        ],
+        "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
+    },
     "Voice Clone - IndexTTS-2, step by step (with an emotion)": {
         "nodes": [
             (1, "Note", 0, {"text": "Put the official weights in ComfyUI/models/mizuoto/IndexTTS-2/ as published on "
