@@ -35,6 +35,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
     "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
     "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
+    "indextts2": ("mizuoto_runtime.engines.indextts.tiny", "write_tiny_checkpoint", "indextts2"),
 }
 # engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
 TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini"),
@@ -74,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                           f"synthesized in turn and joined with a {CROSSFADE_MS:g} ms crossfade "
                           f"(default {DEFAULT_CHUNK_CHARS}, at least {MIN_CHUNK_CHARS})")
     say.add_argument("--no-chunking", action="store_true", help="synthesize the whole text in one go")
+    say.add_argument("--emotion-voice", metavar="WAV", help="IndexTTS-2: speech whose emotion to take")
+    say.add_argument("--emotion", default="", help="IndexTTS-2: emotions as name=weight, e.g. 'sad=0.8, calm=0.2'")
+    say.add_argument("--emotion-strength", type=float, default=1.0, help="IndexTTS-2: how much of the emotion (0-1)")
     say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
@@ -165,10 +169,11 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     output = _output_file(Path(args.output))
     timeline = _output_file(Path(args.timeline)) if args.timeline else None
     reference = _reference(Path(args.voice)) if args.voice else None
+    options = _voice_options(args)
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
                          sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
-                         chunking=chunking)
+                         chunking=chunking, voice_options=options)
     try:
         path = write_wav(output, audio)
     except OSError as exc:
@@ -179,6 +184,17 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     drawn = {"timeline": str(_write_timeline(request, timeline))} if timeline else {}
     return {"output": str(path), **drawn, "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate,
             **meta}
+
+
+def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
+    if not (args.emotion_voice or args.emotion.strip()):
+        return {}
+    from .engines.indextts.emotion import Emotion
+
+    audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
+    emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength)
+    return {} if emotion is None else {"emotion": emotion}
 
 
 def _write_timeline(request: dict[str, Any], path: Path) -> Path:

@@ -117,6 +117,8 @@ class Line:
 
 Provider = Callable[[Reference], Iterable[Stage]]
 _PROVIDERS: dict[str, Provider] = {}
+# Engine ids whose package is named otherwise (one package per model family).
+PACKAGES: dict[str, str] = {"indextts2": "indextts"}
 
 
 def register(engine: str, provider: Provider) -> None:
@@ -127,7 +129,7 @@ def register(engine: str, provider: Provider) -> None:
 def provider_for(engine: str) -> Provider:
     if engine in _PROVIDERS:
         return _PROVIDERS[engine]
-    module_name = f"mizuoto_runtime.engines.{engine}.reference"
+    module_name = f"mizuoto_runtime.engines.{PACKAGES.get(engine, engine)}.reference"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -185,6 +185,29 @@ GRAPHS: dict[str, dict[str, Any]] = {
         ],
         "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
     },
+    "Voice Clone - IndexTTS-2, step by step (with an emotion)": {
+        "nodes": [
+            (1, "Note", 0, {"text": "Put the official weights in ComfyUI/models/mizuoto/IndexTTS-2/ as published on "
+                                    "Hugging Face (IndexTeam/IndexTTS-2; its licence is bilibili's model licence: read "
+                                    "it), with w2v-bert-2.0, the MaskGCT semantic codec, CAM++ and BigVGAN in its "
+                                    "hf_cache/ folder (see the README), then press R to refresh the lists. Load 5-15 s "
+                                    "of clear speech of the voice to clone. Emotion sets how it speaks: a mix of eight "
+                                    "emotions, or the emotion of a second recording connected to it."}),
+            (2, "MizuotoEngineLoader", 0, {"engine": "indextts2", "checkpoint": "IndexTTS-2", "dtype": "float32"}),
+            (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (4, "MizuotoVoicePrompt", 1, {}),
+            (5, "MizuotoEmotion", 1, {"happy": 0.6}),
+            (6, "MizuotoTalker", 2, {"text": "Hello from Mizuoto. IndexTTS-2 speaks in the voice of the reference "
+                                             "recording, with a happy tone.",
+                                     "temperature": 0.8, "top_k": 30, "top_p": 0.8, "repetition_penalty": 10.0,
+                                     "max_new_tokens": 1500}),
+            (7, "MizuotoDecoder", 2, {}),
+            (8, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_indextts2"}),
+        ],
+        "links": [(2, "engine", 4, "engine"), (3, "AUDIO", 4, "reference"), (2, "engine", 5, "engine"),
+                  (4, "voice", 5, "voice"), (2, "engine", 6, "engine"), (5, "voice", 6, "voice"),
+                  (2, "engine", 7, "engine"), (6, "codes", 7, "codes"), (7, "audio", 8, "audio")],
+    },
     "Step by step - demo engine (voice, speech codes, audio)": {
         "nodes": [
             (1, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),
@@ -200,7 +223,8 @@ GRAPHS: dict[str, dict[str, Any]] = {
                   (1, "engine", 4, "engine"), (3, "codes", 4, "codes"), (4, "audio", 5, "audio")],
     },
 }
-WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "MizuotoSaveWav": 320}
+WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "MizuotoSaveWav": 320,
+          "MizuotoEmotion": 320}
 NOTE_H = 180
 THUMBNAIL_WIDTH = 640
 

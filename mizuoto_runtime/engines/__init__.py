@@ -23,6 +23,7 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.engine", "FishSpeechEngine", "fishspeech"),
     "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.engine", "CosyVoiceEngine", "cosyvoice"),
     "gptsovits": ("mizuoto_runtime.engines.gptsovits.engine", "GptSovitsEngine", "gptsovits"),
+    "indextts2": ("mizuoto_runtime.engines.indextts.engine", "IndexTTS2Engine", "indextts2"),
 }
 
 

@@ -142,6 +142,8 @@ class Engine(ABC):
     title: ClassVar[str] = ""  # the engine's name as users know it ("Qwen3-TTS"); empty: its id
     PHASED: ClassVar[bool] = True
     BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
+    # Keyword arguments its `voice_prompt` takes beyond the common ones (IndexTTS-2: "emotion").
+    VOICE_OPTIONS: ClassVar[tuple[str, ...]] = ()
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
