@@ -312,7 +312,7 @@ class Streamer:
             if copy is not None:
                 state.copies.move_to_end(unit.index)
                 return copy
-            if self._has_room(state) or _inside.units > 0:
+            if self._has_room(state, unit) or _inside.units > 0:
                 return self._make(state, unit)
             charge = _charge.get()
             if charge is not None:
@@ -330,12 +330,15 @@ class Streamer:
             finally:
                 self._waiting -= 1
 
-    @staticmethod
-    def _has_room(state: _HandleCopies) -> bool:
-        return len(state.copies) < state.capacity or any(c.refs == 0 for c in state.copies.values())
+    def _has_room(self, state: _HandleCopies, unit: Unit) -> bool:
+        """Whether `unit`'s copy fits once the copies no thread is inside are dropped: fewer
+        copies in use than the handle may keep, and their buffers plus this copy within the
+        bytes the placement counted for copies."""
+        running = [c.lease for c in state.copies.values() if c.refs > 0]
+        return len(running) < state.capacity and self.engine.fits(state.key, unit, running)
 
     def _make(self, state: _HandleCopies, unit: Unit, ahead: bool = False) -> UnitCopy:
-        self._make_room(state, keep=unit.index)
+        self._make_room(state, unit)
         charge = _charge.get()
         if charge is not None:
             charge.check()  # M23: every copy checks for cancellation
@@ -354,12 +357,16 @@ class Streamer:
             if state is not None:
                 charge.by_owner[state.key] = charge.by_owner.get(state.key, 0) + nbytes
 
-    def _make_room(self, state: _HandleCopies, keep: int) -> None:
-        while len(state.copies) >= state.capacity:
-            idle = [i for i, c in state.copies.items() if c.refs == 0 and i != keep]
-            if not idle:
+    def _make_room(self, state: _HandleCopies, unit: Unit) -> None:
+        """Drop kept copies, least recently used first, until `unit`'s copy fits beside the
+        others in number (`capacity`) and in bytes (the copy engine's limit): a kept copy is
+        room the placement counted, given up the moment another unit needs it."""
+        while len(state.copies) >= state.capacity or not self.engine.fits(
+                state.key, unit, [c.lease for c in state.copies.values()]):
+            idle = next((i for i, c in state.copies.items() if c.refs == 0 and i != unit.index), None)
+            if idle is None:
                 return  # every copy is running (nested entry): go over capacity rather than fail
-            self._evict(state, idle[0])
+            self._evict(state, idle)
 
     def _evict(self, state: _HandleCopies, index: int) -> int:
         copy = state.copies.pop(index)
@@ -375,7 +382,7 @@ class Streamer:
             if nxt.index not in state.copies:
                 if not self.engine.can_prefetch(state.key, nxt):
                     return  # pageable: copied on the spot when entered (M21)
-                if not self._has_room(state):
+                if not self._has_room(state, nxt):
                     return
                 self._make(state, nxt, ahead=True)
             nxt = state.successor.get(nxt.index)
