@@ -289,6 +289,23 @@ PROPERTY = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
                 database=None)
 
 
+def oneshot(*hidden: int, shared: tuple[int, int] | None = None, kind: str = "oneshot") -> Tree:
+    return Tree(hidden, shared, False, False, kind)
+
+
+# Found by this test (shrunk where hypothesis could):
+# - 8eba83a's kept copies: a small unit's copy kept in the largest unit's buffer, then the largest
+#   unit's copy made beside it: an OOM at the minimum working set, in both CFG forms;
+# - a one-unit component at its minimum working set: its copy's alignment made streaming need
+#   more than the whole component, and the placement streamed it;
+# - a layer two units call (`blocks[1].up = blocks[0].up`) streamed with the first unit: the
+#   second unit entered it from inside its own, one copy over the handle's room.
+@example(Case((oneshot(2740, 2740, 1121, 2707),), True, False, 1, 0.0), 0.0, 0.0, 0.0)
+@example(Case((oneshot(2740, 2740, 1121, 2707),), False, False, 1, 0.0), 0.0, 0.0, 0.0)
+@example(Case((oneshot(2032),), False, False, 1, 0.5), 0.0, 0.0, 0.0)
+@example(Case((oneshot(2032),), False, False, 1, 2.0), 1.0, 1.0, 0.0)
+@example(Case((oneshot(1024), oneshot(2032, 2032, shared=(0, 1), kind="sequence")), False, False, 1, 0.5),
+         0.2675, 0.8169, 0.7583)
 @settings(max_examples=EXAMPLES, derandomize=True, **PROPERTY)
 @given(cases, st.floats(0, 1), st.floats(0, 1), st.floats(0, 0.999))
 def test_placement_invariants(case: Case, a: float, b: float, below: float) -> None:
