@@ -29,7 +29,7 @@ ACTIVE_PACK_KEY = "mizuoto_runtime:active_comfyui_pack"
 def _import_runtime() -> None:
     """Import this pack's `mizuoto_runtime` under its top-level name.
 
-    The engine table imports engine modules by absolute name (`mizuoto_runtime.engines.demo`),
+    The engine table imports engine modules by absolute name (`mizuoto_runtime.engines.demo.engine`),
     so the package must be `mizuoto_runtime`, not `<pack path>.mizuoto_runtime`: two copies
     would mean two sets of classes. It is loaded from this folder without putting the folder on
     `sys.path`, where the pack's `nodes/` package would shadow ComfyUI's `nodes` module.

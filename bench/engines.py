@@ -1,4 +1,5 @@
-"""The one-shot engines under the memory runtime, side by side in one run (issue 11).
+"""The one-shot engines under the memory runtime, side by side in one run (issue 11), and
+CosyVoice 2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``).
 
 Per engine (F5-TTS, OmniVoice; tiny random checkpoints in their published layouts, written to a
 temporary folder), one request of each placement, repeated and interleaved:
@@ -7,20 +8,30 @@ temporary folder), one request of each placement, repeated and interleaved:
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
-``--peaks`` instead measures every phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2,
-the demo) on the plain CPU at the request sizes its tests use: the peak of CPU tensor storage the
-phase creates (`PeakTracker`) against the engine's working-memory estimate for it (M45: between
-1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
+``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2 and the demo
+(the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
+tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
+it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
+For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
+fixed number of tokens), resident and all streamed; ``--peaks`` with ``--engines cosyvoice2``
+measures its three phases by how far the process's resident memory rises (Linux).
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 
-    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda]
+Fish Speech (``--engines fishspeech``, issue 24), an autoregressive engine, is timed per frame:
+the talker phase's milliseconds per frame resident and all streamed, the MB streamed per frame,
+and, with the talker capped half-way between its minimum working set and its size, the MB per
+frame with the fast transformer marked hot (the engine's layout) and without the mark.
+
+    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import gc
+import importlib
 import importlib.util
 import os
 import statistics
@@ -51,12 +62,19 @@ def _peak_tracker() -> type:
 
 PeakTracker = _peak_tracker()
 
+
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+REFERENCE_44K = Audio(0.3 * torch.sin(torch.arange(44100) / 6.0).unsqueeze(0), 44100)
 TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
-WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts_tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice_tiny",
-           "voxcpm2": "mizuoto_runtime.engines.voxcpm2_tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts_tiny"}
+WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
+           "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
+           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
+           "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
+FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
+COSYVOICE_TOKENS = 48
 MB = 1 << 20
+MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
 PEAK_STEPS = 4  # ODE / diffusion steps of the estimate tests' requests
 
 
@@ -99,6 +117,121 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
         for name in runtimes:
             median = statistics.median(times[name])
             print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
+
+
+def fish_frames(rt: Runtime, folder: Path, frames: int, cap: bool, hot: bool = True) -> tuple[float, int, float]:
+    """One Fish Speech talker phase: (seconds, frames the slow transformer ran, MB streamed)."""
+    from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
+
+    engine_class = FishSpeechEngine if hot else type("Unmarked", (FishSpeechEngine,), {"FAST_HOT": False})
+    engine = engine_class(rt.manager, folder)
+    if cap:
+        engine.talker.cap_bytes = (engine.talker.min_working_set + engine.talker.size_bytes) // 2
+    ctx = rt.request(seed=1)
+    voice = engine.voice_prompt(ctx, REFERENCE_44K, TRANSCRIPT)
+    start = time.perf_counter()
+    codes = engine.generate(ctx, FISH_TEXT, voice, Sampling(seed=1, max_new_tokens=frames, temperature=1.0, top_p=0.9,
+                                                           top_k=30))
+    seconds = time.perf_counter() - start
+    streamed = engine.talker.streamer.streamed_bytes_of(engine.talker) / MB
+    engine.unload()
+    return seconds, codes.extra["frames_computed"], streamed
+
+
+def time_fish(folder: Path, frames: int, repeat: int) -> None:
+    rows = {"resident": ({"compute.simulate_vram_mb": 4096}, False, True),
+            "streamed": ({"compute.simulate_vram_mb": 4096, "compute.vram_mode": "none"}, False, True),
+            "half, fast hot": ({"compute.simulate_vram_mb": 4096}, True, True),
+            "half, not hot": ({"compute.simulate_vram_mb": 4096}, True, False)}
+    print(f"\n{'engine':10} {'talker placement':22} {'ms/frame':>9} {'vs resident':>12} {'MB/frame':>9}")
+    per_frame: dict[str, list[float]] = {name: [] for name in rows}
+    streamed: dict[str, float] = {}
+    for i in range(repeat + 1):  # the first round warms up
+        for name, (settings, cap, hot) in rows.items():
+            seconds, n, mb = fish_frames(Runtime(settings), folder, frames, cap, hot)
+            if i:
+                per_frame[name].append(1000 * seconds / n)
+            streamed[name] = mb / n
+    base = statistics.median(per_frame["resident"])
+    for name in rows:
+        median = statistics.median(per_frame[name])
+        print(f"{'fishspeech':10} {name:22} {median:9.2f} {median / base:11.2f}x {streamed[name]:9.3f}")
+
+
+def cosyvoice_talker(rt: Runtime, folder: Path, device: str) -> tuple[float, float]:
+    """ms per speech token of one talker phase, and the MB it streamed."""
+    engine = rt.engine("cosyvoice", folder, device=None if device == "cpu" else device)
+    ctx = rt.request(seed=1)
+    voice = engine.voice_prompt(ctx, speaker="tiny")
+    before = engine.llm.streamer.streamed_bytes_of(engine.llm) / MB
+    if device != "cpu":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    codes = engine.generate(ctx, TEXT, voice, Sampling(seed=1, max_new_tokens=COSYVOICE_TOKENS))
+    if device != "cpu":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return 1000 * seconds / codes.tokens.shape[1], engine.llm.streamer.streamed_bytes_of(engine.llm) / MB - before
+
+
+def time_cosyvoice(folders: dict[str, Path], repeat: int, device: str) -> None:
+    print(f"\n{'engine':10} {'placement':22} {'ms/token':>9} {'vs resident':>12} {'LM streamed MB':>15}")
+    for name, folder in folders.items():
+        runtimes = {p: Runtime(settings) for p, settings in placements(device).items()}
+        per_token: dict[str, list[float]] = {p: [] for p in runtimes}
+        streamed: dict[str, float] = {}
+        for rt in runtimes.values():
+            cosyvoice_talker(rt, folder, device)  # warm-up
+        for _ in range(repeat):
+            for p, rt in runtimes.items():
+                ms, streamed[p] = cosyvoice_talker(rt, folder, device)
+                per_token[p].append(ms)
+        base = statistics.median(per_token["resident"])
+        for p in runtimes:
+            median = statistics.median(per_token[p])
+            print(f"{name:10} {p:22} {median:9.2f} {median / base:11.2f}x {streamed[p]:15.1f}")
+
+
+def cosyvoice_peaks(folders: dict[str, Path]) -> list[tuple[str, str, int, int]]:
+    rows: list[tuple[str, str, int, int]] = []
+    for name, folder in folders.items():
+        rt = Runtime()
+        engine = rt.engine("cosyvoice", folder)
+        for tokens in (64, 16, 200):  # the first request also makes one-time tables
+            ctx = rt.request(seed=1)
+            voice = engine.voice_prompt(ctx, speaker="tiny")
+            sampling = Sampling(seed=1, max_new_tokens=tokens)
+            codes, talker_peak = live_peak(lambda: engine.generate(ctx, TEXT, voice, sampling))
+            plan = engine.plan(engine.text_ids(TEXT, voice), voice, tokens)
+            d = voice.data
+            with torch.inference_mode():  # what the flow and vocoder phases run
+                mel, flow_peak = live_peak(lambda: engine.model.flow(codes.tokens, d["prompt_token"], d["prompt_feat"],
+                                                                     d["embedding"]))
+                _, vocoder_peak = live_peak(lambda: engine.model.hift(mel))
+            frames = (codes.tokens.shape[1] + d["prompt_token"].shape[1]) * engine.model.flow.token_mel_ratio
+            rows += [(name, f"talker {tokens} tok", sum(engine.talker_memory(plan).values()), talker_peak),
+                     (name, f"flow {tokens} tok", engine.flow_memory(frames), flow_peak),
+                     (name, f"vocoder {tokens} tok", engine.vocoder_memory(mel.shape[-1]), vocoder_peak)]
+    return rows
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """`fn()`'s result and how far the process's resident memory rose above where it started
+    (Linux: the peak-RSS mark is reset first, `/proc/self/clear_refs` 5). With glibc's mmap
+    threshold fixed at 64 KB (`main` sets it), tensors are mapped when allocated and unmapped
+    when freed, so RSS follows live tensors; the weights are in place already and not counted."""
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status_kb("VmRSS")
+    result = fn()
+    return result, max(0, _status_kb("VmHWM") - start) * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,13 +336,19 @@ def print_peaks(rows: list[PhasePeak]) -> None:
 
 def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | None]:
     """Tiny random checkpoints in each engine's published layout (the demo engine needs none)."""
-
     folders: dict[str, Path | None] = {}
     for engine_id in engines:
         writer = WRITERS.get(engine_id)
+        extra = {"version": int(engine_id[-1])} if engine_id.startswith("cosyvoice") else {}
         folders[engine_id] = None if writer is None else importlib.import_module(writer).write_tiny_checkpoint(
-            tmp / engine_id)
+            tmp / engine_id, **extra)
     return folders
+
+
+def print_rss_peaks(rows: list[tuple[str, str, int, int]]) -> None:
+    print(f"\n{'engine':10} {'phase':18} {'estimate MB':>12} {'RSS peak MB':>12} {'estimate/peak':>14}")
+    for engine_id, phase, estimate, peak in rows:
+        print(f"{engine_id:10} {phase:18} {estimate / MB:12.2f} {peak / MB:12.2f} {estimate / max(peak, 1):13.2f}x")
 
 
 def main() -> None:
@@ -217,23 +356,43 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="ODE / diffusion steps per request (upstream: 32)")
     parser.add_argument("--peaks", action="store_true",
-                        help="instead: each phase's working-memory estimate / its measured CPU peak, every engine")
+                        help="instead: each phase's working-memory estimate / its measured CPU peak")
     parser.add_argument("--device", default="cpu", help="cpu (the simulated device) or cuda")
-    parser.add_argument("--engines", default=None, help="comma-separated (default: f5tts,omnivoice; with --peaks all)")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated (default: f5tts,omnivoice,fishspeech; with --peaks the engines of "
+                             "the estimate tests)")
+    parser.add_argument("--frames", type=int, default=48, help="Fish Speech: frames per request at most")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
     args = parser.parse_args()
+    engines = (args.engines or (",".join(PEAK_REQUESTS) if args.peaks else "f5tts,omnivoice,fishspeech")).split(",")
+    cosy_peaks = args.peaks and any(e.startswith("cosyvoice") for e in engines)
+    if cosy_peaks and MMAP_ENV[0] not in os.environ:
+        # glibc's dynamic mmap threshold would move freed tensors to the reused heap, hiding a
+        # phase's peak from RSS: fixed, every tensor of 64 KB or more is mapped and unmapped.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, MMAP_ENV[0]: MMAP_ENV[1],
+                                                                "MALLOC_TRIM_THRESHOLD_": "0"})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
-    engines = (args.engines or (",".join(PEAK_REQUESTS) if args.peaks else "f5tts,omnivoice")).split(",")
+
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
         folders = checkpoint_folders(engines, Path(tmp))
+        cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice") and v is not None}
         if args.peaks:
             print(f"torch {torch.__version__}, plain CPU, {PEAK_STEPS} steps per request")
-            print_peaks(phase_peaks(folders))
+            print_peaks(phase_peaks({k: v for k, v in folders.items() if k in PEAK_REQUESTS}))
+            if cosy:
+                print_rss_peaks(cosyvoice_peaks(cosy))
             return
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
-        time_engines({e: f for e, f in folders.items() if f is not None}, args.steps, args.repeat, args.device)
+        fish = folders.pop("fishspeech", None)
+        oneshot = {k: v for k, v in folders.items() if k in ("f5tts", "omnivoice") and v is not None}
+        if oneshot:
+            time_engines(oneshot, args.steps, args.repeat, args.device)
+        if cosy:
+            time_cosyvoice(cosy, args.repeat, args.device)
+        if fish is not None:
+            time_fish(fish, args.frames, args.repeat)
 
 
 if __name__ == "__main__":

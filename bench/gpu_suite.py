@@ -14,6 +14,16 @@ Sections (each measured side by side, in one run):
              prefetch (M20)
   graphs     a CUDA Graph over the LM, whole and as a partly placed graphable sequence
              handle; replays counted in `ModelHandle.replayed` (M24)
+The CUDA-only paths no CPU can run (issue 27), each skipped with the reason elsewhere:
+  capture_failure   a capture forced to fail (a host sync inside it), then eager sampled
+                    frames equal to the graph-off run, and a capture that works after it
+  capture_jobs      two requests at `compute.gpu_jobs = 2`: one captures while the other
+                    places (pinning) and allocates, and the other way round; both exact
+  allocator_async   `compute.cuda_allocator = async` in a fresh `mizuoto doctor` process:
+                    `torch.cuda.get_allocator_backend()` is cudaMallocAsync
+  pinned_copy       copy-mode pinning through a handle: pinned bytes locked
+                    (`torch.cuda.host_memory_stats`) equal what the budget counts, before
+                    and after unload
 Every streamed output is compared with the resident run (`torch.equal`).
 
 `--dry-run` runs every code path tiny on the CPU (simulated device, M55): the
@@ -28,8 +38,11 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -50,11 +63,19 @@ from mizuoto_runtime import (  # noqa: E402
     VramPolicy,
     graphs,  # noqa: E402
 )
+from mizuoto_runtime.cuda_allocator import ALLOC_CONF  # noqa: E402
 from mizuoto_runtime.pinning import CudaRegistrar, PinnedBudget, Pinner, RecordingRegistrar  # noqa: E402
-from mizuoto_runtime.transfer import BufferedCopyEngine, SimulatedStreams  # noqa: E402
+from mizuoto_runtime.transfer import BufferedCopyEngine, CudaStreams, SimulatedStreams  # noqa: E402
 
 GB = 1e9
-SECTIONS = ("bandwidth", "pinning", "oneshot", "diffusers", "sequence", "graphs")
+SECTIONS = ("bandwidth", "pinning", "oneshot", "diffusers", "sequence", "graphs",
+            "capture_failure", "capture_jobs", "allocator_async", "pinned_copy")
+CUDA_ONLY = {  # issue 27: why each of these cannot run without a CUDA device
+    "capture_failure": "needs a CUDA device: CUDA Graph capture and the device generator's graph-safe state",
+    "capture_jobs": "needs a CUDA device: CUDA's stream-capture rules for other threads",
+    "allocator_async": "needs a CUDA device: torch's CUDA allocator backend",
+    "pinned_copy": "needs a CUDA device: torch's caching host allocator (page-locked memory)",
+}
 DEADLINE_S = 8 * 60 - 30  # leave room for the process's start and exit
 
 
@@ -509,6 +530,171 @@ def _leaf_copies_eagerly(h: ModelHandle, model: LM, tokens: torch.Tensor,
     }
 
 
+# ---- issue 27: the CUDA-only paths -------------------------------------------------------------
+def _small_lm(bench: Bench, dim: int = 384, layers: int = 4) -> LM:
+    """A small LM whose weights are no powers of two (384² bf16 = 288 KB): host blocks round up."""
+    model = build(lambda: LM(1000, dim, layers, 8), torch.bfloat16, bench.device, seed=5)
+    assert isinstance(model, LM)
+    return model
+
+
+def _sampled_frame(model: LM, tokens: torch.Tensor, sync_inside: bool = False) -> torch.Tensor:
+    """One sampled token from the device generator, as `multinomial` draws it (argmax(p / q))."""
+    probs = model.logits(tokens)[:, -1, :].float().softmax(-1)
+    token = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+    if sync_inside:
+        token.item()  # a host synchronization: CUDA refuses it during capture
+    return token
+
+
+def section_capture_failure(bench: Bench) -> dict[str, Any]:
+    """A capture that fails inside CUDA, then the eager run: the same draws as graph off."""
+    model = _small_lm(bench)
+    tokens = torch.arange(8, device=bench.device).unsqueeze(0)
+    frames = 4
+    with placed(bench, model, kind="sequence", graphable=True) as h, torch.inference_mode():
+        torch.cuda.manual_seed(1234)
+        graph_off = [_sampled_frame(model, tokens) for _ in range(frames)]
+        torch.cuda.manual_seed(1234)
+        try:
+            graphs.capture(h, lambda: _sampled_frame(model, tokens, sync_inside=True), keep_rng=True)
+            reason = "captured (the host sync did not fail)"
+        except RuntimeError as exc:
+            reason = graphs.note_failure(h.name, exc)
+        eager = [_sampled_frame(model, tokens) for _ in range(frames)]  # the fallback
+        torch.cuda.manual_seed(1234)
+        captured = graphs.capture(h, lambda: _sampled_frame(model, tokens), keep_rng=True)
+        replayed = captured.replay().clone()
+    return {
+        "failure": reason,
+        "failed": reason.startswith("capture failed"),
+        "equal_eager_after_failure": all(torch.equal(a, b) for a, b in zip(eager, graph_off)),
+        "equal_graph_after_failure": bool(torch.equal(replayed, graph_off[0])),
+    }
+
+
+def section_capture_jobs(bench: Bench) -> dict[str, Any]:
+    """`compute.gpu_jobs = 2`: request A captures while request B places (a partial placement:
+    pinning) and allocates; then B holds the device while A would capture. Both exact."""
+    manager = bench.manager(gpu_jobs=2)
+    graphed, other = _small_lm(bench), _small_lm(bench, dim=512, layers=6)
+    tokens = torch.arange(8, device=bench.device).unsqueeze(0)
+    a = manager.register(graphed, engine="bench", name="graphed", kind="sequence", graphable=True, device=bench.device)
+    b = manager.register(other, engine="bench", name="other", kind="oneshot", device=bench.device)
+    b.cap_bytes = b.size_bytes // 2  # partly placed: its streamed weights are pinned as it is placed
+    with torch.inference_mode():  # each alone first: the references
+        with manager.request().use([a]):
+            expected_a = graphed.logits(tokens).cpu()
+        with manager.request().use([b]):
+            expected_b = other.logits(tokens).cpu()
+    slots = manager.phase_slots([a])
+    b_asked, b_done = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def request_b() -> None:
+        b_asked.set()
+        started = time.perf_counter()
+        try:
+            with manager.request().use([b]), torch.inference_mode():
+                scratch = torch.empty(64 << 20, dtype=torch.uint8, device=bench.device).fill_(1)  # allocates
+                results["b_equal"] = bool(torch.equal(other.logits(tokens).cpu(), expected_b))
+                results["b_waited_s"] = round(time.perf_counter() - started, 3)  # >= 0.5: it waited
+                del scratch
+        except Exception as exc:  # noqa: BLE001 -- reported by the main thread
+            results["b_error"] = f"{exc.__class__.__name__}: {exc}"
+        finally:
+            b_done.set()
+
+    def in_capture() -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing() and not b_asked.is_set():
+            threading.Thread(target=request_b).start()
+            b_asked.wait(5.0)
+            time.sleep(0.5)  # B asks for the device while A captures
+        return graphed.logits(tokens)
+
+    with manager.request().use([a]), torch.inference_mode():
+        captured = graphs.capture(a, in_capture, slots=slots)
+        out_a = captured.replay().cpu()
+    if not (b_asked.is_set() and b_done.wait(60.0)) or "b_error" in results:
+        raise RuntimeError(f"request B: {results.get('b_error', 'did not run beside the capture')}")
+    results["a_captured_equal"] = bool(torch.equal(out_a, expected_a))
+    # B in its phase: A does not capture (refused at once) and runs eagerly.
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_b() -> None:
+        with manager.request().use([b]):
+            holding.set()
+            release.wait(30.0)
+
+    holder = threading.Thread(target=hold_b)
+    holder.start()
+    holding.wait(30.0)
+    try:
+        with manager.request().use([a]), torch.inference_mode():
+            try:
+                graphs.capture(a, lambda: graphed.logits(tokens), slots=slots)
+                results["a_refused"] = "captured"
+            except graphs.GraphRefused as exc:
+                results["a_refused"] = str(exc)
+                results["a_refused_busy"] = graphs.BUSY in str(exc)
+            results["a_eager_equal"] = bool(torch.equal(graphed.logits(tokens).cpu(), expected_a))
+    finally:
+        release.set()
+        holder.join(30.0)
+    for h in (a, b):
+        manager.unregister(h)
+    return results
+
+
+def section_allocator_async(bench: Bench) -> dict[str, Any]:
+    """`mizuoto doctor --setting compute.cuda_allocator=async` in a fresh process."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != ALLOC_CONF}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-m", "mizuoto_runtime", "doctor", "--setting",
+                           "compute.cuda_allocator=async"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"mizuoto doctor failed: {done.stderr[-800:]}")
+    report = json.loads(done.stdout)["cuda_allocator"]
+    return {**report, "backend_equal": report["backend"] == "cudaMallocAsync"}
+
+
+def _host_locked() -> int:
+    """Page-locked bytes torch's caching host allocator holds (in use and cached)."""
+    return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+
+
+def section_pinned_copy(bench: Bench) -> dict[str, Any]:
+    """Copy-mode pinning (ROCm's, run here on CUDA): what the host allocator locks equals what
+    the budget counts, while placed and after unload (issue 27)."""
+    model = _small_lm(bench, dim=384, layers=6)
+    tokens = torch.arange(8, device=bench.device).unsqueeze(0)
+    manager = bench.manager()
+    pinner = Pinner("copy", CudaRegistrar(), PinnedBudget(0))
+    manager.streamer(bench.device).engine = BufferedCopyEngine(bench.devices, bench.device,
+                                                               CudaStreams(bench.device), pinner)
+    gc.collect()
+    torch._C._host_emptyCache()
+    before = _host_locked()
+    h = manager.register(model, engine="bench", name="pinned", kind="oneshot", device=bench.device)
+    h.load(h.min_working_set)
+    with torch.inference_mode():
+        model.logits(tokens)  # the streamed copies read the pinned blocks
+    torch.cuda.synchronize(bench.device)
+    placed_locked, counted = _host_locked() - before, pinner.pinned_bytes
+    streamed = sum(u.nbytes for u in h.streamed_units)
+    manager.unregister(h)  # unloads it: every pinned copy released
+    gc.collect()
+    return {
+        "streamed_mb": round(streamed / 2**20, 2),
+        "locked_mb": round(placed_locked / 2**20, 2),
+        "counted_mb": round(counted / 2**20, 2),
+        "counted_equal": placed_locked == counted and counted >= streamed > 0,
+        "after_unload_equal": _host_locked() == before and pinner.pinned_bytes == 0,
+    }
+
+
 # ---- driver ---------------------------------------------------------------------------------
 def run(dry: bool, only: tuple[str, ...]) -> dict[str, Any]:
     if dry:
@@ -548,12 +734,19 @@ def run(dry: bool, only: tuple[str, ...]) -> dict[str, Any]:
         "diffusers": lambda: section_diffusers(bench, dit()),
         "sequence": lambda: section_sequence(bench, lm()),
         "graphs": lambda: section_graphs(bench, lm()),
+        "capture_failure": lambda: section_capture_failure(bench),
+        "capture_jobs": lambda: section_capture_jobs(bench),
+        "allocator_async": lambda: section_allocator_async(bench),
+        "pinned_copy": lambda: section_pinned_copy(bench),
     }
     for name in SECTIONS:
         if name not in only:
             continue
         if bench.left_s() < 20:
             result[name] = {"skipped": "out of time (8-minute budget)"}
+            continue
+        if name in CUDA_ONLY and device.type != "cuda":
+            result[name] = {"skipped": CUDA_ONLY[name]}
             continue
         started = time.perf_counter()
         try:
@@ -611,6 +804,12 @@ def table(result: dict[str, Any]) -> str:
         if isinstance(r, dict) and "equal" in r:
             what = "replayed" if "replay_s" in r else f"refused ({r['reason']})"
             lines.append(f"{'graph ' + run_name:<30}{what}  equal {r['equal']}")
+    for name in CUDA_ONLY:
+        r = result.get(name, {})
+        if r:
+            flags_here = {k: v for k, v in r.items() if isinstance(v, bool)}
+            lines.append(f"{name:<30}" + (f"skipped: {r['skipped']}" if "skipped" in r else
+                                          r.get("error") or " ".join(f"{k}={v}" for k, v in flags_here.items())))
     errors = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
     flags = equal_flags(result)
     lines.append(f"equal flags: {sum(flags.values())}/{len(flags)} true; errors: {errors or 'none'}; "

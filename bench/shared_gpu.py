@@ -58,7 +58,10 @@ def _comfyui_argv(args: argparse.Namespace, aimdo: bool, total_gb: float) -> lis
 
 
 def _start_comfyui(args: argparse.Namespace, aimdo: bool) -> tuple[Any, str]:
-    """Import ComfyUI's model management with the scenario's flags; returns (mm, aimdo state)."""
+    """Import ComfyUI's model management with the scenario's flags, dynamic VRAM started the way
+    ComfyUI's `main.py` starts it (v0.33: comfy-aimdo's library loaded before `model_management`
+    is imported, whose aimdo modules bind it at import; then every device initialized, the
+    dynamic patcher made ComfyUI's core patcher); returns (mm, aimdo state)."""
     import torch
 
     total_gb = torch.cuda.mem_get_info()[1] / GB if torch.cuda.is_available() and not args.dry_run else 0.0
@@ -68,23 +71,50 @@ def _start_comfyui(args: argparse.Namespace, aimdo: bool) -> tuple[Any, str]:
 
     comfy.options.enable_args_parsing()
     import comfy.cli_args
+
+    enables = getattr(comfy.cli_args, "enables_dynamic_vram", None)
+    wanted = aimdo and enables is not None and enables()
+    if wanted:
+        _load_aimdo(comfy.cli_args.args)
+    import comfy.memory_management
     import comfy.model_management as mm
+    import comfy.model_patcher
 
     if not aimdo:
         return mm, "off"
-    enables = getattr(comfy.cli_args, "enables_dynamic_vram", None)
-    if enables is None or not enables():
+    if not wanted:
         return mm, "unavailable (this ComfyUI has no dynamic VRAM, or its flags turn it off)"
-    # What ComfyUI's main.py does at start-up (0.2x): initialize aimdo on every device.
-    import comfy.memory_management
-    import comfy_aimdo.control
-
-    comfy_aimdo.control.init(simple_vram_headroom=int(mm.extra_reserved_memory()))
-    devices = [d.index for d in mm.get_all_torch_devices()]
-    if not comfy_aimdo.control.init_devices(devices):
+    if not _init_aimdo_devices(comfy.cli_args.args, mm):
         return mm, "unavailable (comfy-aimdo did not initialize)"
+    comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
     comfy.memory_management.aimdo_enabled = True
     return mm, "on"
+
+
+def _load_aimdo(comfy_args: Any) -> None:
+    """comfy-aimdo's library, with ComfyUI's headroom (its `--reserve-vram`), each protocol
+    ComfyUI v0.33 speaks: 0.4.13 (NVML pressure), 0.4.10, 0.4.9."""
+    import comfy_aimdo.control
+
+    headroom = None if comfy_args.reserve_vram is None else int(comfy_args.reserve_vram * GB)
+    nvml = not getattr(comfy_args, "disable_nvml_pressure", False)
+    for options in ({"simple_vram_headroom": headroom, "nvml_pressure": nvml}, {"simple_vram_headroom": headroom}, {}):
+        try:
+            comfy_aimdo.control.init(**options)
+            return
+        except TypeError:
+            continue
+
+
+def _init_aimdo_devices(comfy_args: Any, mm: Any) -> bool:
+    import comfy_aimdo.control
+
+    headroom = int(getattr(comfy_args, "vram_headroom", 0) * GB)
+    devices = [d.index for d in mm.get_all_torch_devices()]
+    try:
+        return bool(comfy_aimdo.control.init_devices([(index, headroom) for index in devices]))
+    except TypeError:  # comfy-aimdo 0.4.9 takes device indices only
+        return bool(comfy_aimdo.control.init_devices(devices))
 
 
 def _comfy_model(mm: Any, nbytes: int, dry: bool, dynamic: bool) -> tuple[Any, Any]:
@@ -142,7 +172,7 @@ def _run(args: argparse.Namespace, aimdo: bool) -> dict[str, Any]:
     mm, state = _start_comfyui(args, aimdo)
 
     from mizuoto_runtime import loading
-    from mizuoto_runtime.comfy_bridge import install
+    from mizuoto_runtime.comfy_bridge import aimdo_reclaimable, install
     from mizuoto_runtime.runtime import Runtime
 
     reads = {"n": 0}
@@ -167,6 +197,8 @@ def _run(args: argparse.Namespace, aimdo: bool) -> dict[str, Any]:
     patcher, x = _comfy_model(mm, int(args.share * cap), args.dry_run, dynamic=state == "on")
     result["diffusion_first_s"] = _sample(mm, patcher, x)
     result["diffusion_mb"] = round(patcher.model_size() / MB, 1)
+    if state == "on":  # what aimdo would give up on demand, counted as free by ComfyUI and by us
+        result["aimdo_reclaimable_mb"] = round(aimdo_reclaimable(mm.get_torch_device()) / MB, 1)
     result["tts_shared_s"], metas = _tts(runtime, engine, runs, tokens)
     result["diffusion_again_s"] = _sample(mm, patcher, x)
     result["diffusion_entry_kept"] = any(e.model is patcher for e in mm.current_loaded_models)

@@ -221,7 +221,7 @@ def qwen3tts_variants(folder: Path, frames: int, clock: CopyClock) -> list[Varia
 
 
 def bench_qwen3tts(frames: int, repeat: int, clock: CopyClock) -> tuple[list[dict[str, Any]], bool]:
-    from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_tiny_checkpoint(Path(tmp) / "custom_voice", "custom_voice")

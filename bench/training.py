@@ -38,7 +38,7 @@ OPTIMIZER_STEPS = 12
 
 
 def make_inputs(root: Path) -> tuple[Path, Path]:
-    from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
     from mizuoto_runtime.training.dataset import write_demo_clips
 
     return write_tiny_checkpoint(root / "base", "base"), write_demo_clips(root / "clips")

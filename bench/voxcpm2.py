@@ -43,8 +43,8 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # the package's per-patch progress b
 from mizuoto_runtime import Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
-from mizuoto_runtime.engines.voxcpm2 import GeneratorModules, VoxCPM2Engine  # noqa: E402
-from mizuoto_runtime.engines.voxcpm2_tiny import write_tiny_checkpoint  # noqa: E402
+from mizuoto_runtime.engines.voxcpm2.engine import GeneratorModules, VoxCPM2Engine  # noqa: E402
+from mizuoto_runtime.engines.voxcpm2.tiny import write_tiny_checkpoint  # noqa: E402
 
 MB = 2**20
 TEXT = "Hello from the tiny model is the model."

@@ -7,19 +7,45 @@ This package never imports `comfy`, except in `comfy_bridge`.
 """
 from __future__ import annotations
 
-from .audio import Audio, read_wav, write_wav
-from .devices import DeviceService, OomInjector
-from .errors import (
-    ArgumentError, CancelledError, CheckpointError, DeviceTooSmallError, MizuotoError, SettingError, StrictDeviceError,
-)
-from .handle import ModelHandle
-from .loading import build_on_meta, load_safetensors
-from .manager import ModelManager
-from .phases import RequestContext
-from .policy import VramPolicy
-from .runtime import Runtime
-from .tiling import tiled_1d
-from .units import plan_units
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .audio import Audio, read_wav, write_wav
+    from .devices import DeviceService, OomInjector
+    from .errors import (
+        ArgumentError, CancelledError, CheckpointError, DeviceTooSmallError, MizuotoError, SettingError,
+        StrictDeviceError,
+    )
+    from .handle import ModelHandle
+    from .loading import build_on_meta, load_safetensors
+    from .manager import ModelManager
+    from .phases import RequestContext
+    from .policy import VramPolicy
+    from .runtime import Runtime
+    from .tiling import tiled_1d
+    from .units import plan_units
+
+# Each name loads its module on first use, so importing the package does not import torch: the
+# command line writes the CUDA allocator's environment before torch loads (`entry`, M54).
+_HOMES = {
+    "Audio": "audio", "read_wav": "audio", "write_wav": "audio", "DeviceService": "devices",
+    "OomInjector": "devices", "ArgumentError": "errors", "CancelledError": "errors", "CheckpointError": "errors",
+    "DeviceTooSmallError": "errors", "MizuotoError": "errors", "SettingError": "errors",
+    "StrictDeviceError": "errors", "ModelHandle": "handle", "build_on_meta": "loading",
+    "load_safetensors": "loading", "ModelManager": "manager", "RequestContext": "phases",
+    "VramPolicy": "policy", "Runtime": "runtime", "tiled_1d": "tiling", "plan_units": "units",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ArgumentError", "Audio", "CancelledError", "CheckpointError", "DeviceService", "DeviceTooSmallError", "MizuotoError", "ModelHandle",

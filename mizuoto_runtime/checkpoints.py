@@ -29,14 +29,17 @@ log = logging.getLogger(__name__)
 NONE = "none"
 MAX_DEPTH = 2
 
-#: A folder with this file or a `*.safetensors` file at its top level is a checkpoint root
-#: (the official Qwen3-TTS layout has a config.json; the demo engine writes bare safetensors).
+#: A folder with one of these files or a `*.safetensors` file at its top level is a checkpoint
+#: root (the official Qwen3-TTS layout has a config.json; the demo engine writes bare
+#: safetensors; CosyVoice's published folders have their model yaml and .pt state_dicts).
 CHECKPOINT_CONFIG = "config.json"
+CHECKPOINT_MARKERS = (CHECKPOINT_CONFIG, "cosyvoice2.yaml", "cosyvoice3.yaml")
 CHECKPOINT_WEIGHTS = "*.safetensors"
 
 
 def is_checkpoint_root(folder: Path) -> bool:
-    return (folder / CHECKPOINT_CONFIG).is_file() or any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS))
+    return any((folder / name).is_file() for name in CHECKPOINT_MARKERS) or \
+        any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS))
 
 
 def _subfolders(folder: Path) -> list[Path]:

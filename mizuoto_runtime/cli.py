@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from . import cuda_allocator
 from .audio import Audio, read_wav, write_wav
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Sampling, check_request, install_hint
@@ -24,12 +27,16 @@ log = logging.getLogger("mizuoto")
 
 # engine id -> (module, function, pip extra): writers of small random checkpoints for tests.
 TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
-    "demo": ("mizuoto_runtime.engines.demo", "save_checkpoint", None),
-    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts_tiny", "write_tiny_checkpoint", "qwen3tts"),
-    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2_tiny", "write_tiny_checkpoint", "voxcpm2"),
-    "f5tts": ("mizuoto_runtime.engines.f5tts_tiny", "write_tiny_checkpoint", "f5tts"),
-    "omnivoice": ("mizuoto_runtime.engines.omnivoice_tiny", "write_tiny_checkpoint", "omnivoice"),
+    "demo": ("mizuoto_runtime.engines.demo.tiny", "save_checkpoint", None),
+    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts.tiny", "write_tiny_checkpoint", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
+    "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
 }
+# engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
+TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini")}
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -81,8 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
+    tiny.add_argument("--version", help="cosyvoice: 2 or 3 (default 2); fishspeech: s2-pro or s1-mini "
+                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
+    check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
+                                                   "code (one line per stage; exit 1 on any failure)")
+    check.add_argument("directory", help="a folder with ckpt/, reference.safetensors and reference.json")
+    check.add_argument("--engine", required=True)
+    check.add_argument("--stage", help="run only the stages whose name contains this")
+    check.add_argument("--threads", type=int, default=1, help="CPU threads (the references use 1)")
     return p
 
 
@@ -235,14 +250,28 @@ def remote_runtime(url: str) -> dict[str, Any]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
-    """M52: the memory policy in force, and which engines can be imported."""
+    """M52: the memory policy in force, the CUDA allocator (M54: in force, or from the next
+    start), and which engines can be imported."""
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
         package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
-    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "engines": engines}
+    allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
+                 "backend": torch.cuda.get_allocator_backend() if torch.cuda.is_available() else None}
+    return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "cuda_allocator": allocator,
+            "engines": engines}
+
+
+def _tiny_version(engine: str, version: str | None) -> str:
+    """`--version` for `engine`: one it has, or its first when none is given."""
+    versions = TINY_VERSIONS[engine]
+    if version is None:
+        return versions[0]
+    if version not in versions:
+        raise MizuotoError(f"--version {version!r}: {engine} has {', '.join(versions)}")
+    return version
 
 
 def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
@@ -252,6 +281,10 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine in TINY_VERSIONS:
+            version = _tiny_version(args.engine, args.version)
+            folder = writer(args.directory, int(version) if args.engine == "cosyvoice" else version, seed=args.seed,
+                            dtype=DTYPES[args.dtype])
         else:
             folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
     except ImportError as exc:
@@ -265,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     try:
+        if args.command == "check-reference":
+            from .reference_check import run_cli
+
+            return run_cli(args.engine, args.directory, args.stage, args.threads, sys.stdout)
         commands = {"say": cmd_say, "runtime": cmd_runtime, "doctor": cmd_doctor,
                     "tiny-checkpoint": cmd_tiny_checkpoint, "train": cmd_train}
         result = commands[args.command](args)
@@ -279,5 +316,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m mizuoto_runtime` (`entry`) also sets the allocator first
     raise SystemExit(main())

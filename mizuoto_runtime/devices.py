@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import numbers
-import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -174,13 +174,15 @@ class DeviceService:
         return psutil.virtual_memory().total
 
     def free_bytes(self, device: torch.device) -> int:
-        """Driver-free memory plus what torch's caching allocator holds unused (M6)."""
+        """Driver-free memory plus what torch's caching allocator holds unused (M6), less what
+        live CUDA Graphs' private pools hold unused (no other allocation can take it)."""
         if self.is_simulated(device):
             return self._simulated["cpu"] - self._counted.get("cpu", 0)
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
             stats = torch.cuda.memory_stats(device)
-            return free + stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
+            cached = stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
+            return free + cached - _graph_pools_unused(device)  # a live graph's pool serves only it
         if device.type == "xpu":
             stats = torch.xpu.memory_stats(device)
             total = torch.xpu.get_device_properties(device).total_memory
@@ -299,30 +301,23 @@ class OomInjector:
             raise torch.OutOfMemoryError(f"injected OOM at allocation #{self.count} ({nbytes} bytes on {device})")
 
 
-# ---- M54: the CUDA allocator, chosen through the environment -------------------------------
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-_ALLOC_CONFS = {"auto": "", "native": "", "async": "backend:cudaMallocAsync", "expandable": "expandable_segments:True"}
+# ---- CUDA Graphs' private pools ---------------------------------------------------------------
+#: Live CUDA Graphs (`graphs.CapturedGraph`) -> (device index, private pool id). A graph's
+#: pool keeps its free blocks for that graph's replays: no other allocation can use them.
+_GRAPH_POOLS: weakref.WeakKeyDictionary[object, tuple[int, tuple[int, ...]]] = weakref.WeakKeyDictionary()
 
 
-def allocator_env(cuda_allocator: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """M54: the environment that selects `compute.cuda_allocator`. The host (never engine code)
-    applies it before the first CUDA use (`os.environ.update(...)`) and passes it to training
-    children; a value already in the environment wins."""
-    env = os.environ if environ is None else environ
-    if ALLOC_CONF in env:
-        return {ALLOC_CONF: env[ALLOC_CONF]}
-    conf = _ALLOC_CONFS[cuda_allocator]
-    return {ALLOC_CONF: conf} if conf else {}
+def track_graph_pool(graph: object, device: torch.device, pool: tuple[int, ...]) -> None:
+    """Count `graph`'s private pool out of the device's free memory while the graph lives."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    _GRAPH_POOLS[graph] = (index, pool)
 
 
-def apply_allocator_env(cuda_allocator: str) -> None:
-    """M54: the host (never engine code) writes the allocator choice before the first CUDA use;
-    once CUDA has started, a different choice applies at the next start."""
-    wanted = allocator_env(cuda_allocator)
-    if not wanted or os.environ.get(ALLOC_CONF) == wanted[ALLOC_CONF]:
-        return
-    if torch.cuda.is_initialized():
-        log.warning("compute.cuda_allocator=%s applies at the next start (CUDA is already initialized)",
-                    cuda_allocator)
-        return
-    os.environ.update(wanted)
+def _graph_pools_unused(device: torch.device) -> int:
+    """Bytes reserved in live graphs' private pools but not allocated there (issue 27)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pools = {pool for i, pool in list(_GRAPH_POOLS.values()) if i == index}
+    if not pools:
+        return 0
+    return sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
+               if segment.get("device") == index and tuple(segment.get("segment_pool_id", ())) in pools)

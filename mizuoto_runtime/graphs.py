@@ -14,9 +14,16 @@ Rules:
   `refuse_capture(reason)` when it finds dynamic VRAM active, `refuse_capture(None)` to lift it.
 * `eligible(handle)`: all of them, on a real CUDA device.
 
-`capture(handle, fn, keep_rng=...)` records `fn()` into a graph. With `keep_rng`, the
-warm-up runs' random draws are undone (the device generator's state is put back before
-capture), so a graph that samples draws, at its first replay, what an eager run would have. During capture the handle's hooks do not
+`capture(handle, fn, keep_rng=..., slots=...)` records `fn()` into a graph, on a stream of its
+own, in ``thread_local`` capture mode, and only while no other request holds the device
+(`slots`; see `capture` for why). With `keep_rng`, the warm-up runs' random draws are undone
+(the device generator's state is put back before capture), so a graph that samples draws, at
+its first replay, what an eager run would have. A capture that fails leaves the generator as
+it was before the warm-up and its private pool released: the caller runs eagerly, with the
+same numbers (`note_failure` logs it once and gives the reason for `meta.applied`). Nothing
+synchronizes or empties a cache before capture, unless a capture ran out of memory. While a
+graph lives, its private pool's free blocks are not counted as free device memory
+(`devices.track_graph_pool`). During capture the handle's hooks do not
 use the streamer: each leaf module's streamed weights are copied, when the leaf is entered,
 from their fixed (pinned) host tensors into memory allocated inside the capture — the graph's
 own pool, not the eager run's copy buffers, which are reused — and released when the leaf
@@ -28,21 +35,25 @@ placement, a re-pinned host copy) raises `GraphStale`: capture again.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from .devices import ALLOC_CONF, allocator_env
+from .cuda_allocator import ALLOC_CONF, allocator_env
+from .devices import track_graph_pool
 from .errors import MizuotoError
+from .phases import GLOBAL_RNG
 from .pinning import releases_deferred
 from .policy import VramPolicy
 
 if TYPE_CHECKING:
     from .handle import ModelHandle
+    from .slots import DeviceSlots
     from .units import Slot
 
 log = logging.getLogger(__name__)
@@ -55,6 +66,9 @@ class GraphRefused(MizuotoError):
 class GraphStale(MizuotoError):
     """The handle's weights moved since capture; the graph would read stale addresses."""
 
+
+#: Why a capture is refused while another request holds the device (`compute.gpu_jobs` > 1).
+BUSY = "another request is using the device"
 
 _HOST_REFUSAL: list[str] = []  # at most one reason; a list so the setter needs no `global`
 
@@ -190,37 +204,165 @@ def _addresses(module: nn.Module) -> tuple[int, ...]:
     return tuple(t.data_ptr() for t in [*module.parameters(), *module.buffers()])
 
 
-def capture(handle: ModelHandle, fn: Callable[[], Any], *, warmup: int = 2,
-            pool: Any = None, keep_rng: bool = False) -> CapturedGraph:
+def capture(handle: ModelHandle, fn: Callable[[], Any], *, warmup: int = 2, pool: Any = None,
+            keep_rng: bool = False, slots: DeviceSlots | None = None) -> CapturedGraph:
     """Capture `fn()` (which reads static inputs) over `handle`'s placement (M24).
 
-    Refuses with `GraphRefused`, before touching the device, when `eligible` says no.
-    `keep_rng`: undo the warm-up's random draws, so replays draw what eager runs would.
+    Refuses with `GraphRefused`, before touching the device, when `eligible` says no, or when
+    another request holds the device (`slots`, the device's request slots; None: the caller
+    owns the device, as a benchmark does). `keep_rng`: undo the warm-up's random draws, so
+    replays draw what eager runs would.
+
+    Concurrent requests (`compute.gpu_jobs` > 1): no capture while another request holds the
+    device, and none starts while this one captures (`DeviceSlots.sole`). Why not capture
+    beside them instead: during capture another thread's draw from the device generator, its
+    synchronization, `empty_cache` or `cudaHostRegister` (a placement) fails or invalidates the
+    capture, and a request already inside its phase cannot be paused at a safe point; refusing
+    costs that request only the graph's speed (it runs eagerly, exact). The capture also holds
+    the RNG lock and runs in ``thread_local`` mode, so a thread outside any request (a host's
+    own work) does not invalidate it.
+
+    A capture that fails leaves nothing behind: the device generator's state is put back
+    (`_Recording`), the private pool stops taking allocations, and the error is raised for the
+    caller to run eagerly. The device's caches are emptied only when a capture ran out of
+    memory, then it is tried once more.
     """
     ok, reason = eligible(handle)
     if not ok:
         raise GraphRefused(f"{handle.name}: no CUDA Graph: {reason}")
-    rng = torch.cuda.get_rng_state(handle.device) if keep_rng else None
-    side = torch.cuda.Stream(handle.device)
-    side.wait_stream(torch.cuda.current_stream(handle.device))
-    with torch.cuda.stream(side):  # warm-up off the default stream, as torch recommends
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream(handle.device).wait_stream(side)
-    if rng is not None:
-        torch.cuda.set_rng_state(rng, handle.device)  # capture itself does not advance it
-    graph = torch.cuda.CUDAGraph()
-    leaves = LeafCopies(handle)
-    handle.graph_capture = leaves
+    with GLOBAL_RNG, _alone(handle, slots):
+        try:
+            return _capture(handle, fn, warmup, pool, keep_rng)
+        except torch.OutOfMemoryError:
+            log.info("%s: CUDA Graph capture ran out of memory; emptying the device cache and trying again",
+                     handle.name)
+            torch.cuda.synchronize(handle.device)
+            torch.cuda.empty_cache()
+            return _capture(handle, fn, warmup, pool, keep_rng)
+
+
+@contextlib.contextmanager
+def _alone(handle: ModelHandle, slots: DeviceSlots | None) -> Iterator[None]:
+    if slots is None:
+        yield
+        return
+    with slots.sole(f"a CUDA Graph capture of {handle.name}") as alone:
+        if not alone:
+            raise GraphRefused(f"{handle.name}: no CUDA Graph: {BUSY}")
+        yield
+
+
+def _capture(handle: ModelHandle, fn: Callable[[], Any], warmup: int, pool: Any, keep_rng: bool) -> CapturedGraph:
+    device = handle.device
+    recording = _Recording(device, pool)
+    current = torch.cuda.current_stream(device)
+    recording.stream.wait_stream(current)
     try:
-        with releases_deferred(), torch.cuda.graph(graph, pool=pool):
-            output = fn()
-    finally:
-        handle.graph_capture = None
-        pinner = handle.streamer.engine.pinner
-        if pinner is not None:
-            pinner.flush()  # releases deferred while capturing
+        with torch.cuda.stream(recording.stream):  # warm-up off the default stream, as torch recommends
+            for _ in range(warmup):
+                fn()
+        current.wait_stream(recording.stream)
+        if keep_rng:
+            recording.undo_draws()  # capture itself does not advance the generator
+        leaves = LeafCopies(handle)
+        handle.graph_capture = leaves
+        try:
+            with releases_deferred():
+                output = recording.record(fn)
+        finally:
+            handle.graph_capture = None
+            pinner = handle.streamer.engine.pinner
+            if pinner is not None:
+                pinner.flush()  # releases deferred while capturing
+    except BaseException:
+        recording.undo_draws()  # the eager run that follows draws what it would have
+        raise
     log.info("%s: captured a CUDA Graph; each replay copies %.1f MB from host RAM",
              handle.name, leaves.copied_bytes / 2**20)
-    return CapturedGraph(graph, output, handle, leaves.copied_bytes, leaves.hosts,
-                         handle.streamer.placements(handle), _addresses(handle.module))
+    captured = CapturedGraph(recording.graph, output, handle, leaves.copied_bytes, leaves.hosts,
+                             handle.streamer.placements(handle), _addresses(handle.module))
+    track_graph_pool(captured, device, tuple(getattr(recording.pool, "id", recording.pool)))
+    return captured
+
+
+class _Recording:
+    """One capture's CUDA side: its own stream, its own private pool, and the device
+    generator's state from before it, put back when the capture fails (issue 27).
+
+    Why: when capture fails inside CUDA, `CUDAGraph.capture_end` raises before the allocator
+    stops routing the capture's allocations to its pool and before the generator leaves its
+    capturing state, so every later draw in the process would raise."""
+
+    def __init__(self, device: torch.device, pool: Any) -> None:
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self.generator = torch.cuda.default_generators[self.index]
+        self.saved = self.generator.clone_state()
+        self.stream = torch.cuda.Stream(device)
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()  # known even if capture fails
+        self.graph = torch.cuda.CUDAGraph()
+
+    def undo_draws(self) -> None:
+        """Put the generator back as it was before the warm-up (a copy: `saved` stays intact)."""
+        self.generator.graphsafe_set_state(self.saved.clone_state())
+
+    def record(self, fn: Callable[[], Any]) -> Any:
+        with torch.cuda.stream(self.stream):
+            try:
+                self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            except BaseException:
+                self._release_pool()  # the pool may already be taking allocations
+                raise
+            try:
+                output = fn()
+            except BaseException:
+                self._abandon()
+                raise
+            try:
+                self.graph.capture_end()
+            except BaseException:
+                self._release_pool()
+                raise
+        return output
+
+    def _abandon(self) -> None:
+        """End a capture whose function raised, then let go of its pool."""
+        try:
+            self.graph.capture_end()  # ends the stream's capture even when CUDA invalidated it
+        except RuntimeError as exc:
+            log.debug("ending the failed capture: %s", exc)
+        self._release_pool()
+
+    def _release_pool(self) -> None:
+        """Stop the pool taking allocations and let go of it (what `capture_end` skipped)."""
+        pool_id = tuple(getattr(self.pool, "id", self.pool))
+        try:
+            torch._C._cuda_endAllocateToPool(self.index, pool_id)
+        except RuntimeError:
+            log.debug("the failed capture's pool had stopped taking allocations already")
+        try:
+            self.graph.pool()  # answers only once the capture ended: then `reset` lets the pool go
+            ended = True
+        except RuntimeError:
+            ended = False
+        self.graph.reset()  # forgets the capture in the generator's and torch's tables
+        if not ended:
+            try:
+                torch._C._cuda_releasePool(self.index, pool_id)
+            except RuntimeError:
+                log.debug("the failed capture had made no pool")
+
+
+_LOGGED_FAILURES: set[str] = set()
+
+
+def note_failure(name: str, exc: BaseException) -> str:
+    """Log a failed capture once per kind of failure (a request that retries it fails again),
+    and return the reason `meta.applied.cuda_graphs` reports."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    key = f"{name}: {type(exc).__name__}: {reason}"
+    if key not in _LOGGED_FAILURES:
+        _LOGGED_FAILURES.add(key)
+        log.warning("%s: CUDA Graph capture failed, running eagerly (%s)", name, reason)
+    else:
+        log.debug("%s: CUDA Graph capture failed again, running eagerly (%s)", name, reason)
+    return f"capture failed ({reason})"

@@ -34,6 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .devices import AbsentParameter, AbsentTensor, DeviceService, absent_like
 from .errors import MizuotoError
+from .pinning import released_together
 from .policy import VramPolicy
 from .streamer import Streamer
 from .units import LeafNeed, Slot, Unit, UnitPlan, plan_units
@@ -53,6 +54,7 @@ class _Calls(threading.local):
         self.modules: dict[int, int] = {}
         self.units: dict[int, int] = {}
         self.whole: dict[int, bool] = {}  # per unit entered: whether all its weights were swapped in
+        self.capture: Any = None  # M24: a `graphs.LeafCopies` while this thread captures a CUDA Graph
 
 
 class ModelHandle:
@@ -83,7 +85,6 @@ class ModelHandle:
         self.graphable = graphable  # M24: a sequence handle whose streamed units stay pinned
         self.cap_bytes: int | None = None  # M40: set after an OOM, kept until the handle leaves the device
         self.replayed = 0  # M24: bytes copied by CUDA Graph replays
-        self.graph_capture: Any = None  # M24: a `graphs.LeafCopies` while a CUDA Graph is captured
         self.in_use = 0  # requests using it now (M31)
         self.last_used = 0.0
         self.partial_reason: str | None = None  # M50: why it is partial now
@@ -288,11 +289,12 @@ class ModelHandle:
         if not self.is_whole or self.in_use:
             return 0
         released = 0
-        for slot in self._all_slots():
-            if id(slot) in self._device_slots and slot.host is not None and not slot.is_buffer:
-                slot.host = None
-                released += slot.nbytes
-        self._sync_hooks()  # the copy engine unpins what it pinned for them (M22)
+        with released_together(self.streamer.engine.pinner):  # one device sync for all (issue 27)
+            for slot in self._all_slots():
+                if id(slot) in self._device_slots and slot.host is not None and not slot.is_buffer:
+                    slot.host = None
+                    released += slot.nbytes
+            self._sync_hooks()  # the copy engine unpins what it pinned for them (M22)
         return released
 
     def unload(self) -> int:
@@ -300,12 +302,13 @@ class ModelHandle:
         Works whatever the slots hold: device tensors, host tensors or strict stand-ins."""
         self.end_call()
         freed = self.streamer.forget(self)
-        for slot in self._all_slots():
-            if self._device_slots.pop(id(slot), None) is not None:
-                self.devices.release(self.device, slot.nbytes)
-                freed += slot.nbytes
-            slot.hold_absent(None, self._label(slot))
-            slot.host = None
+        with released_together(self.streamer.engine.pinner):  # one device sync for all (issue 27)
+            for slot in self._all_slots():
+                if self._device_slots.pop(id(slot), None) is not None:
+                    self.devices.release(self.device, slot.nbytes)
+                    freed += slot.nbytes
+                slot.hold_absent(None, self._label(slot))
+                slot.host = None
         self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
         self._remove_hooks()
         self._fixed_placed = False
@@ -469,6 +472,16 @@ class ModelHandle:
 
     def has_hooks(self) -> bool:
         return bool(self._hooks)
+
+    @property
+    def graph_capture(self) -> Any:
+        """M24: this thread's `graphs.LeafCopies` while it captures a CUDA Graph, else None —
+        per thread, as `_Calls`: another request's calls meanwhile stream as usual."""
+        return self._calls.capture
+
+    @graph_capture.setter
+    def graph_capture(self, leaves: Any) -> None:
+        self._calls.capture = leaves
 
     def _pre_hook(self, unit: Unit, post_id: int) -> Any:
         def pre(module: nn.Module, args: Any, kwargs: Any) -> None:

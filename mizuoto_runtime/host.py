@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from .engines import Engine
-from .engines.qwen3tts_lora import LoraChoice, use_lora
+from .engines.qwen3tts.lora import LoraChoice, use_lora
 from .policy import VramPolicy
 from .runtime import Runtime
 from .service import RuntimeService

@@ -12,7 +12,11 @@ accounting has left, `share_budget`), which host tensors become pinned and how:
   small *streamed* tensors are copied into pinned memory instead. Host copies kept for
   whole-loaded components (`keep_host`) are registered the same way, never copied.
 * ``copy`` (ROCm and other CUDA-like devices): streamed tensors are copied into pinned
-  memory; kept host copies stay pageable.
+  memory; kept host copies stay pageable. Such memory comes from torch's caching host
+  allocator, which locks each block rounded up to a power of two (`host_block_bytes`) and
+  keeps freed blocks cached, still locked: the budget counts the rounded size, and after
+  releases the host cache is emptied, so what the budget (and ComfyUI's total) credits back
+  is really unlocked (issue 27).
 * ``off`` (CPU, the simulated device, XPU, MPS: no page-locked memory to copy from): a no-op.
 
 Beyond the budget, or when a registration fails (the error is cleared so it does not surface
@@ -29,8 +33,13 @@ same bytes whose deleter drops the anchor. The handle's host tensors become view
 anchor's `weakref.finalize` runs: it waits for the device, unregisters, returns the budget —
 and only then lets go of the reference to S it holds, so S's memory cannot be freed before
 the finalizer has finished, whoever else still holds S. A finalizer that fires while a CUDA
-Graph is being captured — on any thread: global capture mode forbids synchronizing — is
+Graph is being captured — on any thread: a device-wide wait during a capture is not safe — is
 deferred until `flush`, the memory still held.
+
+**Releases together.** Each release waits for the device (copies may still read the memory).
+Storages that die together — a handle dropping or unloading its host copies — are released
+in one batch (`released_together`): one device synchronization and one host-cache flush for
+all of them, not one per storage.
 """
 from __future__ import annotations
 
@@ -54,21 +63,43 @@ _MARK = "_mizuoto_pinned"  # set on the views this module hands out: already re-
 
 PinMode = Literal["register", "copy", "off"]
 
-_captures = 0  # CUDA Graph captures in progress in this process (`graphs.capture`)
-_captures_lock = threading.Lock()
+_deferring = 0  # blocks deferring releases in this process: CUDA Graph captures, batched releases
+_deferring_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def releases_deferred() -> Iterator[None]:
-    """While a CUDA Graph is captured, pinned memory is not released (no synchronization)."""
-    global _captures
-    with _captures_lock:
-        _captures += 1
+    """While a CUDA Graph is captured, pinned memory is not released (no synchronization);
+    the releases wait for a pinner's `flush`."""
+    global _deferring
+    with _deferring_lock:
+        _deferring += 1
     try:
         yield
     finally:
-        with _captures_lock:
-            _captures -= 1
+        with _deferring_lock:
+            _deferring -= 1
+
+
+@contextlib.contextmanager
+def released_together(pinner: Pinner | None) -> Iterator[None]:
+    """Pinned regions whose storages die in the block are released at its end, in one batch
+    (one device synchronization, one host-cache flush), not one by one."""
+    if pinner is None:
+        yield
+        return
+    try:
+        with releases_deferred():
+            yield
+    finally:
+        pinner.flush()
+
+
+def host_block_bytes(nbytes: int) -> int:
+    """The bytes torch's caching host allocator locks for an `nbytes` pinned allocation: the
+    next power of two (`CachingHostAllocator::allocate`, torch 2.x; its
+    ``pinned_max_round_threshold`` setting, unlimited by default, is not read here)."""
+    return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
 
 
 class OutsidePins(Protocol):
@@ -126,6 +157,7 @@ class Registrar(Protocol):
     def synchronize(self) -> None: ...
     def capturing(self) -> bool: ...
     def pinned_empty(self, like: torch.Tensor) -> torch.Tensor: ...
+    def empty_host_cache(self) -> None: ...
 
 
 class CudaRegistrar:
@@ -172,6 +204,10 @@ class CudaRegistrar:
 
     def pinned_empty(self, like: torch.Tensor) -> torch.Tensor:
         return _empty_like_preserving(like, pin_memory=True)
+
+    def empty_host_cache(self) -> None:
+        """Unlock the host allocator's cached free blocks (a freed pinned tensor stays locked there)."""
+        torch._C._host_emptyCache()
 
 
 def _cudart_get_last_error() -> Callable[[], int] | None:
@@ -226,6 +262,9 @@ class RecordingRegistrar:
     def pinned_empty(self, like: torch.Tensor) -> torch.Tensor:
         self.calls.append(("pinned_empty", str(like.numel() * like.element_size())))
         return _empty_like_preserving(like, pin_memory=False)
+
+    def empty_host_cache(self) -> None:
+        self.calls.append(("empty_host_cache",))
 
 
 def _empty_like_preserving(like: torch.Tensor, pin_memory: bool) -> torch.Tensor:
@@ -340,7 +379,7 @@ class Pinner:
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
         assert self.registrar is not None
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = host_block_bytes(tensor.numel() * tensor.element_size())  # what the allocator locks
         if not self.budget.take(nbytes):
             return tensor
         try:
@@ -371,31 +410,37 @@ class Pinner:
         with self._lock:
             record.released = True
             assert self.registrar is not None
-            if _captures or self.registrar.capturing():
-                # No synchronization during capture: keep the memory (held by `whole`) until `flush`.
+            if _deferring or self.registrar.capturing():
+                # During capture no synchronization, and in a batch one for all: keep the
+                # memory (held by `whole`) until `flush`.
                 self._deferred.append((record, whole))
                 return
-            self._finish(record)
+            self._finish([record])
 
-    def _finish(self, record: _Pinned) -> None:
+    def _finish(self, records: Sequence[_Pinned]) -> None:
+        """Release `records` after one wait for the device; copied blocks leave the host cache."""
         assert self.registrar is not None
         try:
             self.registrar.synchronize()  # copies still reading this memory must end first
-            if record.kind == "registered":
-                self.registrar.unregister(record.ptr)
+            for record in records:
+                if record.kind == "registered":
+                    self.registrar.unregister(record.ptr)
+            if any(r.kind == "copied" for r in records):
+                self.registrar.empty_host_cache()  # else the freed blocks stay cached and locked
         finally:
-            self.budget.give(record.nbytes)
-            if self._pinned.get(record.ptr) is record:
-                del self._pinned[record.ptr]
+            for record in records:
+                self.budget.give(record.nbytes)
+                if self._pinned.get(record.ptr) is record:
+                    del self._pinned[record.ptr]
 
     def flush(self) -> None:
-        """Finish the releases deferred while a CUDA Graph was being captured."""
-        if not self._deferred or _captures or (self.registrar is not None and self.registrar.capturing()):
+        """Finish the releases deferred while a CUDA Graph was being captured, or batched."""
+        if not self._deferred or _deferring or (self.registrar is not None and self.registrar.capturing()):
             return
         with self._lock:
             deferred, self._deferred = self._deferred, []
-            for record, _whole in deferred:
-                self._finish(record)
+            if deferred:
+                self._finish([record for record, _whole in deferred])
 
 
 def _rehome(tensor: torch.Tensor, anchor: np.ndarray) -> torch.Tensor:

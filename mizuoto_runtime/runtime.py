@@ -14,7 +14,8 @@ import torch
 from .audio import Audio
 from .calibration import Calibration, default_path
 from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join_chunks
-from .devices import DeviceService, apply_allocator_env
+from . import cuda_allocator
+from .devices import DeviceService
 from .engines import Engine, Sampling, Voice, check_request, engine_class
 from .errors import DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
@@ -43,9 +44,10 @@ class Runtime:
         self.policy = VramPolicy(settings)
         sim = self.policy.simulate_vram_mb
         self.devices = devices or DeviceService(simulate={"cpu": int(sim * MB)} if sim else None, strict=bool(sim))
-        # M47: calibration persists across runs; M54: the allocator is chosen by the host, before CUDA starts.
+        # M47: calibration persists across runs; M54: the allocator is chosen before torch loads
+        # (the command line's entry point); here it is only checked, and said once if too late.
         self.manager = ModelManager(self.devices, self.policy, calibration=Calibration(default_path()))
-        apply_allocator_env(self.policy.cuda_allocator)
+        cuda_allocator.state(self.policy.cuda_allocator)
         self.service = RuntimeService(self.manager, self.policy)  # M29, M34: which engines stay loaded
         self._loading = threading.Lock()  # two requests asking at once load an engine once (M8)
 
@@ -100,8 +102,11 @@ class Runtime:
 
     def request(self, seed: int = 0, cancel_check: Callable[[], None] | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> RequestContext:
-        return self.manager.request(generator=torch.Generator().manual_seed(seed), cancel_check=cancel_check,
-                                    on_progress=on_progress)
+        ctx = self.manager.request(generator=torch.Generator().manual_seed(seed), cancel_check=cancel_check,
+                                   on_progress=on_progress)
+        if self.policy.cuda_allocator != "auto":  # M54: a choice was made: in force, or from the next start
+            ctx.applied["cuda_allocator"] = cuda_allocator.state(self.policy.cuda_allocator)
+        return ctx
 
     def say(self, engine: Engine, text: str, *, reference: Audio | None = None, transcript: str | None = None,
             speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool | None = None,

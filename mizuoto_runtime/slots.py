@@ -14,6 +14,10 @@ it waits until no request holds a slot, and from the moment it starts waiting no
 gets one (so a stream of requests cannot starve it). While it is held, requests wait; one
 that would wait past the bound fails with an error naming the holder, instead of running on a
 device another job owns. The holder's own thread may still run phases.
+
+`sole` holds the device alone for a short block (a CUDA Graph capture, M24) only if no other
+request holds it now; it never waits for one. Meanwhile requests wait for a slot, as for
+`exclusive`.
 """
 from __future__ import annotations
 
@@ -140,6 +144,29 @@ class DeviceSlots:
         finally:
             with self._cond:
                 self._exclusive = None
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def sole(self, who: str) -> Iterator[bool]:
+        """Yield True, holding the device alone for the block, when no request on another
+        thread holds or awaits it; else yield False at once (nothing held)."""
+        me = threading.get_ident()
+        with self._cond:
+            others = any(t != me for t in self._held)
+            owner = self._exclusive is not None and self._exclusive[0] != me
+            if others or owner or self._exclusive_waiting:
+                alone = False
+            else:
+                alone, previous = True, self._exclusive
+                self._exclusive = (me, who)
+        if not alone:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._cond:
+                self._exclusive = previous
                 self._cond.notify_all()
 
     def _users(self) -> str:

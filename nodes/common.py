@@ -129,7 +129,8 @@ def sampling_from(seed: int, temperature: float, top_k: int, top_p: float, repet
 
 FALLBACK_TOOLTIP = ("When the exact out-of-memory retries fail, decode with the engine's cheaper tiled fallback "
                     "(the output differs slightly). On: allowed for this node whatever Memory Settings say. "
-                    "Off: Memory Settings' oom_fallback decides (off by default).")
+                    "Off: Memory Settings' oom_fallback decides (off by default). CosyVoice's vocoder has no "
+                    "fallback: its source's phase runs through the whole utterance, so it cannot be cut into tiles.")
 
 
 def memory_text(meta: dict[str, Any]) -> str:

@@ -66,7 +66,7 @@ def require_qwen_tts() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
     if importlib.util.find_spec("qwen_tts") is None:
         pytest.skip("qwen_tts is not installed (the qwen3tts extra)", allow_module_level=True)
-    from mizuoto_runtime.engines.qwen3tts import import_upstream
+    from mizuoto_runtime.engines.qwen3tts.engine import import_upstream
 
     import_upstream()
 
@@ -76,7 +76,7 @@ def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
     """Tiny Qwen3-TTS checkpoints in the official layout, each written once per session on first
     use (`model_type`: base, custom_voice, voice_design). Skips where `qwen_tts` is not installed."""
     require_qwen_tts()
-    from mizuoto_runtime.engines.qwen3tts_tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("qwen3tts")
     written: dict[str, Path] = {}
@@ -111,19 +111,19 @@ def _tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory, engine: str, pac
 @pytest.fixture(scope="session")
 def f5tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny F5-TTS folders (`dtype` of the DiT weights: float32, bfloat16, float16)."""
-    return _tiny_checkpoints(tmp_path_factory, "f5tts", "f5_tts", "mizuoto_runtime.engines.f5tts_tiny")
+    return _tiny_checkpoints(tmp_path_factory, "f5tts", "f5_tts", "mizuoto_runtime.engines.f5tts.tiny")
 
 
 @pytest.fixture(scope="session")
 def omnivoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny OmniVoice folders (`dtype` of the LLM weights)."""
-    return _tiny_checkpoints(tmp_path_factory, "omnivoice", "omnivoice", "mizuoto_runtime.engines.omnivoice_tiny")
+    return _tiny_checkpoints(tmp_path_factory, "omnivoice", "omnivoice", "mizuoto_runtime.engines.omnivoice.tiny")
 
 
 @pytest.fixture(scope="session")
 def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny VoxCPM 2 folders (`dtype` of the main weights: float32 or bfloat16)."""
-    return _tiny_checkpoints(tmp_path_factory, "voxcpm2", "voxcpm", "mizuoto_runtime.engines.voxcpm2_tiny")
+    return _tiny_checkpoints(tmp_path_factory, "voxcpm2", "voxcpm", "mizuoto_runtime.engines.voxcpm2.tiny")
 
 
 @pytest.fixture

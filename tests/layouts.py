@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mizuoto_runtime.engines import qwen3tts_tiny as tiny
-from mizuoto_runtime.engines.qwen3tts import REQUIRED_FILES
+from mizuoto_runtime.engines.qwen3tts import tiny
+from mizuoto_runtime.engines.qwen3tts.engine import REQUIRED_FILES
 
 
 def touch(path: Path, text: str = "{}") -> None:

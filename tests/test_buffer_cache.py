@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mizuoto_runtime.lm.cache import BufferCache, capacity_for, peak_bytes
+from mizuoto_runtime.nn.kv_cache import BufferCache, capacity_for, peak_bytes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

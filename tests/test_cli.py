@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import wave
 from pathlib import Path
 
 import pytest
 
 from mizuoto_runtime.cli import main
+from mizuoto_runtime.cuda_allocator import from_arguments
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
@@ -62,3 +66,54 @@ def test_doctor_lists_the_memory_policy(capsys: pytest.CaptureFixture[str]) -> N
 def test_runtime_report(capsys: pytest.CaptureFixture[str]) -> None:
     code, result = run(capsys, "runtime", "--setting", "compute.simulate_vram_mb=32")
     assert code == 0 and result["device"]["simulated"] is True and result["models"] == []
+
+
+#: Run in a fresh process: records PYTORCH_CUDA_ALLOC_CONF at the moment torch is first
+#: imported (a meta-path finder that only watches), then runs the command line's entry point.
+WATCH_TORCH_IMPORT = """
+import json, os, sys
+
+class Watch:
+    seen = None
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and Watch.seen is None:
+            Watch.seen = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "<unset>")
+        return None
+
+sys.meta_path.insert(0, Watch())
+from mizuoto_runtime.entry import main
+code = main(sys.argv[1:])
+sys.stderr.write("\\nTORCH-SAW " + json.dumps(Watch.seen) + "\\n")
+raise SystemExit(code)
+"""
+
+
+@pytest.mark.parametrize("form", [["--setting", "compute.cuda_allocator=async"], ["--setting=compute.cuda_allocator=async"]])
+def test_the_entry_point_sets_the_allocator_before_torch_loads(form: list[str]) -> None:
+    """M54, issue 27: torch reads PYTORCH_CUDA_ALLOC_CONF as its CUDA library loads; the entry
+    point writes it first, and the runtime then reports it in force (a fresh process)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", WATCH_TORCH_IMPORT, "doctor", *form], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.rsplit("TORCH-SAW ", 1)[1].strip() == '"backend:cudaMallocAsync"'
+    report = json.loads(done.stdout)["cuda_allocator"]
+    assert report["applied"] == "async (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)"
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    """What lets the entry point run before torch loads."""
+    root = Path(__file__).resolve().parents[1]
+    code = "import sys, mizuoto_runtime, mizuoto_runtime.entry; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_allocator_setting_is_read_from_the_arguments() -> None:
+    assert from_arguments(["say", "x", "--setting", "compute.cuda_allocator=async"]) == "async"
+    assert from_arguments(["--setting=compute.cuda_allocator = expandable", "--setting", "compute.gpu_jobs=2"]) \
+        == "expandable"
+    assert from_arguments(["say", "compute.cuda_allocator=async"]) is None  # not a --setting

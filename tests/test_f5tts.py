@@ -47,9 +47,9 @@ def test_equals_upstream_inference(f5tts_checkpoint: Checkpoint) -> None:
     from safetensors.torch import load_file
     from vocos import Vocos
 
-    from mizuoto_runtime.engines.f5tts import _ref_text
-    from mizuoto_runtime.engines.f5tts_tiny import ARCH, VOCAB
-    from mizuoto_runtime.engines.f5tts_upstream import import_upstream
+    from mizuoto_runtime.engines.f5tts.engine import _ref_text
+    from mizuoto_runtime.engines.f5tts.tiny import ARCH, VOCAB
+    from mizuoto_runtime.engines.f5tts.upstream import import_upstream
 
     folder = f5tts_checkpoint()
     ours, meta = say(Runtime(), folder)

@@ -54,4 +54,10 @@ def test_dry_run_covers_every_section_and_is_exact(tmp_path: Path, capsys: pytes
 
     flags = suite.equal_flags(result)
     assert len(flags) >= 13 and all(flags.values()), flags
-    assert "equal flags: " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "equal flags: " in printed
+    # Issue 27: one CUDA-only case per fixed defect, each listed, skipped here with its reason.
+    assert set(suite.CUDA_ONLY) == {"capture_failure", "capture_jobs", "allocator_async", "pinned_copy"}
+    for name in suite.CUDA_ONLY:
+        assert result[name]["skipped"].startswith("needs a CUDA device: "), name
+        assert f"skipped: {result[name]['skipped']}" in printed

@@ -6,15 +6,22 @@ capture uses (run eagerly), and replay accounting with a stand-in graph.
 """
 from __future__ import annotations
 
+import gc
+import threading
+import time
 from typing import Any
 
 import pytest
 import torch
+from cuda_standin import CudaStandIn, StandInGraph
 from models import TinyDiT, TinyLM
+from threads import another_request_holding
 
 from mizuoto_runtime import DeviceService, ModelHandle, VramPolicy, graphs
-from mizuoto_runtime.devices import allocator_env
+from mizuoto_runtime.cuda_allocator import allocator_env
+from mizuoto_runtime.devices import track_graph_pool
 from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
+from mizuoto_runtime.slots import DeviceSlots
 from mizuoto_runtime.streamer import Streamer
 from mizuoto_runtime.transfer import BufferedCopyEngine, SimulatedStreams
 
@@ -131,3 +138,152 @@ def test_replays_are_counted_and_stale_graphs_refuse() -> None:
     h.load(None)  # the streamed units become resident: new addresses
     with pytest.raises(graphs.GraphStale):
         captured.replay()
+
+
+# ---- issue 27: capture failure, concurrent requests, free VRAM --------------------------------
+# `CudaStandIn` answers the CUDA calls `capture` makes on the CPU (no CUDA here); the capture
+# code that runs is ours. `bench/gpu_suite.py` checks the same on a GPU.
+
+def _whole_handle(monkeypatch: pytest.MonkeyPatch) -> ModelHandle:
+    h = lm_handle(strict=False)
+    h.load()
+    monkeypatch.setattr(graphs, "eligible", lambda handle: (True, "eligible"))  # no CUDA device here
+    return h
+
+
+def test_failed_capture_puts_the_generator_and_pool_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host synchronization inside the capture: CUDA invalidates it and `capture_end` raises.
+    The device generator is put back as it was before the warm-up (the eager run then draws
+    what a graph-off run draws), the pool stops taking allocations and is let go, each capture
+    had its own stream, in thread_local mode, and nothing synchronized or emptied a cache."""
+    cuda = CudaStandIn(monkeypatch)
+    h = _whole_handle(monkeypatch)
+    torch.manual_seed(11)
+    graph_off = torch.rand(4)
+    torch.manual_seed(11)
+
+    def sampled_with_sync() -> torch.Tensor:
+        drawn = torch.rand(4)
+        cuda.host_sync()  # `.item()` inside the captured function
+        return drawn
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+            graphs.capture(h, sampled_with_sync, keep_rng=True)
+    assert torch.equal(torch.rand(4), graph_off)  # the eager fallback's draws
+    names = cuda.names()
+    assert names.count("capture_begin") == 2 and ("capture_begin", "(7, 0)", "thread_local") in cuda.calls
+    assert names.count("end_allocate_to_pool") == 2 and names.count("release_pool") == 2
+    assert names.count("reset") == 2
+    assert {c[1] for c in cuda.calls if c[0] == "on_stream"} == {"capture-1", "capture-2"}  # a stream each
+    assert not {"synchronize", "empty_cache", "host_empty_cache"} & set(names)
+    assert h.graph_capture is None
+
+
+def test_failure_is_reported_once_per_kind(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("DEBUG", logger="mizuoto_runtime.graphs"):
+        first = graphs.note_failure("talker-27", RuntimeError("operation not permitted\nmore"))
+        again = graphs.note_failure("talker-27", RuntimeError("operation not permitted\nmore"))
+    assert first == again == "capture failed (operation not permitted)"
+    assert [r.levelname for r in caplog.records if "talker-27" in r.getMessage()] == ["WARNING", "DEBUG"]
+
+
+def test_capture_empties_the_device_cache_only_when_it_ran_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = CudaStandIn(monkeypatch)
+    h = _whole_handle(monkeypatch)
+    captured = graphs.capture(h, lambda: cuda.allocate() or torch.ones(2))
+    assert not {"synchronize", "empty_cache", "host_empty_cache"} & set(cuda.names())
+    assert torch.equal(captured.output, torch.ones(2))
+    cuda.calls.clear()
+    cuda.oom_captures = 1
+    graphs.capture(h, lambda: cuda.allocate() or torch.ones(2))
+    names = cuda.names()
+    assert names.count("capture_begin") == 2 and names.count("empty_cache") == 1 and names.count("synchronize") == 1
+    assert names.index("empty_cache") < names.index("capture_begin", names.index("empty_cache"))
+    assert "host_empty_cache" not in names  # the host cache plays no part in a capture
+
+
+def test_no_capture_while_another_request_holds_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compute.gpu_jobs` = 2: with another request in a phase, capture is refused before any
+    CUDA call; alone, it holds the device and a request starting meanwhile waits for its end."""
+    cuda = CudaStandIn(monkeypatch)
+    h = _whole_handle(monkeypatch)
+    slots = DeviceSlots("cuda:0", lambda: 2)
+    with another_request_holding(slots):
+        slots.take(None, 5.0)
+        with pytest.raises(graphs.GraphRefused, match=graphs.BUSY):
+            graphs.capture(h, lambda: torch.ones(1), slots=slots)
+    assert cuda.calls == []
+
+    started: list[float] = []
+    late = threading.Thread(target=lambda: (slots.take(None, 5.0), started.append(time.monotonic()), slots.give()))
+
+    def fn() -> torch.Tensor:
+        if not late.is_alive() and not started:
+            late.start()
+            time.sleep(0.3)  # the late request asks for a slot while this one captures
+        return torch.ones(1)
+
+    graphs.capture(h, fn, slots=slots, warmup=0)
+    ended = time.monotonic()
+    late.join(5.0)
+    slots.give()
+    assert started and started[0] >= ended - 0.05  # it waited for the capture to end
+
+
+def test_the_capture_state_is_per_thread() -> None:
+    """Another request's thread streams through the hooks as usual while one thread captures."""
+    h = lm_handle(strict=False)
+    h.graph_capture = marker = object()
+    seen: list[Any] = []
+    thread = threading.Thread(target=lambda: seen.append(h.graph_capture))
+    thread.start()
+    thread.join()
+    assert seen == [None] and h.graph_capture is marker
+    h.graph_capture = None
+
+
+class Graph:
+    """Stands for a live `CapturedGraph`."""
+
+
+def test_free_vram_leaves_out_a_live_graphs_private_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live graph's pool holds free blocks only its replays can use (torch's CUDA memory
+    queries stood in for: no CUDA here; `free_bytes` is ours)."""
+    cuda0 = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * MB, 1000 * MB))
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {
+        "reserved_bytes.all.current": 300 * MB, "allocated_bytes.all.current": 200 * MB})
+    segments = [{"device": 0, "total_size": 64 * MB, "allocated_size": 24 * MB, "segment_pool_id": (7, 0)},
+                {"device": 0, "total_size": 256 * MB, "allocated_size": 176 * MB, "segment_pool_id": (0, 0)},
+                {"device": 1, "total_size": 64 * MB, "allocated_size": 0, "segment_pool_id": (7, 0)}]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    gc.collect()  # graphs of earlier tests
+    service = DeviceService()
+    assert service.free_bytes(cuda0) == 200 * MB
+    graph = Graph()
+    track_graph_pool(graph, cuda0, (7, 0))
+    assert service.free_bytes(cuda0) == 160 * MB
+    del graph
+    gc.collect()
+    assert service.free_bytes(cuda0) == 200 * MB
+
+
+def test_a_capture_that_cannot_begin_lets_its_pool_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`capture_begin` fails (e.g. another process-wide capture): the pool it may have started
+    feeding is released and the generator put back, as for any failed capture."""
+    cuda = CudaStandIn(monkeypatch)
+    h = _whole_handle(monkeypatch)
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StandInGraph, "capture_begin", refuse)
+    torch.manual_seed(3)
+    graph_off = torch.rand(2)
+    torch.manual_seed(3)
+    with pytest.raises(RuntimeError, match="not permitted"):
+        graphs.capture(h, lambda: torch.rand(2))
+    assert torch.equal(torch.rand(2), graph_off)
+    assert {"end_allocate_to_pool", "reset", "release_pool"} <= set(cuda.names())

@@ -76,7 +76,7 @@ def test_prefix_selects_a_component(tmp_path: Path) -> None:
 
 def test_demo_engine_loads_its_checkpoint_layout(tmp_path: Path) -> None:
     from mizuoto_runtime import Runtime
-    from mizuoto_runtime.engines.demo import save_checkpoint
+    from mizuoto_runtime.engines.demo.tiny import save_checkpoint
 
     save_checkpoint(tmp_path, seed=1234, dtype=torch.bfloat16)
     rt = Runtime()

@@ -19,6 +19,8 @@ from mizuoto_runtime.pinning import (
     PinnedBudget,
     Pinner,
     RecordingRegistrar,
+    host_block_bytes,
+    released_together,
     releases_deferred,
     shared_pinner,
 )
@@ -188,7 +190,8 @@ def test_copy_mode_copies_streamed_and_leaves_kept_pageable() -> None:
     assert p.pin_kept([host])[0] is host
     del pinned
     collect()
-    assert ops(p) == ["pinned_empty", "synchronize"] and p.pinned_bytes == 0
+    # issue 27: the freed block leaves torch's host cache, where it would stay locked
+    assert ops(p) == ["pinned_empty", "synchronize", "empty_host_cache"] and p.pinned_bytes == 0
 
 
 def test_off_mode_and_cpu_are_no_ops() -> None:
@@ -272,3 +275,55 @@ def test_memory_pinned_by_its_owner_is_used_as_is() -> None:
     p = Pinner("register", OwnerPinned(host), PinnedBudget(64 * MB))
     assert p.pin_streamed([host])[0] is host and p.registrar.calls == []  # type: ignore[union-attr]
     assert p.is_pinned(host) and p.pinned_bytes == 0
+
+
+# ---- issue 27: what copy mode locks, and releases in one batch --------------------------------
+class Outside:
+    """Another accountant in the process (ComfyUI's, through `ComfyPins`): its running total."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def free(self) -> int | None:
+        return None
+
+    def add(self, nbytes: int) -> None:
+        self.total += nbytes
+
+
+def test_host_block_bytes_follows_the_host_allocators_rounding() -> None:
+    """torch's CachingHostAllocator rounds each pinned block up to a power of two."""
+    assert [host_block_bytes(n) for n in (0, 1, 3, 4, 5, 4096, 4097)] == [0, 1, 4, 4, 8, 4096, 8192]
+    assert host_block_bytes(24 * MB) == 32 * MB and host_block_bytes(32 * MB) == 32 * MB
+
+
+def test_copy_mode_counts_what_the_host_allocator_locks_and_credits_it_back() -> None:
+    """A 24 MB weight copied into pinned memory locks 32 MB: the budget and the outside total
+    count 32 MB while held and exactly that comes back at release, after one device wait and
+    one host-cache flush for all of them (the freed blocks would stay cached, still locked)."""
+    outside = Outside()
+    p = Pinner("copy", RecordingRegistrar(), PinnedBudget(1 << 30, outside))
+    hosts = [torch.zeros(6 * MB), torch.zeros(3000, dtype=torch.uint8), torch.zeros(1000)]  # 24 MB, 3000, 4000 B
+    pinned = p.pin_streamed(hosts)
+    locked = 32 * MB + 4096 + 4096
+    assert p.pinned_bytes == locked and outside.total == locked
+    assert all(torch.equal(a, b) for a, b in zip(pinned, hosts))
+    with released_together(p):
+        del pinned
+        collect()
+        assert p.pinned_bytes == locked  # released at the block's end
+    assert ops(p).count("synchronize") == 1 and ops(p).count("empty_host_cache") == 1
+    assert p.pinned_bytes == 0 and outside.total == 0
+
+
+def test_dropping_host_copies_waits_for_the_device_once() -> None:
+    """M29: a whole component dropping its registered host copies releases them in one batch."""
+    p = pinner(limit=1 << 30)
+    h = _handle(p, Wide(), host_copies="on")
+    h.load()
+    assert h.is_whole and ops(p).count("register") == 6
+    assert h.drop_host_copies() > 0
+    collect()
+    assert ops(p).count("unregister") == 6 and ops(p).count("synchronize") == 1
+    assert p.pinned_bytes == 0
+

@@ -25,3 +25,14 @@ def test_slow_tests_are_marked_and_skipped_by_default() -> None:
     tomllib = pytest.importorskip("tomllib")
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert any(m.startswith("soak:") for m in options["markers"]) and "not soak" in options["addopts"]
+
+
+def test_every_runtime_package_is_installed() -> None:
+    """Issue 22: one package per engine under `engines/` and the shared blocks in `nn/`; a
+    package missing from pyproject's list would be absent from an installed (non-editable) pack."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "mizuoto_runtime").rglob("__init__.py")
+             if "__pycache__" not in init.parts}
+    assert "mizuoto_runtime.nn" in found and "mizuoto_runtime.engines.qwen3tts" in found
+    assert found == listed

@@ -1,5 +1,5 @@
 """qwen-tts 0.1.1 (written for transformers 4.57.3) on the transformers installed (issue 11 item
-3, issue 14 item 1): each adaptation of `qwen3tts_compat`, and the published tensor names.
+3, issue 14 item 1): each adaptation of `qwen3tts.compat`, and the published tensor names.
 
 The proof that nothing changes a result is the Qwen3-TTS suite itself, run on transformers 5.x
 (tests/test_qwen3tts.py: every mode equals the package's own one-call API, and the M57
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import require_qwen_tts
-from mizuoto_runtime.engines import qwen3tts_compat as compat
+from mizuoto_runtime.engines.qwen3tts import compat
 
 require_qwen_tts()
 

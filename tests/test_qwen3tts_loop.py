@@ -16,13 +16,15 @@ import pytest
 import torch
 
 from conftest import require_qwen_tts
+from cuda_standin import CudaStandIn
+from threads import another_request_holding
 from mizuoto_runtime import Runtime, graphs
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Sampling
 
 require_qwen_tts()  # the engine's import: a bare `import qwen_tts` fails on transformers 5.x
 
-from mizuoto_runtime.engines import qwen3tts_loop  # noqa: E402  (imports transformers)
+from mizuoto_runtime.engines.qwen3tts import loop as qwen3tts_loop  # noqa: E402  (imports transformers)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -161,7 +163,7 @@ def test_cuda_graph_refusals_are_named(qwen3tts_checkpoint: Checkpoint, monkeypa
     bridge sets) forbids capture, and under the cudaMallocAsync allocator, no graph is captured
     and `meta.applied.cuda_graphs` says why, in plain words."""
     from mizuoto_runtime.comfy_bridge import AIMDO_GRAPH_REFUSAL
-    from mizuoto_runtime.devices import ALLOC_CONF
+    from mizuoto_runtime.cuda_allocator import ALLOC_CONF
 
     folder = qwen3tts_checkpoint("custom_voice")
     rt = Runtime()
@@ -174,7 +176,7 @@ def test_cuda_graph_refusals_are_named(qwen3tts_checkpoint: Checkpoint, monkeypa
         graphs.refuse_capture(None)
     assert meta["applied"]["cuda_graphs"] == f"off: {AIMDO_GRAPH_REFUSAL}"
     monkeypatch.setenv(ALLOC_CONF, "")
-    monkeypatch.delenv(ALLOC_CONF)  # restored after the test: the runtime writes the setting's value
+    monkeypatch.delenv(ALLOC_CONF)  # restored after the test
     asynchronous = Runtime({"compute.cuda_allocator": "async"})
     _, _, meta = run(asynchronous, folder, "lean", sampling(), decode=False, speaker="bob")
     reason = meta["applied"]["cuda_graphs"]
@@ -218,6 +220,43 @@ def test_graph_path_replays_exactly_on_a_cpu_stand_in(qwen3tts_checkpoint: Check
     assert len(captured) == 1 and captured[0]["keep_rng"] and captured[0]["graph"].replays == FRAMES
 
 
+def test_a_failed_capture_finishes_eagerly_with_the_same_codes(qwen3tts_checkpoint: Checkpoint,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 27: the capture fails inside CUDA after the warm-up drew two frames of random
+    numbers (CUDA's calls stood in for on the CPU, `CudaStandIn`; the capture code is ours).
+    The device generator goes back, the request finishes eagerly with the upstream loop's codes,
+    `meta.applied.cuda_graphs` gives the reason, and the failure is logged once."""
+    folder = qwen3tts_checkpoint("custom_voice")
+    rt = Runtime()
+    up, _, _ = run(rt, folder, "upstream", sampling(), decode=False, speaker="bob")
+    cuda = CudaStandIn(monkeypatch, fail_at_end=True)
+    monkeypatch.setattr(graphs, "eligible", lambda handle: (True, "eligible"))
+    with caplog.at_level("WARNING", logger="mizuoto_runtime.graphs"):
+        for _ in range(2):
+            lean, _, meta = run(rt, folder, "lean", sampling(), decode=False, speaker="bob")
+            assert torch.equal(lean, up)
+            assert meta["applied"]["cuda_graphs"].startswith("off: capture failed (CUDA error")
+    assert cuda.names().count("release_pool") == 2  # each request tried, and let its pool go
+    assert len([r for r in caplog.records if "capture failed" in r.getMessage()]) == 1
+
+
+def test_no_capture_while_another_request_holds_the_device(qwen3tts_checkpoint: Checkpoint,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27, `compute.gpu_jobs` = 2: another request holds the simulated device, so the
+    talker runs eagerly (no CUDA call made), exact, and `meta.applied` says why."""
+    folder = qwen3tts_checkpoint("custom_voice")
+    up, _, _ = run(Runtime(), folder, "upstream", sampling(), decode=False, speaker="bob")
+    rt = Runtime({"compute.simulate_vram_mb": 256, "compute.gpu_jobs": 2})
+    cuda = CudaStandIn(monkeypatch)
+    monkeypatch.setattr(graphs, "eligible", lambda handle: (True, "eligible"))
+    with another_request_holding(rt.manager.slots(torch.device("cpu"))):
+        lean, _, meta = run(rt, folder, "lean", sampling(), decode=False, speaker="bob")
+    assert torch.equal(lean, up)
+    assert meta["applied"]["cuda_graphs"] == f"off: {graphs.BUSY}"
+    assert cuda.calls == []
+
+
 def test_sampler_draws_what_generate_draws() -> None:
     """`Sampler` against transformers' processors and `torch.multinomial`, step by step: the
     same tokens and the same generator state after every draw."""
@@ -255,7 +294,7 @@ def test_sampler_draws_what_generate_draws() -> None:
 def test_the_estimate_follows_the_loop_and_the_kv_cache(qwen3tts_checkpoint: Checkpoint) -> None:
     """M46: the lean loop keeps one hidden state per step, not every layer's; the static cache
     is estimated as the `BufferCache` it allocates (`peak_bytes(kind="static")`)."""
-    from mizuoto_runtime.lm.cache import peak_bytes
+    from mizuoto_runtime.nn.kv_cache import peak_bytes
 
     rt = Runtime({"compute.kv_cache": "static"})
     engine = rt.engine("qwen3tts", qwen3tts_checkpoint("custom_voice"))

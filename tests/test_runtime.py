@@ -20,13 +20,26 @@ def test_engine_built_inside_inference_mode_still_places() -> None:
     assert audio.waveform.numel() > 0 and meta["memory"]["streamed_mb"] > 0
 
 
-def test_allocator_setting_goes_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_allocator_setting_after_torch_loaded_applies_from_the_next_start(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """M54, issue 27: torch read PYTORCH_CUDA_ALLOC_CONF when it loaded; a runtime made later does
+    not write it (on torch 2.5-2.7 that aborts CUDA's start), says so once, and every request
+    reports it in meta.applied."""
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    Runtime({"compute.cuda_allocator": "expandable"})
-    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    with caplog.at_level("WARNING", logger="mizuoto_runtime.cuda_allocator"):
+        rt = Runtime({"compute.cuda_allocator": "expandable"})
+        engine = rt.engine("demo")
+        _, meta = rt.say(engine, "one", sampling=Sampling(seed=1))
+        _, again = rt.say(engine, "two", sampling=Sampling(seed=1))
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    assert meta["applied"]["cuda_allocator"].startswith("expandable: applies from the next start")
+    assert again["applied"]["cuda_allocator"] == meta["applied"]["cuda_allocator"]
+    assert len([r for r in caplog.records if "applies from the next start" in r.getMessage()]) <= 1
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
-    Runtime({"compute.cuda_allocator": "async"})
+    rt = Runtime({"compute.cuda_allocator": "async"})
+    _, meta = rt.say(rt.engine("demo"), "three", sampling=Sampling(seed=1))
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native"  # a value already set wins
+    assert meta["applied"]["cuda_allocator"] == "async (PYTORCH_CUDA_ALLOC_CONF=backend:native)"
 
 
 def test_engines_are_kept_per_folder_dtype_and_device() -> None:

@@ -20,7 +20,7 @@ import torch
 from threads import run_on_threads
 from mizuoto_runtime import CancelledError, DeviceService, ModelManager, OomInjector, VramPolicy
 from mizuoto_runtime.engines import Sampling
-from mizuoto_runtime.engines.demo import DemoEngine
+from mizuoto_runtime.engines.demo.engine import DemoEngine
 
 CPU = torch.device("cpu")
 REQUESTS = {"left": ("hi", 1), "right": ("yo", 2)}  # text, seed: the two threads' requests

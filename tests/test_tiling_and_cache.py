@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mizuoto_runtime import tiled_1d
-from mizuoto_runtime.lm.cache import peak_bytes
+from mizuoto_runtime.nn.kv_cache import peak_bytes
 
 
 def upsample(x: torch.Tensor) -> torch.Tensor:

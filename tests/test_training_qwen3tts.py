@@ -26,7 +26,7 @@ from mizuoto_runtime import CheckpointError, MizuotoError, Runtime
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
-from mizuoto_runtime.engines.qwen3tts_lora import LoraChoice, applied_lora, use_lora
+from mizuoto_runtime.engines.qwen3tts.lora import LoraChoice, applied_lora, use_lora
 from mizuoto_runtime.training import memory_plan
 from mizuoto_runtime.training.dataset import Clip, load_audio, read_clips, write_demo_clips
 from mizuoto_runtime.training.host_optimizer import HostAdamW
@@ -79,7 +79,7 @@ def trained(base: Path, data: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def fresh_talker(base: Path) -> Any:
     """A talker of its own to train (the engine's carries the runtime's per-thread loop state)."""
-    from mizuoto_runtime.engines.qwen3tts import load_model
+    from mizuoto_runtime.engines.qwen3tts.engine import load_model
 
     return load_model(base, torch.float32, torch.device("cpu")).model.talker
 

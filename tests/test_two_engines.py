@@ -6,7 +6,7 @@ import torch
 from conftest import make_manager
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Sampling
-from mizuoto_runtime.engines.demo import DemoEngine
+from mizuoto_runtime.engines.demo.engine import DemoEngine
 from mizuoto_runtime.manager import ModelManager
 
 REFERENCE = Audio(torch.sin(torch.arange(6000) / 3.0).unsqueeze(0) * 0.3, 16000)

@@ -237,7 +237,7 @@ def test_a_weight_normed_unit_is_refused() -> None:
     itself would compute its weight before it is there, so the engine refuses such a layout."""
     import warnings
 
-    from mizuoto_runtime.engines.voxcpm2 import _check_weight_norm_units
+    from mizuoto_runtime.engines.voxcpm2.engine import _check_weight_norm_units
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -292,7 +292,7 @@ def test_bf16_load_converts_in_place(voxcpm2_checkpoint: Checkpoint, monkeypatch
     and float32-then-convert, rotary tables included; the VAE stays float32; the bf16 engine speaks."""
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
-    from mizuoto_runtime.engines import voxcpm2
+    from mizuoto_runtime.engines.voxcpm2 import engine as voxcpm2
 
     filled: list[set[tuple[torch.dtype, str]]] = []
 

@@ -127,6 +127,20 @@ GRAPHS: dict[str, dict[str, Any]] = {
         ],
         "links": [(2, "audio", 3, "audio")],
     },
+    "Text to Speech - CosyVoice 2 (saved voices)": {
+        "nodes": [
+            (1, "Note", 0, {"text": "Put FunAudioLLM/CosyVoice2-0.5B, as published on Hugging Face, in "
+                                    "ComfyUI/models/mizuoto/CosyVoice2-0.5B/, then press R to refresh the lists. "
+                                    "Pick a speaker of its spk2info.pt (voices saved with upstream's "
+                                    "add_zero_shot_spk); instruct changes the style. Fun-CosyVoice3-0.5B-2512 "
+                                    "works the same."}),
+            (2, "MizuotoTTS", 1, {"text": "Good evening. Here is the weather for tomorrow: sunny in the morning, "
+                                          "with light rain in the afternoon.",
+                                  "engine_name": "cosyvoice", "checkpoint": "CosyVoice2-0.5B"}),
+            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_cosyvoice"}),
+        ],
+        "links": [(2, "audio", 3, "audio")],
+    },
     "Voice Clone - F5-TTS, step by step (from a reference recording)": clone_graph(
         "f5tts", "F5TTS_v1_Base", "float32",
         "Put SWivid/F5-TTS's F5TTS_v1_Base folder (model_1250000.safetensors, vocab.txt) in "
@@ -143,6 +157,13 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "Put the official weights in ComfyUI/models/mizuoto/VoxCPM2/ as published on Hugging Face "
         "(openbmb/VoxCPM2), then press R to refresh the lists. " + CLONE_NOTE,
         "Hello from Mizuoto. VoxCPM 2 speaks in the voice of the reference recording.", "audio/mizuoto_voxcpm2"),
+    "Voice Clone - Fish Speech, step by step (from a reference recording)": clone_graph(
+        "fishspeech", "s2-pro", "bfloat16",
+        "Put Fish Audio S2-Pro in ComfyUI/models/mizuoto/s2-pro/ as published on Hugging Face (fishaudio/s2-pro: "
+        "config.json, the model-*.safetensors shards with their index, tokenizer.json, codec.pth; research and "
+        "non-commercial licence), or OpenAudio S1-mini (fishaudio/openaudio-s1-mini) in its own folder, then press "
+        "R to refresh the lists. " + CLONE_NOTE,
+        "Hello from Mizuoto. Fish Speech speaks in the voice of the reference recording.", "audio/mizuoto_fishspeech"),
     "Step by step - demo engine (voice, speech codes, audio)": {
         "nodes": [
             (1, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),

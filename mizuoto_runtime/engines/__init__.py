@@ -1,4 +1,9 @@
-"""Engine adapters, imported lazily: an engine's upstream package is an optional extra."""
+"""Engines, imported lazily: an engine's upstream package is an optional extra.
+
+One package per engine (issue 22): ``<id>/engine.py`` is the engine (an adapter over the upstream
+package, or our own model code beside it), ``<id>/tiny.py`` writes its checkpoint layout with tiny
+random weights. What engines share is here: `base`, `checkpoint_files`, `tiny`, and the `dummy`
+engine; model blocks that more than one engine uses are in `mizuoto_runtime.nn`."""
 from __future__ import annotations
 
 import importlib
@@ -9,12 +14,14 @@ from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, check_request
 
 # id -> (module, class, requirements file under requirements/ that provides its upstream package)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
-    "demo": ("mizuoto_runtime.engines.demo", "DemoEngine", None),
+    "demo": ("mizuoto_runtime.engines.demo.engine", "DemoEngine", None),
     "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
-    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts", "Qwen3TTSEngine", "qwen3tts"),
-    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2", "VoxCPM2Engine", "voxcpm2"),
-    "f5tts": ("mizuoto_runtime.engines.f5tts", "F5TTSEngine", "f5tts"),
-    "omnivoice": ("mizuoto_runtime.engines.omnivoice", "OmniVoiceEngine", "omnivoice"),
+    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts.engine", "Qwen3TTSEngine", "qwen3tts"),
+    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.engine", "VoxCPM2Engine", "voxcpm2"),
+    "f5tts": ("mizuoto_runtime.engines.f5tts.engine", "F5TTSEngine", "f5tts"),
+    "omnivoice": ("mizuoto_runtime.engines.omnivoice.engine", "OmniVoiceEngine", "omnivoice"),
+    "fishspeech": ("mizuoto_runtime.engines.fishspeech.engine", "FishSpeechEngine", "fishspeech"),
+    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.engine", "CosyVoiceEngine", "cosyvoice"),
 }
 
 

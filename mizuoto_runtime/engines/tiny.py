@@ -33,6 +33,20 @@ def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch
         p.mul_(scale)
 
 
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level BPE alphabet (what Qwen2's tokenizer uses): byte -> character."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, (chr(c) for c in codes)))
+
+
 def word_merges(words: tuple[str, ...], vocab: dict[str, int]) -> list[str]:
     """BPE merges that make each of `words` one token, left to right; every prefix they make is
     added to `vocab` (whose alphabet must hold the words' characters)."""

@@ -8,7 +8,7 @@
 * `estimate` — `MethodInfo.memory_mb` from measured peaks, and the advice when it does not fit
   (M63); `meter` — every phase's `memory/peak_mb`;
 * methods (`methods.METHODS`): `qwen3tts_lora`, LoRA of the Qwen3-TTS talker; `lora` is the
-  adapter file it writes, which `engines.qwen3tts_lora.use_lora` applies.
+  adapter file it writes, which `engines.qwen3tts.lora.use_lora` applies.
 
 Importing this package imports no engine package; a method's module imports its engine's.
 """

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..devices import allocator_env
+from ..cuda_allocator import allocator_env
 from ..errors import MizuotoError
 from ..manager import ModelManager
 from ..policy import MB

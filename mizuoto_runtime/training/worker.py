@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import torch
 
-from ..devices import ALLOC_CONF
+from ..cuda_allocator import ALLOC_CONF
 from ..errors import MizuotoError
 from .cpu_allocator import THP_ENV, apply_in_process, huge_pages_enabled
 from .memory import MemoryPlan

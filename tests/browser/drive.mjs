@@ -32,11 +32,14 @@ function step(name, data = {}) {
 const APP = "(window.comfyAPI?.app?.app ?? window.app)";
 
 async function loadWorkflow(page, file) {
+  // Loaded once the canvas holds every node type the file names (whatever node ends the graph).
+  const types = [...new Set(JSON.parse(readFileSync(file, "utf8")).nodes.map((n) => n.type))];
   await page.setInputFiles("#comfy-file-input", file);
-  await page.waitForFunction(([name]) => {
+  await page.waitForFunction(([types]) => {
     const app = window.comfyAPI?.app?.app ?? window.app;
-    return (app.rootGraph ?? app.graph)?.nodes?.some((n) => n.type === name);
-  }, ["SaveAudio"], { timeout: 30000 });
+    const nodes = (app.rootGraph ?? app.graph)?.nodes ?? [];
+    return types.every((type) => nodes.some((n) => n.type === type));
+  }, [types], { timeout: 30000 });
 }
 
 async function setWidgets(page, values) {
@@ -122,20 +125,31 @@ async function panelMatchesRoute(page) {
   return last;
 }
 
+// The settings dialog in every frontend the labs serve: PrimeVue's `.p-dialog` (1.27, 1.35) and
+// Reka's `[role=dialog]` (1.49) both carry role=dialog; the settings one holds a search field and
+// setting rows.
+function settingsDialog(page) {
+  return page.locator("[role=dialog]").filter({ has: page.locator("input[placeholder*='earch']") })
+    .filter({ has: page.locator(".setting-item, .setting-box") });
+}
+
 async function closeSettings(page) {
   await page.keyboard.press("Escape"); // an open dropdown first
-  const mask = page.locator(".p-dialog-mask");
-  if (await mask.count()) {
-    const close = page.locator(".p-dialog .p-dialog-close-button, .p-dialog button[aria-label=Close]").first();
-    if (await close.count()) await close.click().catch(() => page.keyboard.press("Escape"));
-    await mask.first().waitFor({ state: "detached", timeout: 15000 });
+  const dialog = settingsDialog(page);
+  for (let i = 0; i < 3 && await dialog.count(); i += 1) {
+    const close = dialog.first()
+      .locator("button[aria-label='Close dialog'], button[aria-label=Close], .p-dialog-close-button");
+    if (await close.count()) await close.first().click().catch(() => page.keyboard.press("Escape"));
+    else await page.keyboard.press("Escape");
+    await dialog.first().waitFor({ state: "detached", timeout: 5000 }).catch(() => {});
   }
+  await page.locator(".p-dialog-mask").first().waitFor({ state: "detached", timeout: 15000 }).catch(() => {});
 }
 
 async function openSettings(page) {
   await page.keyboard.press("Control+Comma"); // ComfyUI's settings shortcut
-  const dialog = page.locator(".settings-container, .p-dialog").first();
-  await dialog.waitFor({ timeout: 15000 });
+  const dialog = settingsDialog(page).first();
+  await dialog.waitFor({ state: "visible", timeout: 15000 });
   return dialog;
 }
 
@@ -179,6 +193,33 @@ async function storedSetting(id, value) {
   return (await route("/settings"))[id];
 }
 
+// The node search a double-click on an empty canvas opens, as a user types into it: the names of
+// the results it lists (PrimeVue's autocomplete options up to 1.35, a listbox of options in 1.49).
+async function searchNodes(page, query, shotName) {
+  await command(page, "Comfy.NewBlankWorkflow"); // an empty canvas, so the double-click hits no node
+  await page.waitForTimeout(1000);
+  const canvas = await page.locator("#graph-canvas").boundingBox();
+  await page.mouse.dblclick(canvas.x + canvas.width / 2, canvas.y + canvas.height / 2);
+  await page.waitForFunction(() => document.activeElement?.tagName === "INPUT", null, { timeout: 15000 });
+  await page.keyboard.type(query, { delay: 40 });
+  let results = [];
+  for (let i = 0; i < 30; i += 1) { // the list follows the typing after a short debounce
+    await page.waitForTimeout(500);
+    const now = await page.evaluate(() => [...document.querySelectorAll("[role=option]")]
+      .filter((o) => o.offsetWidth || o.offsetHeight)
+      .map((o) => ({
+        name: (o.querySelector(".option-display-name, .option-container span.truncate")?.textContent
+               ?? o.innerText.split("\n")[0]).trim(),
+        text: o.innerText.replace(/\s+/g, " ").trim(),
+      })));
+    if (now.length && JSON.stringify(now) === JSON.stringify(results)) break;
+    results = now;
+  }
+  await shot(page, shotName, `Node search: "${query}" typed; the results it lists`);
+  await page.keyboard.press("Escape");
+  return results;
+}
+
 async function command(page, id) {
   await page.evaluate(async ([id]) => {
     const app = window.comfyAPI?.app?.app ?? window.app;
@@ -207,6 +248,13 @@ async function main() {
       return ["Mizuoto.compute.vram_mode", "Mizuoto.compute.simulate_vram_mb"].map((id) => app.extensionManager.setting.get(id));
     });
     step("loaded page");
+
+    // 0. The node search finds the pack's nodes by the words users type.
+    seen.search = {};
+    for (const query of plan.searches) {
+      seen.search[query] = await searchNodes(page, query, `0-search-${query.replace(/\W+/g, "-")}`);
+    }
+    step("search");
 
     // 1. The demo template on the simulated 16 MB GPU (the dialog value stored before start).
     await loadWorkflow(page, plan.demo);

@@ -8,16 +8,19 @@ would see. Imported by `version_check.py` (each release of the version harness) 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
 import json
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
+from torch import nn
 
+import aimdo_boundary
 import comfy.model_management as mm
 from mizuoto_runtime.comfy_bridge import ComfyPins, HandleAdapter
 from mizuoto_runtime.pinning import PinnedBudget
@@ -158,6 +161,24 @@ def check_every_entry_answers_what_this_release_reads() -> None:
     assert adapter.clone_base_uuid != s.accounting.adapter(s.handle("other")).clone_base_uuid
 
 
+@contextlib.contextmanager
+def free_memory_calls() -> Iterator[list[dict[str, object]]]:
+    """The keyword arguments of each call to ComfyUI's `free_memory` meanwhile."""
+    asked: list[dict[str, object]] = []
+    free_memory = mm.free_memory
+
+    @functools.wraps(free_memory)  # the same signature: the bridge reads it
+    def recorded(*args: object, **kwargs: object) -> object:
+        asked.append(kwargs)
+        return free_memory(*args, **kwargs)
+
+    mm.free_memory = recorded
+    try:
+        yield asked
+    finally:
+        mm.free_memory = free_memory
+
+
 def check_under_dynamic_vram_we_ask_comfyui_with_for_dynamic() -> None:
     """0.12 on, comfy-aimdo active (this release's own flag: `aimdo_allocator` in 0.12-0.13,
     `aimdo_enabled` later): our manager asks this release's `free_memory` with `for_dynamic`
@@ -173,24 +194,71 @@ def check_under_dynamic_vram_we_ask_comfyui_with_for_dynamic() -> None:
     s = SharedDevice(mm)
     handle = s.handle("tts")
     legacy = s.comfy_model(4)
-    asked: list[dict[str, object]] = []
-    free_memory = mm.free_memory
-
-    @functools.wraps(free_memory)  # the same signature: the bridge reads it
-    def recorded(*args: object, **kwargs: object) -> object:
-        asked.append(kwargs)
-        return free_memory(*args, **kwargs)
-
-    before, mm.free_memory = getattr(memory, flag), recorded
+    before = getattr(memory, flag)
     setattr(memory, flag, on)
     try:
-        gained = s.accounting.free_for(CPU, 2 * MB, [handle])
+        with free_memory_calls() as asked:
+            gained = s.accounting.free_for(CPU, 2 * MB, [handle])
     finally:
         setattr(memory, flag, before)
-        mm.free_memory = free_memory
     assert asked and asked[0].get("for_dynamic") is True, asked
     assert legacy.loaded_size() <= 2 * MB and gained == 4 * MB - legacy.loaded_size(), (legacy.loaded_size(), gained)
     assert handle.is_whole and s.ours() == [handle]
+
+
+def check_dynamic_vram_paths_with_comfy_aimdo_stubbed_at_its_library() -> None:
+    """0.33 on, comfy-aimdo 0.4 (issue 23): the paths ComfyUI takes with `aimdo_enabled`, with
+    only aimdo's compiled library stubbed (`aimdo_boundary.py`; its Python, ComfyUI's and ours
+    real). `vbars_analyze` in 0.4's shape: what ComfyUI's own patcher adds to its free memory on
+    cuda:0 is what we count as reclaimable, nothing where aimdo has no context; the `for_dynamic`
+    free: ComfyUI keeps its real dynamic patcher (aimdo pages it out on demand), frees its legacy
+    model for us and keeps our entries; the `is_dynamic()` guards (pin eviction, the per-node
+    `reset_cast_buffers`, the prompt's model tracker) reach ComfyUI's dynamic model, never ours."""
+    why = aimdo_boundary.dynamic_vram_here()
+    if why:
+        print(f"({why})", file=sys.stderr)
+        return
+    import comfy.model_patcher
+
+    from mizuoto_runtime.comfy_bridge import aimdo_active, aimdo_reclaimable
+
+    s = SharedDevice(mm)
+    handle = s.handle("tts")
+    legacy = s.comfy_model(4)
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    with aimdo_boundary.stubbed_library({0: 3 * GB}) as library:
+        assert aimdo_active()
+        added = legacy.get_free_memory(cuda0) - mm.get_free_memory(cuda0)  # ComfyUI's own count
+        assert added == aimdo_reclaimable(cuda0) == s.accounting.reclaimable_bytes(cuda0) == 3 * GB, added
+        assert aimdo_reclaimable(cuda1) == 0  # aimdo's get_devctx raises: no context on cuda:1
+        assert library.called("vbars_analyze") == [(aimdo_boundary.DEVCTX_BASE, False)] * 3, library.calls
+
+        layers = nn.Sequential(*(nn.Linear(512, 512, bias=False) for _ in range(2)))  # 2 MiB
+        dynamic = aimdo_boundary.dynamic_patcher(layers, CPU)
+        mm.load_models_gpu([dynamic])
+        held = dynamic.loaded_size()
+        assert dynamic.is_dynamic() and held == 2 * MB, held
+        with free_memory_calls() as asked:
+            gained = s.accounting.free_for(CPU, 3 * MB, [handle])
+        assert asked and asked[0].get("for_dynamic") is True, asked
+        # ComfyUI counts its dynamic model's pages as given up on demand and frees its legacy
+        # model only for the rest; the dynamic one keeps every byte.
+        assert gained + held >= 3 * MB and legacy.loaded_size() == 4 * MB - gained, (gained, legacy.loaded_size())
+        assert s.entry_of(dynamic) is not None and dynamic.loaded_size() == held
+        assert handle.is_whole and s.ours() == [handle]
+
+        if hasattr(mm, "models_for_pin_eviction"):  # 0.3x: pin eviction under RAM pressure
+            assert list(mm.models_for_pin_eviction(None)) == [dynamic]  # never one of ours
+            mm.free_pins(1 << 40, evict_active=True)
+        allocated = len(library.called("hostbuf_allocate"))
+        mm.reset_cast_buffers()  # after every node under aimdo: the dynamic model's pins reset
+        assert len(library.called("hostbuf_allocate")) > allocated and handle.is_whole
+        if hasattr(comfy.model_patcher, "PromptModelTracker"):  # 0.3x: the prompt's models
+            tracker = comfy.model_patcher.PromptModelTracker()
+            tracker.add([s.accounting.adapter(handle), dynamic])
+            assert list(tracker.models.values()) == [dynamic]
+            tracker.end()
+    mm.current_loaded_models.remove(s.entry_of(dynamic))  # ComfyUI cannot unload a dynamic model off a GPU
 
 
 def check_reserve_is_comfyuis_reserve_vram() -> None:

@@ -1,5 +1,6 @@
-"""The pack in a real ComfyUI, seen through the page in headless Chromium (issue 15 acceptance;
-M50, M51, M9, M10): the demo and the Qwen3-TTS CustomVoice templates are loaded through the
+"""The pack in a real ComfyUI, seen through the page in headless Chromium (issues 15 and 23;
+M50, M51, M9, M10): typing "speech", "tts" or "voice clone" in the node search lists the pack's
+nodes; the demo and the Qwen3-TTS CustomVoice templates are loaded through the
 page's file input and queued with its Run shortcut on a simulated small GPU, until their audio
 players show; the Mizuoto panel's bars match the route's bytes and its timeline has a lane per
 phase; a setting changed in the settings dialog shows in the next run's report; Unload Models
@@ -40,6 +41,12 @@ QWEN_SIMULATED_MB = 20  # the tiny talker and codec decoder (22 MB) do not fit t
 MODE_NAME = "How models use VRAM"  # the dialog's names (web/settings.js)
 SIMULATE_NAME = "Simulate a small GPU"
 DRIVE_TIMEOUT_S = 1500
+#: What users type in the node search, and the nodes (display names) it must list for each.
+SEARCHES = {
+    "speech": {"Text to Speech", "Text → Speech Codes", "Speech Codes → Audio"},
+    "tts": {"Text to Speech"},
+    "voice clone": {"Voice Clone / Voice Design"},
+}
 
 
 def comfyui_version() -> str:
@@ -121,7 +128,8 @@ def browser_run() -> dict[str, Any]:
     started = time.monotonic()
     with running_server("mizuoto-comfyui-browser-", prepare) as server:
         plan = {"url": server.url, "chromium": CHROMIUM, "out": str(out), "demo": str(DEMO), "qwen": str(QWEN),
-                "modeName": MODE_NAME, "simulateName": SIMULATE_NAME, "qwenSimulateMb": QWEN_SIMULATED_MB,
+                "modeName": MODE_NAME, "simulateName": SIMULATE_NAME, "searches": list(SEARCHES),
+                "qwenSimulateMb": QWEN_SIMULATED_MB,
                 "qwenWidgets": {"speaker": "alice", "dtype": "float32", "max_new_tokens": 8, "language": "english"}}
         (out / "plan.json").write_text(json.dumps(plan))
         done = subprocess.run([NODE, str(BROWSER_DIR / "drive.mjs"), str(out / "plan.json")], cwd=BROWSER_DIR,
@@ -136,6 +144,13 @@ def browser_run() -> dict[str, Any]:
 
 def test_the_pack_registers_its_settings_in_the_dialog(browser_run: dict[str, Any]) -> None:
     assert browser_run["registered"] == ["normal", DEMO_SIMULATED_MB]  # a default, and the stored value
+
+
+def test_the_node_search_finds_the_packs_nodes(browser_run: dict[str, Any]) -> None:
+    """Typed into the node search a double-click opens (node-search aliases on 1.49.x)."""
+    for query, wanted in SEARCHES.items():
+        listed = [result["name"] for result in browser_run["search"][query]]
+        assert wanted <= set(listed), (query, listed)
 
 
 def test_the_demo_template_speaks_on_the_simulated_gpu_and_the_panel_shows_it(browser_run: dict[str, Any]) -> None:
@@ -182,6 +197,6 @@ def test_no_console_error_comes_from_the_packs_scripts(browser_run: dict[str, An
             if m["type"] in ("error", "pageerror") and ("/extensions/mizuoto" in m["url"] + m["text"]
                                                         or "mizuoto" in m["text"].lower())]
     assert not ours, ours
-    assert set(browser_run["screenshots"]) >= {"1-demo-panel", "2-demo-vram-none", "3-qwen3tts-panel", "4-unloaded",
-                                              "5-freed"}
+    assert set(browser_run["screenshots"]) >= {"0-search-speech", "1-demo-panel", "2-demo-vram-none",
+                                              "3-qwen3tts-panel", "4-unloaded", "5-freed"}
     assert all(Path(s["path"]).stat().st_size > 10_000 for s in browser_run["screenshots"].values())

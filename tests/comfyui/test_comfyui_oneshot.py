@@ -21,8 +21,8 @@ from test_comfyui_server import node_of
 
 pytestmark = requires_comfyui
 
-ENGINES = {"f5tts": ("f5_tts", "mizuoto_runtime.engines.f5tts_tiny"),
-           "omnivoice": ("omnivoice", "mizuoto_runtime.engines.omnivoice_tiny")}
+ENGINES = {"f5tts": ("f5_tts", "mizuoto_runtime.engines.f5tts.tiny"),
+           "omnivoice": ("omnivoice", "mizuoto_runtime.engines.omnivoice.tiny")}
 TEMPLATES = {"f5tts": "Voice Clone - F5-TTS, step by step (from a reference recording)",
              "omnivoice": "Voice Clone - OmniVoice, step by step (from a reference recording)"}
 SAMPLE_RATE = 24000

@@ -197,6 +197,34 @@ def test_every_template_fits_the_nodes_inputs(comfy_server: ComfyServer) -> None
                                                                           widget_problems(node, object_info[node["type"]]))
 
 
+def deprecated_nodes(object_info: dict[str, Any]) -> dict[str, list[str]]:
+    """Template name -> the nodes in it that this ComfyUI's `object_info` marks `deprecated`
+    (a user opening the template sees "(DEPRECATED)" on them)."""
+    found: dict[str, list[str]] = {}
+    for name in TEMPLATES:
+        workflow = json.loads((WORKFLOWS / f"{name}.json").read_text())
+        marked = sorted({node["type"] for node in workflow["nodes"]
+                         if object_info.get(node["type"], {}).get("deprecated")})
+        if marked:
+            found[name] = marked
+    return found
+
+
+def test_no_template_uses_a_node_this_comfyui_marks_deprecated(comfy_server: ComfyServer) -> None:
+    """Every lab (issue 23): v0.33.0 marks SaveAudio (FLAC), SaveAudioMP3 and SaveAudioOpus deprecated."""
+    assert deprecated_nodes(comfy_server.get("/object_info")) == {}
+
+
+def test_the_deprecated_node_check_can_fail(comfy_server: ComfyServer) -> None:
+    """The check reads the `deprecated` flag: marking each node of one template finds them."""
+    object_info = comfy_server.get("/object_info")
+    nodes = json.loads((WORKFLOWS / f"{DEMO_TTS}.json").read_text())["nodes"]
+    types = sorted({node["type"] for node in nodes} - FRONTEND_ONLY)
+    for node_type in types:
+        object_info[node_type] = {**object_info[node_type], "deprecated": True}
+    assert deprecated_nodes(object_info)[DEMO_TTS] == types
+
+
 def test_the_template_check_can_fail(comfy_server: ComfyServer) -> None:
     """An old layout (the loader before its device widget, a free-text speaker) is caught."""
     info = comfy_server.get("/object_info")

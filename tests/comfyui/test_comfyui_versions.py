@@ -5,9 +5,11 @@ ComfyUI `ModelPatcher` entry plus our adapters (`accounting_checks.py` says what
 
 The releases' files come from a folder named by `COMFYUI_VERSIONS_DIR`, prepared by hand and never
 committed: one subfolder per line of VERSIONS.txt, holding that commit's `comfy/`, `comfy_api/`,
-`comfy_execution/`, `utils/`, `comfyui_version.py` and a `COMMIT` file. Its Python
-(`COMFYUI_VERSIONS_PYTHON`, else `COMFYUI_PYTHON`, else this one) needs what those releases import:
-torch, comfy-aimdo, comfy-kitchen, and ComfyUI's plain requirements. Without the variable, or
+`comfy_execution/`, `utils/`, `node_helpers.py`, `comfyui_version.py` and a `COMMIT` file (or a
+whole tree: the 0.38.1 overlay is a copy of v0.33.0's with 0.38.1's accounting files laid over
+it). Its Python (`COMFYUI_VERSIONS_PYTHON`, else `COMFYUI_PYTHON`, else this one) needs what those
+releases import: torch, comfy-aimdo, comfy-kitchen, and ComfyUI's plain requirements (the v0.33.0
+lab's venv has them all). Without the variable, or
 for a release whose folder is missing, the test skips and says why.
 """
 from __future__ import annotations

@@ -1,0 +1,350 @@
+"""CosyVoice 2 (CosyVoice2-0.5B) and CosyVoice 3 (Fun-CosyVoice3-0.5B-2512) on our own model
+code, run in phases by the memory runtime (issue 22; M1, M4, M18, M43, M45, M46, M53).
+
+Components (each a registered handle) and phases:
+
+* ``voice prompt`` — ``campplus`` (speaker embedding) and ``speech_tokenizer`` (prompt speech
+  tokens), `oneshot`, plus the prompt mel (computed where the audio is). Cached per reference
+  (M4): the same voice again places neither. A built-in speaker of ``spk2info.pt`` needs no
+  phase at all. (The two ONNX-derived modules are not implemented yet: cloning from reference
+  audio says so, naming the files; speakers of ``spk2info.pt`` — embeddings, or whole
+  zero-shot prompts as upstream's ``add_zero_shot_spk`` saves them — work.)
+* ``talker`` — ``llm``: the Qwen2 LM with its speech embedding and decoder, a `sequence`
+  handle whose units are its decoder layers (24 in the real model). Our token loop
+  (`lm.generate`) with upstream's RAS sampling: the same random draws in the same order, so
+  the same tokens under a seed. KV cache: ``compute.kv_cache = dynamic`` grows by
+  concatenation; ``static`` uses `BufferCache` (M53). Its size is estimated at upstream's cap,
+  20 speech tokens per text token, capped by ``max_new_tokens`` (M46).
+* ``flow`` — ``flow``, `oneshot`: token embedding, CosyVoice 2's conformer encoder or
+  CosyVoice 3's lookahead layer, then 10 Euler steps of the estimator (U-Net or DiT) on fixed
+  noise; classifier-free guidance runs both halves as one batch of two through each unit, so
+  each streamed unit is copied once per step (M18).
+* ``vocoder`` — ``hift``, `oneshot`. No tiled fallback (M43): its source signal's phase is a
+  running sum over every sample of the utterance, so tiles would not join.
+
+Random numbers. The talker seeds the global generator with the request's seed (inside a
+`fork_rng`, so retries replay it, M40). CosyVoice 2's vocoder draws its source phases and
+noise from the same generator after the LM's draws, as upstream's ``tts`` does: the talker
+hands the generator's state on in its output, and the vocoder phase continues from it. The
+result is upstream's ``CosyVoice2Model.tts`` output for the same seed (tested against the
+reference data's end-to-end stage).
+
+Sampling: upstream's RAS with the yaml's settings (top-p 0.8, top-k 25, window 10); the
+request's seed and ``max_new_tokens`` apply, its temperature, top-k and top-p do not.
+
+Modes (`encode_voice`): a ``spk2info`` speaker (upstream's sft mode, or a saved zero-shot
+prompt); zero-shot (reference + transcript); cross-lingual (reference alone: no prompt in the
+LM); instruct (CosyVoice 2's instruct2 / CosyVoice 3's instruction text: the instruction is the
+LM prompt, ended by ``<|endofprompt|>``). CosyVoice 3 needs ``<|endofprompt|>`` in the LM's
+text: where the user's prompt lacks it, upstream's documented system prompt
+``You are a helpful assistant.<|endofprompt|>`` goes first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...audio import Audio
+from ...errors import CheckpointError, MizuotoError
+from ...nn.decoder import KVCache
+from ...nn.kv_cache import BufferCache, peak_bytes
+from ...phases import RequestContext
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from .lm import length_bounds
+from .model import CosyVoiceModel, detect_version, load_model
+from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
+from .text import normalize
+from .tokenizer import ENDOFPROMPT, TextTokenizer
+
+log = logging.getLogger(__name__)
+
+SPK2INFO = "spk2info.pt"
+NO_FALLBACK = "none: HiFT's source phase runs through the whole utterance, so it cannot be tiled"
+SYSTEM_PROMPT = "You are a helpful assistant." + ENDOFPROMPT  # CosyVoice 3's documented default
+VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.onnx", "speech_tokenizer_v3.onnx")}
+# Working-memory constants (M45), in units of the hidden size per position, fitted on the tiny
+# checkpoints' CPU peaks (bench/engines.py) and rounded up.
+PREFILL_HIDDEN_COPIES = 10
+ESTIMATOR_COPIES = 24
+SOURCE_BYTES_PER_SAMPLE = 256  # the 9-harmonic source at the output rate and its temporaries
+VOCODER_STAGE_COPIES = 6  # live copies of an upsampling stage (input kept, resblock temporaries)
+
+
+def read_speakers(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """``spk2info.pt``: speaker name -> tensors: ``embedding`` (upstream's sft speakers), or a
+    zero-shot voice as ``add_zero_shot_spk`` saves it (``flow_embedding``, ``prompt_text``,
+    ``llm_prompt_speech_token``, ``flow_prompt_speech_token``, ``prompt_speech_feat`` ...).
+    Weights only; an absent file is no speakers."""
+    path = folder / SPK2INFO
+    if not path.is_file():
+        return {}
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: not a weights-only torch file ({exc})") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise CheckpointError(f"{path}: expected speaker name -> dict of tensors")
+    bad = [name for name, info in data.items()
+           if not isinstance(info.get("embedding", info.get("flow_embedding")), torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"{path}: speakers without an 'embedding' or 'flow_embedding' tensor: "
+                              f"{', '.join(map(str, bad[:5]))}")
+    return {str(k): v for k, v in data.items()}
+
+
+def speaker_names(folder: Path) -> list[str]:
+    try:
+        return sorted(read_speakers(folder))
+    except CheckpointError:
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class TalkerPlan:
+    """The talker phase's sizes, from the request (M45, M46)."""
+
+    prompt_positions: int
+    tokens_at_most: int
+    kv_kind: str
+
+    @property
+    def positions(self) -> int:
+        return self.prompt_positions + self.tokens_at_most
+
+
+class CosyVoiceEngine(Engine):
+    """CosyVoice 2 / 3: speakers, zero-shot, cross-lingual and instruct; 24 kHz."""
+
+    id = "cosyvoice"
+    title = "CosyVoice"
+    sample_rate = 24000
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        """A published CosyVoice 2 or 3 folder (its yaml, the three state_dicts and
+        CosyVoice-BlankEN), labelled by version, with the speakers of its ``spk2info.pt``."""
+        try:
+            version = detect_version(folder)
+        except CheckpointError:
+            return None
+        if not all((folder / f).is_file() for f in ("llm.pt", "flow.pt", "hift.pt")) or \
+                not (folder / "CosyVoice-BlankEN" / "config.json").is_file():
+            return None
+        return CheckpointInfo(f"CosyVoice{version}", speaker_names(folder), ["auto"])
+
+    def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> None:
+        super().__init__(manager, model_dir, dtype, device)
+        if self.model_dir is None:
+            raise CheckpointError("cosyvoice needs a checkpoint folder (the layout of FunAudioLLM/CosyVoice2-0.5B "
+                                  "or Fun-CosyVoice3-0.5B-2512)")
+        if not self.model_dir.is_dir():
+            raise CheckpointError(f"CosyVoice checkpoint folder not found: {self.model_dir}")
+        self.model: CosyVoiceModel = load_model(self.model_dir, dtype=dtype)
+        self.version = self.model.version
+        self.sample_rate = self.model.sample_rate
+        self.tokenizer = TextTokenizer(self.model.blank_en, self.version)
+        self.speakers = read_speakers(self.model_dir)
+        self.llm = self.register(self.model.lm, "llm", kind="sequence")
+        self.flow = self.register(self.model.flow, "flow")
+        self.vocoder = self.register(self.model.hift, "vocoder")
+
+    def handles(self) -> list[Any]:
+        return [self.llm, self.flow, self.vocoder]
+
+    # ---- voice prompt ----------------------------------------------------------------------
+    def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
+                     speaker: str | None, instruct: str | None = None) -> dict[str, Any]:
+        """The voice's tensors: ``embedding`` (1, 192); for the flow's prompt ``prompt_token``
+        and ``prompt_feat``; for the LM ``llm_prompt_text`` ids and ``llm_prompt_token``."""
+        if speaker and reference is not None:
+            raise MizuotoError("cosyvoice: give a built-in speaker or reference audio, not both")
+        if speaker:
+            data = self._speaker(speaker)
+        elif reference is not None:
+            data = self._reference(ctx, reference)
+            if (transcript or "").strip() and not instruct:  # zero-shot; else cross-lingual
+                data["llm_prompt_text"] = self._ids(self._lm_prompt(normalize(transcript or "")))
+                data["llm_prompt_token"] = data["prompt_token"]
+        else:
+            raise MizuotoError("cosyvoice needs a voice: a built-in speaker "
+                               f"({', '.join(sorted(self.speakers)) or 'this folder has none'}) or reference audio")
+        if instruct:
+            data["llm_prompt_text"] = self._ids(self._instruction(instruct))
+            data["llm_prompt_token"] = torch.zeros(1, 0, dtype=torch.int32)
+        return data
+
+    def _speaker(self, name: str) -> dict[str, Any]:
+        if name not in self.speakers:
+            raise MizuotoError(f"cosyvoice: no speaker {name!r} in {self.model_dir / SPK2INFO} "
+                               f"(it has: {', '.join(sorted(self.speakers)) or 'none'})")
+        info = self.speakers[name]
+        embedding = info.get("flow_embedding", info.get("embedding"))
+        data: dict[str, Any] = {"embedding": embedding.reshape(1, -1).float()}
+        if "flow_prompt_speech_token" in info and "prompt_speech_feat" in info:  # a saved zero-shot voice
+            data["prompt_token"] = info["flow_prompt_speech_token"].to(torch.int32).reshape(1, -1)
+            data["prompt_feat"] = info["prompt_speech_feat"].float().reshape(1, -1, 80)
+            if "prompt_text" in info:
+                data["llm_prompt_text"] = info["prompt_text"].to(torch.int64).reshape(1, -1)
+                data["llm_prompt_token"] = info.get("llm_prompt_speech_token", data["prompt_token"]).to(
+                    torch.int32).reshape(1, -1)
+        return data
+
+    def _reference(self, ctx: RequestContext, reference: Audio) -> dict[str, Any]:
+        missing = [f for f in VOICE_FILES[self.version] if not (self.model_dir / f).is_file()]  # type: ignore[operator]
+        detail = (f"the folder lacks {', '.join(missing)}" if missing else
+                  "running campplus.onnx and the speech tokenizer as torch modules is not implemented yet")
+        raise MizuotoError(f"cosyvoice: cloning from reference audio needs the speaker encoder and the speech "
+                           f"tokenizer; {detail}. Use a speaker saved in {SPK2INFO}.")
+
+    def prompt_feat(self, wav24k: torch.Tensor) -> torch.Tensor:
+        """The prompt mel (1, frames, 80) of a 24 kHz waveform (the yaml's feat_extractor)."""
+        return prompt_mel(wav24k, self.model.mel)
+
+    def _lm_prompt(self, transcript: str) -> str:
+        if self.version == 3 and ENDOFPROMPT not in transcript:
+            return SYSTEM_PROMPT + transcript
+        return transcript
+
+    def _instruction(self, instruct: str) -> str:
+        if ENDOFPROMPT in instruct:
+            return instruct
+        if self.version == 3:
+            return f"You are a helpful assistant. {instruct}{ENDOFPROMPT}"
+        return instruct + ENDOFPROMPT
+
+    def _ids(self, text: str) -> torch.Tensor:
+        return torch.tensor([self.tokenizer.encode(text)], dtype=torch.int64)
+
+    # ---- talker ----------------------------------------------------------------------------
+    def text_ids(self, text: str, voice: Voice) -> torch.Tensor:
+        """The text the LM speaks, normalised as upstream does (`text.normalize`). CosyVoice 3 needs ``<|endofprompt|>`` in its text or prompt:
+        a voice without an LM prompt gets the system prompt before the text."""
+        prompt = voice.data.get("llm_prompt_text")
+        text = normalize(text)
+        if self.version == 3 and prompt is None and ENDOFPROMPT not in text:
+            text = SYSTEM_PROMPT + text
+        return self._ids(text)
+
+    def plan(self, text: torch.Tensor, voice: Voice, max_new_tokens: int) -> TalkerPlan:
+        prompt_text = voice.data.get("llm_prompt_text")
+        prompt_token = voice.data.get("llm_prompt_token")
+        prompt = 2 + text.shape[1] + (prompt_text.shape[1] if prompt_text is not None else 0) + \
+            (prompt_token.shape[1] if prompt_token is not None else 0)
+        _, cap = length_bounds(text.shape[1])
+        return TalkerPlan(prompt, max(1, min(cap, max_new_tokens)), self.manager.policy.kv_cache)
+
+    def talker_memory(self, plan: TalkerPlan) -> dict[str, int]:
+        """M45/M46: the KV cache at the plan's positions (static: `BufferCache`'s doubling
+        buffers), the prefill's activations (hidden states, MLP, attention scores per head) and
+        the logits."""
+        cfg, lm = self.model.lm.spec.decoder, self.model.lm
+        elem = element_size(self.dtype)
+        position = 2 * cfg.num_key_value_heads * cfg.dim_head * elem
+        kind = "static" if plan.kv_kind == "static" else "dynamic"
+        kv = peak_bytes(position, cfg.num_hidden_layers, plan.positions, kind)
+        t = plan.prompt_positions
+        activations = elem * t * (PREFILL_HIDDEN_COPIES * cfg.hidden_size + 3 * cfg.intermediate_size
+                                  + cfg.num_attention_heads * t)
+        logits = 4 * 3 * lm.llm_decoder.out_features
+        return {"kv_cache": kv, "activations": activations, "logits": logits}
+
+    def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
+        data = voice.data
+        ids = self.text_ids(text, voice)
+        plan = self.plan(ids, voice, sampling.max_new_tokens)
+        parts = self.talker_memory(plan)
+        ctx.report.add_phase("talker", kv_positions=plan.positions, tokens_at_most=plan.tokens_at_most,
+                             **{f"{k}_mb": round(v / 2**20, 3) for k, v in parts.items()})
+        prompt_text = data.get("llm_prompt_text", torch.zeros(1, 0, dtype=torch.int64))
+        prompt_token = data.get("llm_prompt_token", torch.zeros(1, 0, dtype=torch.int32))
+        count = [0]
+
+        def tick(_token: int) -> None:
+            count[0] += 1
+            ctx.progress(count[0], plan.tokens_at_most)
+
+        @torch.inference_mode()
+        def run() -> tuple[list[int], torch.Tensor]:
+            cache = BufferCache(min_capacity=plan.positions) if plan.kv_kind == "static" else KVCache()
+            with self.seeded(sampling.seed):
+                gen = speech_tokens(self.model, ids.to(self.device), prompt_text.to(self.device),
+                                    prompt_token.to(self.device).to(torch.int64), cache=cache,
+                                    max_new_tokens=plan.tokens_at_most, on_token=tick)
+                state = _rng_state(self.device)  # the vocoder continues from here (module docstring)
+            return gen.tokens, state
+
+        tokens, rng = ctx.run("talker", [self.llm], run, sum(parts.values()))
+        ctx.applied.update(kv_cache=plan.kv_kind)
+        tokens = drop_silent(tokens, SILENT_TOKENS[self.version])
+        if not tokens:
+            raise MizuotoError("cosyvoice: the LM produced no speech tokens for this text")
+        return Codes(torch.tensor([tokens], dtype=torch.int32), self.id, {"rng": rng, "voice": data})
+
+    # ---- flow + vocoder --------------------------------------------------------------------
+    def flow_memory(self, frames: int) -> int:
+        """M45: the flow phase at `frames` mel frames (prompt + new): the CFG batch of two
+        through the estimator's widest stage, its attention scores, and the Euler state."""
+        est = self.model.flow.decoder.estimator
+        elem = element_size(self.dtype)
+        width = getattr(getattr(est, "spec", None), "dim", None) or max(getattr(est.spec, "channels", (256,)))
+        heads = getattr(est.spec, "heads", None) or getattr(est.spec, "num_heads", 8)
+        return int(2 * frames * elem * (ESTIMATOR_COPIES * width + 2 * heads * frames) + 8 * frames * 80 * elem)
+
+    def vocoder_memory(self, frames: int) -> int:
+        """M45: HiFT at `frames` mel frames (float32): the NSF source at the output rate, and
+        each upsampling stage's channels x length."""
+        spec = self.model.hift.spec
+        samples = frames * spec.upsample_scale
+        stages, length = 0, frames
+        for i, rate in enumerate(spec.upsample_rates):
+            length *= rate
+            stages += (spec.base_channels // 2 ** (i + 1)) * length
+        return samples * SOURCE_BYTES_PER_SAMPLE + 4 * VOCODER_STAGE_COPIES * stages
+
+    def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
+        data = codes.extra["voice"]
+        tokens = codes.tokens.to(torch.int32)
+        prompt_token = data.get("prompt_token", torch.zeros(1, 0, dtype=torch.int32)).to(torch.int32)
+        prompt_feat = data.get("prompt_feat", torch.zeros(1, 0, 80))
+        embedding = data["embedding"]
+        frames = (tokens.shape[1] + prompt_token.shape[1]) * self.model.flow.token_mel_ratio
+
+        @torch.inference_mode()
+        def flow() -> torch.Tensor:
+            dev = self.device
+            with self.progress_per_call(ctx, self.model.flow.decoder.estimator, self.model.flow.decoder.n_timesteps):
+                mel = self.model.flow(tokens.to(dev), prompt_token.to(dev), prompt_feat.to(dev, self.dtype),
+                                      embedding.to(dev, self.dtype))
+            return mel.cpu()
+
+        mel = ctx.run("flow", [self.flow], flow, self.flow_memory(frames))
+
+        @torch.inference_mode()
+        def vocode() -> torch.Tensor:
+            with self.seeded(0):
+                _set_rng_state(self.device, codes.extra["rng"])
+                wav, _, _ = self.model.hift(mel.to(self.device, self.dtype))
+            return wav.float().cpu()
+
+        ctx.applied["vocoder_fallback"] = NO_FALLBACK  # meta.applied: what the report shows
+        wav = ctx.run("vocoder", [self.vocoder], vocode, self.vocoder_memory(mel.shape[-1]))
+        return Audio(wav, self.sample_rate)
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    """The state of the generator the vocoder draws from on `device`."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)

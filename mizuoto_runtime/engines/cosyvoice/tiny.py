@@ -1,0 +1,308 @@
+"""A tiny random CosyVoice 2 / 3 folder in the published layout (tests and demos; no download):
+
+    cosyvoice2.yaml | cosyvoice3.yaml   llm.pt  flow.pt  hift.pt  spk2info.pt
+    CosyVoice-BlankEN/  config.json  generation_config.json  model.safetensors
+                        vocab.json  merges.txt  tokenizer_config.json
+
+The yaml has the published files' tags and keys (llm, flow, hift, feat_extractor,
+get_tokenizer, the seeding ``!apply:`` lines) with small sizes. State dicts carry upstream's key
+names, weight norm as ``parametrizations.weight.original0/1`` pairs; the Qwen2 backbone is in
+``llm.pt`` (as upstream saves it) and in BlankEN's safetensors. The tokenizer is byte-level BPE
+without merges (one token per byte) and Qwen2's three specials. ``spk2info.pt`` holds one
+speaker, ``tiny``, saved as upstream's ``add_zero_shot_spk`` saves a voice (its embedding,
+prompt text ids, prompt speech tokens and prompt mel), so every mode but reference cloning runs.
+The LM's stop ids are made unlikely, so tests bound the length with ``max_new_tokens``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from ...nn.decoder import DecoderConfig
+from ..tiny import byte_alphabet, fan_in_std, write_json
+from .engine import SPK2INFO
+from .model import BLANK_EN, YAMLS, load_model
+from .tokenizer import special_tokens
+
+SPEECH_TOKENS = 128
+HIDDEN = 64
+TEXT_VOCAB = {2: 320, 3: 832}
+WEIGHT_NORMED = re.compile(r"^(conv_pre|conv_post|ups\.\d+|(source_)?resblocks\.\d+\.convs[12]\.\d+|"
+                           r"f0_predictor\.condnet\.\d+)\.weight$")
+
+_HEAD = """# tiny random CosyVoice {version} (Mizuoto tests); the published file's tags and keys, small sizes
+__set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+sample_rate: 24000
+llm_input_size: {hidden}
+llm_output_size: {hidden}
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 25
+token_mel_ratio: 2
+chunk_size: 25
+num_decoding_left_chunks: -1
+llm: !new:cosyvoice.llm.llm.{lm_class}
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {speech}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+"""
+_FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: 64
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {speech}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: 64
+        attention_heads: 4
+        linear_units: 96
+        num_blocks: 2
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: 64
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: 320
+            out_channels: 80
+            channels: [64]
+            dropout: 0.0
+            attention_head_dim: 16
+            n_blocks: 1
+            num_mid_blocks: 2
+            num_heads: 4
+            act_fn: 'gelu'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+"""
+_FLOW3 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
+    input_size: 80
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {speech}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+        in_channels: 80
+        channels: 64
+        pre_lookahead_len: 3
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+            dim: 64
+            depth: 4
+            heads: 4
+            dim_head: 16
+            ff_mult: 2
+            mel_dim: 80
+            mu_dim: 80
+            spk_dim: 80
+            out_channels: 80
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+"""
+_TAIL = """hift: !new:cosyvoice.hifigan.generator.{hift_class}
+    in_channels: 80
+    base_channels: 64
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: [3, 7, 11]
+    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99{look_right}
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.{f0_class}
+        num_class: 1
+        in_channels: 80
+        cond_channels: 32
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: {fmax}
+    center: False
+get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
+    token_path: !ref <qwen_pretrain_path>
+    skip_special_tokens: True{tok_version}
+allowed_special: 'all'
+"""
+
+
+def model_yaml(version: int) -> str:
+    v3 = version == 3
+    return (_HEAD.format(version=version, hidden=HIDDEN, speech=SPEECH_TOKENS,
+                         lm_class="CosyVoice3LM" if v3 else "Qwen2LM")
+            + (_FLOW3 if v3 else _FLOW2).format(speech=SPEECH_TOKENS)
+            + _TAIL.format(hift_class="CausalHiFTGenerator" if v3 else "HiFTGenerator",
+                           f0_class="CausalConvRNNF0Predictor" if v3 else "ConvRNNF0Predictor",
+                           look_right="\n    conv_pre_look_right: 4" if v3 else "",
+                           fmax="null" if v3 else 8000, tok_version="\n    version: cosyvoice3" if v3 else ""))
+
+
+def write_blank_en(folder: Path, version: int, state: dict[str, torch.Tensor]) -> None:
+    """Config, byte-level tokenizer and the backbone weights (bf16, as published)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    alphabet = byte_alphabet()
+    vocab = {alphabet[b]: b for b in range(256)}
+    specials = {t: len(vocab) + i for i, t in enumerate(("<|endoftext|>", "<|im_start|>", "<|im_end|>"))}
+    write_json(folder / "vocab.json", vocab)
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    write_json(folder / "tokenizer_config.json", {
+        "add_prefix_space": False,
+        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for t, i in specials.items()},
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
+        "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>", "errors": "replace",
+        "model_max_length": 32768, "pad_token": "<|endoftext|>", "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None})
+    if len(vocab) + len(specials) + len(special_tokens(version)) > TEXT_VOCAB[version]:
+        raise ValueError("tiny tokenizer does not fit the text embedding")
+    write_json(folder / "config.json", {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 256, "eos_token_id": 256,
+        "hidden_act": "silu", "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": 128,
+        "max_position_embeddings": 32768, "max_window_layers": 2, "model_type": "qwen2", "num_attention_heads": 4,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "use_cache": True, "use_sliding_window": False, "vocab_size": TEXT_VOCAB[version]})
+    write_json(folder / "generation_config.json", {"bos_token_id": 256, "eos_token_id": 256})
+    backbone = {k[len("llm.model."):]: v.to(torch.bfloat16).contiguous() for k, v in state.items()
+                if k.startswith("llm.model.model.")}
+    backbone["lm_head.weight"] = backbone["model.embed_tokens.weight"].clone()
+    save_file(backbone, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight") or "norm" in name and p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=generator))
+            elif p.dim() == 1:
+                p.copy_(0.05 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=generator))
+
+
+def _weight_normed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Plain weights back to upstream's parametrization pair (g = per-row norm, v = weight)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if WEIGHT_NORMED.match(key):
+            base = key[: -len(".weight")]
+            out[base + ".parametrizations.weight.original0"] = torch.norm_except_dim(value, 2, 0)
+            out[base + ".parametrizations.weight.original1"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def write_tiny_checkpoint(directory: str | Path, version: int = 2, seed: int = 0,
+                          dtype: torch.dtype = torch.float32) -> Path:
+    """Write the folder; `dtype` must be float32 (upstream's state_dicts are float32)."""
+    if version not in YAMLS:
+        raise ValueError(f"cosyvoice tiny checkpoint: version must be 2 or 3, got {version}")
+    if dtype != torch.float32:
+        raise ValueError("cosyvoice tiny checkpoint: the published state_dicts are float32")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / YAMLS[version]).write_text(model_yaml(version), encoding="utf-8")
+    generator = torch.Generator().manual_seed(seed)
+    # Build the modules from the yaml with our own loader's builders, then fill them at random.
+    from .config import ModelConfig
+    from .model import _hift_factory, build_flow, lm_spec
+    from .lm import CosyVoiceLM
+
+    blank = out / BLANK_EN
+    config = DecoderConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=128, vocab_size=TEXT_VOCAB[version], rope_theta=1e6)
+    write_blank_en(blank, version, {"llm.model.model.embed_tokens.weight": torch.zeros(TEXT_VOCAB[version], HIDDEN)})
+    cfg = ModelConfig.read(out / YAMLS[version], {"qwen_pretrain_path": str(blank)})
+    lm = CosyVoiceLM(lm_spec(cfg, blank))
+    assert lm.spec.decoder == config
+    flow, hift = build_flow(cfg), _hift_factory(cfg)()
+    for module in (lm, flow, hift):
+        _randomize(module, generator)
+    with torch.no_grad():  # stop ids unlikely: tests bound the length with max_new_tokens
+        lm.llm_decoder.weight[SPEECH_TOKENS:].mul_(0.0)
+        if lm.llm_decoder.bias is not None:
+            lm.llm_decoder.bias[SPEECH_TOKENS:].fill_(-4.0)
+            lm.llm_decoder.bias[SPEECH_TOKENS].fill_(1.0)
+        else:  # CosyVoice 3: no bias; sharper speech rows, so a stop id is rarely drawn
+            lm.llm_decoder.weight[:SPEECH_TOKENS].mul_(3.0)
+    llm_state = {k: v.contiguous() for k, v in lm.state_dict().items()}
+    llm_state["llm.model.lm_head.weight"] = llm_state["llm.model.model.embed_tokens.weight"]
+    torch.save(llm_state, out / "llm.pt")
+    torch.save(flow.state_dict(), out / "flow.pt")
+    torch.save(_weight_normed(hift.state_dict()), out / "hift.pt")
+    write_blank_en(blank, version, llm_state)
+    tokens = torch.randint(0, SPEECH_TOKENS, (1, 12), generator=generator, dtype=torch.int32)
+    torch.save({"tiny": {
+        "flow_embedding": torch.randn(1, 192, generator=generator),
+        "prompt_text": torch.tensor([list(b"a tiny voice.")], dtype=torch.int32),
+        "llm_prompt_speech_token": tokens, "flow_prompt_speech_token": tokens,
+        "prompt_speech_feat": torch.randn(1, 24, 80, generator=generator) - 4.0,
+    }}, out / SPK2INFO)
+    load_model(out)  # the folder loads with the engine's own loader
+    return out

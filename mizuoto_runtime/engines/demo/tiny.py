@@ -1,0 +1,20 @@
+"""The demo engine's checkpoint writer: its random weights as one safetensors file per component."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .model import random_weights
+
+
+def save_checkpoint(directory: str | Path, seed: int = 1234, dtype: torch.dtype = torch.float32) -> Path:
+    """Write the demo's components as `<name>.safetensors` (for the loading path, M27)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, module in random_weights(seed).items():
+        state = {k: v.to(dtype).contiguous() for k, v in module.state_dict().items()}
+        save_file(state, str(directory / f"{name}.safetensors"))
+    return directory

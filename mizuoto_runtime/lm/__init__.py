@@ -1,1 +1,0 @@
-"""Language-model helpers shared by engines (M46, M53)."""

@@ -1,0 +1,116 @@
+"""mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
+kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto_runtime.nn import conformer, features, weight_norm
+from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
+
+
+@pytest.mark.parametrize("module", [nn.Conv1d(6, 4, 3), nn.ConvTranspose1d(6, 4, 5, 2)])
+def test_weight_norm_fold_both_key_forms(module: nn.Module) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 11)
+    new = nn.utils.parametrizations.weight_norm(module)
+    with torch.no_grad():
+        new.parametrizations.weight.original0.mul_(1.3)
+    want = new(x)
+    folded = weight_norm.fold_state_dict(new.state_dict())
+    assert set(folded) == {"weight", "bias"}
+    plain = type(module)(6, 4, module.kernel_size[0], module.stride[0])
+    plain.load_state_dict(folded)
+    assert torch.equal(plain(x), want)
+
+    legacy = {"weight_g": new.parametrizations.weight.original0.detach(),
+              "weight_v": new.parametrizations.weight.original1.detach(), "bias": module.bias.detach()}
+    assert torch.equal(weight_norm.fold_state_dict(legacy)["weight"], folded["weight"])
+    with pytest.raises(KeyError, match="weight_v"):
+        weight_norm.fold_state_dict({"weight_g": legacy["weight_g"]})
+
+
+def test_mel_filterbank_matches_librosa() -> None:
+    librosa = pytest.importorskip("librosa")
+    for fmax in (8000, None):
+        want = librosa.filters.mel(sr=24000, n_fft=1920, n_mels=80, fmin=0, fmax=fmax)
+        assert torch.equal(features.mel_filterbank(24000, 1920, 80, 0, fmax), torch.from_numpy(want))
+    want = librosa.filters.mel(sr=16000, n_fft=400, n_mels=40, fmin=30, fmax=7000, htk=True)
+    assert torch.equal(features.mel_filterbank(16000, 400, 40, 30, 7000, htk=True), torch.from_numpy(want))
+
+
+def test_mel_spectrogram_shape_and_log_floor() -> None:
+    wav = torch.zeros(1, 24000)
+    mel = features.mel_spectrogram(wav, n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480,
+                                   win_size=1920, fmin=0, fmax=8000)
+    assert mel.shape == (1, 80, 50)
+    assert torch.all(mel == math.log(1e-5))
+
+
+def test_kaldi_fbank_matches_torchaudio() -> None:
+    kaldi = pytest.importorskip("torchaudio.compliance.kaldi")
+    torch.manual_seed(0)
+    wav = torch.randn(1, 16000) * 0.1
+    want = kaldi.fbank(wav, num_mel_bins=80, dither=0, sample_frequency=16000)
+    got = features.kaldi_fbank(wav, num_mel_bins=80, sample_frequency=16000)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="fewer than one"):
+        features.kaldi_fbank(torch.zeros(100))
+
+
+def test_rel_pos_attention_without_positions_is_plain_attention() -> None:
+    torch.manual_seed(0)
+    attn = conformer.RelPositionMultiHeadedAttention(4, 32).eval()
+    with torch.no_grad():
+        attn.linear_pos.weight.zero_()
+    embed = conformer.EspnetRelPositionalEncoding(32)
+    x = torch.randn(1, 7, 32)
+    _, pos = embed(x)
+    assert pos.shape == (1, 13, 32)
+    got = attn(x, torch.ones(1, 1, 7, dtype=torch.bool), pos)
+    q, k, v = (lin(x).view(1, 7, 4, 8).transpose(1, 2) for lin in (attn.linear_q, attn.linear_k, attn.linear_v))
+    want = attn.linear_out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, 7, 32))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_rel_shift_aligns_relative_positions() -> None:
+    """Row i of the shifted scores holds relative positions i-j for keys j = 0..t-1."""
+    t = 5
+    rel = torch.arange(t - 1, -t, -1).float()  # the encoding's order: t-1 .. -(t-1)
+    scores = rel.expand(1, 1, t, 2 * t - 1)
+    shifted = conformer.RelPositionMultiHeadedAttention.rel_shift(scores)
+    want = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).float()
+    assert torch.equal(shifted[0, 0], want)
+
+
+def test_causal_conv_module_ignores_the_future() -> None:
+    torch.manual_seed(0)
+    conv = conformer.ConvolutionModule(8, 5, norm="layer_norm", causal=True).eval()
+    x = torch.randn(1, 10, 8)
+    y = x.clone()
+    y[:, 6:] = torch.randn(1, 4, 8)
+    assert torch.equal(conv(x)[:, :6], conv(y)[:, :6])
+    layer = conformer.ConformerEncoderLayer(
+        8, conformer.RelPositionMultiHeadedAttention(2, 8), conformer.PositionwiseFeedForward(8, 16, nn.SiLU()),
+        conformer.PositionwiseFeedForward(8, 16, nn.SiLU()), conv).eval()
+    _, pos = conformer.EspnetRelPositionalEncoding(8)(x)
+    assert layer(x, torch.ones(1, 1, 10, dtype=torch.bool), pos).shape == x.shape
+
+
+def test_checkpoint_reader(tmp_path: Path) -> None:
+    t = torch.ones(2)
+    torch.save({"state_dict": {"generator.a": t, "step": 3}}, tmp_path / "wrapped.pt")
+    assert set(load_state_dict(tmp_path / "wrapped.pt", strip_prefixes=("generator.",))) == {"a"}
+    torch.save([t], tmp_path / "list.pt")
+    with pytest.raises(CheckpointError, match="list.pt: expected a dict"):
+        load_state_dict(tmp_path / "list.pt")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_state_dict(tmp_path / "absent.pt")
+    torch.save({"cfg": {"x": 1}}, tmp_path / "empty.pt")
+    with pytest.raises(CheckpointError, match="no tensors"):
+        load_state_dict(tmp_path / "empty.pt")
