@@ -12,11 +12,13 @@ plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequen
   threads waits for one to be released — cancellably — so concurrent calls never hold more
   than the handle's minimum working set counted (M16). A thread already inside a unit never
   waits (that could deadlock); it goes over capacity instead, like a nested entry.
-* Copies live as long as their unit runs (M18): when the last thread leaves a unit its copy
-  is dropped, unless the unit may run again while the copy could stay — nothing is learned yet
-  about what follows it, or the learned order brings it back within the copies the handle may
-  keep (CFG halves and beams run a block twice in a row) — or it was copied ahead and not yet
-  entered. The manager drops the rest when the last phase using the handle ends.
+* Kept copies (M18). When the last thread leaves a unit its copy stays — so a unit entered
+  leaf by leaf (VoxCPM's `forward_step` runs a layer's submodules directly) is copied once per
+  step, not once per leaf — until its room is needed: a kept copy is room the placement counted
+  for copies, and it is dropped (least recently used first) the moment another unit's copy
+  needs that room, in number (`capacity`) or in bytes (the copy engine's limit). When another
+  thread waits for room, a copy the learned order does not bring back goes at once. The
+  manager drops the rest when the last phase using the handle ends.
 * Learned order (M19). Each thread's previous unit is its own; a thread's order starts afresh
   with each phase (`end_call`), so successors never cross a phase boundary. The copies of the
   next units are made ahead (on a side stream, see `transfer.py`). A unit entered out of the
@@ -32,6 +34,22 @@ plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequen
 After each placement change the handle calls `placed`: the copy engine pins host copies (M21,
 M22), sizes its copy buffers and makes compiled parents of streamed units eager (M23). CUDA
 Graph replays are counted with `count_replay` so streamed bytes stay exact (M24).
+
+Invariants (tested as properties on random module trees, `tests/test_placement_properties.py`,
+and on real models at three device sizes, `tests/placement.py`):
+
+1. A handle's copies never hold more device bytes than the room its placement counted for them
+   (`UnitPlan.streaming_bytes` less the fixed part: its `capacity` largest units, each as its
+   aligned copy buffer holds it) — kept, running and copied-ahead copies together — unless a
+   thread enters a unit from inside another unit of the same handle (nested entry goes over
+   rather than deadlock; the unit plan keeps a layer two units call in the fixed part, so
+   module trees do not do this). So streaming never runs the device out of memory and never
+   pushes resident units out.
+2. Each streamed unit is copied at most once per call in a learned order (leaf by leaf too),
+   plus the next call's first copies made ahead by the last one: a request never copies more
+   than with every unit streamed (`vram_mode = none`), and copies no more on a larger device.
+3. When a request's phase ends no thread is inside a unit, no copy has a reference, and once
+   no request uses the handle no copy is left (`drop`): the device counts what handles hold.
 """
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ def _cfg_sampler(m: nn.Module, batched: bool, steps: int = 3) -> torch.Tensor:
         for step in range(steps):
             t = torch.tensor([999 - 300 * step])
             if batched:
-                c, u = m(torch.cat([x, x]), t.repeat(2), encoder_hidden_states=torch.cat([cond, uncond])).sample.chunk(2)
+                out = m(torch.cat([x, x]), t.repeat(2), encoder_hidden_states=torch.cat([cond, uncond])).sample
+                c, u = out.chunk(2)
             else:
                 c = m(x, t, encoder_hidden_states=cond).sample
                 u = m(x, t, encoder_hidden_states=uncond).sample
@@ -158,4 +159,5 @@ def test_unet_cfg_sampler_on_a_40_mb_device_copies_no_more_than_none(batched: bo
         assert manager.devices.peak_counted_bytes(torch.device("cpu")) <= 40 * MB
         runs[mode] = (resident, ctx.charge.streamed_bytes)
     assert runs["normal"][0] > runs["none"][0]  # part of the UNet stays resident
-    assert runs["normal"][1] < runs["none"][1], f"copied {runs['normal'][1]} B, with every unit streamed {runs['none'][1]} B"
+    copied, none = runs["normal"][1], runs["none"][1]
+    assert copied < none, f"copied {copied} B, with every unit streamed {none} B"

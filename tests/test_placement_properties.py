@@ -14,7 +14,7 @@ random sizes from below the phase's minimum working set to twice the model. For 
 * the device's counted bytes never exceed its size, nor what the placements accounted for (each
   handle's placement plus, where units stream, its copies' room);
 * resident bytes never decrease and streamed bytes never increase as the device grows;
-* no mode streams more than `none` on the same device;
+* no mode (`normal`, `low`) streams more than `none` on the same device;
 * after the request nothing is entered, no copy is left, and the device counts what the
   handles hold.
 
@@ -261,18 +261,20 @@ def check_case(case: Case, small: float, large: float, below: float) -> None:
             assert torch.equal(got, expected), f"{size} B: differs from the plain run"
         assert out.peak <= size, f"{size} B: the device counted {out.peak} B"
         assert out.peak <= out.accounted, f"{size} B: peak {out.peak} B over the accounted {out.accounted} B"
-    none = run(case, models, sizes[0], mode="none")
-    assert all(torch.equal(got, expected) for got in none.outputs)
-    assert none.peak <= min(sizes[0], none.accounted)
+    none, low = (run(case, models, sizes[0], mode=mode) for mode in ("none", "low"))
+    for out in (none, low):
+        assert all(torch.equal(got, expected) for got in out.outputs)
+        assert out.peak <= min(sizes[0], out.accounted)
     if case.gpu_jobs == 1:  # two requests at once interleave their copies: no order to compare
         lo, hi = outcomes[sizes[0]], outcomes[sizes[1]]
         assert lo.resident <= hi.resident, f"resident {lo.resident} B at {sizes[0]} B, {hi.resident} B at {sizes[1]} B"
         assert lo.streamed >= hi.streamed, f"streamed {lo.streamed} B at {sizes[0]} B, {hi.streamed} B at {sizes[1]} B"
         assert lo.streamed <= none.streamed, f"streamed {lo.streamed} B, with vram_mode none {none.streamed} B"
+        assert low.streamed <= none.streamed, f"vram_mode low streamed {low.streamed} B, none {none.streamed} B"
         # One copy of each streamed unit per call (entered leaf by leaf too), and the next call's
         # first copies made ahead by the last one.
         calls = STEPS * (1 if case.batched else 2)
-        for out in (lo, hi, none):
+        for out in (lo, hi, none, low):
             assert out.streamed <= (calls + 1) * out.once, f"streamed {out.streamed} B in {calls} calls"
     check_too_small(case, models, min(max(1, int(below * need)), need - 1))
 
