@@ -70,7 +70,8 @@ TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
            "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
            "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny",
-           "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny", "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
+           "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
+           "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 MB = 1 << 20
