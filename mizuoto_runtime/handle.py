@@ -207,7 +207,7 @@ class ModelHandle:
         if not self.devices.moves(self.device):
             return 0  # M5: on plain CPU nothing moves
         self._check_between_calls("load")
-        target = self._streamed_all() if stream_all else self._target_units(budget)
+        target = [] if stream_all else self._target_units(budget)
         before = self.loaded_bytes
         self.streamer.drop(self)  # placement changes: cached copies may now be resident units
         for unit in [u for u in reversed(self._resident) if u not in target]:
@@ -223,11 +223,6 @@ class ModelHandle:
         self.last_used = time.monotonic()
         return max(0, self.loaded_bytes - before)
 
-    def _streamed_all(self) -> list[Unit]:
-        """`vram_mode = none`: no unit resident — unless streaming needs no less room than the
-        whole component (no more units than copies), which is then placed whole (M16)."""
-        return [] if self.plan.streaming_bytes(self.copies) < self.size_bytes else list(self.plan.units)
-
     def _target_units(self, budget: int | None) -> list[Unit]:
         """Which units are resident for this budget, in placement order (M15, M16)."""
         if self.cap_bytes is not None:
@@ -241,7 +236,7 @@ class ModelHandle:
             )
             budget = self.min_working_set
             if budget >= self.size_bytes:
-                return list(self.plan.units)  # streaming would need no less (`UnitPlan.min_working_set`)
+                return list(self.plan.units)  # streaming needs no less (copies' alignment, M16)
         room = budget - self.min_working_set
         target: list[Unit] = []
         for unit in self._placement_order():

@@ -336,8 +336,10 @@ class ModelManager:
 
     def _ceiling(self, handle: ModelHandle) -> int:
         """The most the mode will put on the device for `handle` (issue 17, item 5): `none`
-        places the minimum working set, `low` its small resident share, a capped handle at
-        most its cap (never below the minimum, M7); otherwise the whole component."""
+        places the minimum working set (every unit streams: for a component of no more units than
+        copies a few bytes over its size, `UnitPlan.min_working_set`), `low` its small resident
+        share, a capped handle at most its cap (never below the minimum, M7); otherwise the whole
+        component."""
         mode = self.policy.vram_mode
         if mode == "none":
             ceiling = handle.min_working_set
@@ -347,7 +349,7 @@ class ModelManager:
             ceiling = handle.size_bytes
         if handle.cap_bytes is not None:
             ceiling = min(ceiling, max(handle.cap_bytes, handle.min_working_set))
-        return min(ceiling, handle.size_bytes)
+        return ceiling if mode == "none" else min(ceiling, handle.size_bytes)
 
     @staticmethod
     def _low_share(handle: ModelHandle) -> int:

@@ -39,7 +39,7 @@ Invariants (tested as properties on random module trees, `tests/test_placement_p
 and on real models at three device sizes, `tests/placement.py`):
 
 1. A handle's copies never hold more device bytes than the room its placement counted for them
-   (`UnitPlan.streaming_bytes` less the fixed part: its `capacity` largest units, each as its
+   (`UnitPlan.min_working_set` less the fixed part: its `capacity` largest units, each as its
    aligned copy buffer holds it) — kept, running and copied-ahead copies together — unless a
    thread enters a unit from inside another unit of the same handle (nested entry goes over
    rather than deadlock; the unit plan keeps a layer two units call in the fixed part, so

@@ -199,17 +199,13 @@ class UnitPlan:
     def size_bytes(self) -> int:
         return self.fixed_bytes + sum(u.nbytes for u in self.units)
 
-    def streaming_bytes(self, copies: int) -> int:
-        """The fixed part + the streamer's simultaneous copies of the largest units, each as its
-        copy buffer holds it (`Unit.copy_nbytes`): what streaming needs on the device."""
+    def min_working_set(self, copies: int) -> int:
+        """M16: fixed part + the streamer's simultaneous copies of the largest units, each as its
+        copy buffer holds it (`Unit.copy_nbytes`: with alignment). For a component of no more
+        units than copies that is a few hundred bytes over its size: placed whole within it
+        (`ModelHandle`), streamed (`vram_mode = none`) within it too."""
         largest = sorted((u.copy_nbytes for u in self.units), reverse=True)[:copies]
         return self.fixed_bytes + sum(largest)
-
-    def min_working_set(self, copies: int) -> int:
-        """M16: fixed part + the streamer's simultaneous copies of the largest units — or the
-        whole component, where that is less (a component of no more units than copies: its
-        copies' alignment would cost more than placing it whole)."""
-        return min(self.size_bytes, self.streaming_bytes(copies))
 
     def why_fixed(self) -> list[tuple[str, int]]:
         """M14: why the fixed part is fixed — (reason, bytes), largest first."""
