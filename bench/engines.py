@@ -329,9 +329,9 @@ def phase_peaks(folders: dict[str, Path | None], steps: int = PEAK_STEPS) -> lis
 
 
 def print_peaks(rows: list[PhasePeak]) -> None:
-    print(f"\n{'engine':10} {'phase':34} {'request':30} {'estimate MB':>12} {'CPU peak MB':>12} {'estimate/peak':>14}")
+    print(f"\n{'engine':10} {'phase':40} {'request':30} {'estimate MB':>12} {'CPU peak MB':>12} {'estimate/peak':>14}")
     for r in rows:
-        print(f"{r.engine:10} {r.phase:34} {r.request:30} {r.estimate / MB:12.3f} {r.peak / MB:12.3f} "
+        print(f"{r.engine:10} {r.phase:40} {r.request:30} {r.estimate / MB:12.3f} {r.peak / MB:12.3f} "
               f"{r.ratio:13.2f}x")
 
 
