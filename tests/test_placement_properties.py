@@ -46,7 +46,7 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 MB = 1 << 20
 WIDTH = 64  # the models' feature width: a unit of `hidden` columns holds about 2 * WIDTH * hidden * 4 bytes
 EXAMPLES = 250
-SOAK_EXAMPLES = 1500
+SOAK_EXAMPLES = 3000
 CPU = torch.device("cpu")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
