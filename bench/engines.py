@@ -1,5 +1,6 @@
-"""The one-shot engines under the memory runtime, side by side in one run (issue 11), and
-CosyVoice 2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``).
+"""The one-shot engines under the memory runtime, side by side in one run (issue 11), CosyVoice
+2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``) and GPT-SoVITS (issue 26: ``--engines
+gptsovits``).
 
 Per engine (F5-TTS, OmniVoice; tiny random checkpoints in their published layouts, written to a
 temporary folder), one request of each placement, repeated and interleaved:
@@ -14,7 +15,8 @@ tensor storage the phase creates (`PeakTracker`) against the engine's working-me
 it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
 fixed number of tokens), resident and all streamed; ``--peaks`` with ``--engines cosyvoice2``
-measures its three phases by how far the process's resident memory rises (Linux).
+measures its three phases by how far the process's resident memory rises (Linux). So is
+GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generated token.
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 
@@ -72,6 +74,7 @@ WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_
            "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny",
            "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
            "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
+GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 MB = 1 << 20
@@ -214,6 +217,41 @@ def cosyvoice_peaks(folders: dict[str, Path]) -> list[tuple[str, str, int, int]]
                      (name, f"flow {tokens} tok", engine.flow_memory(frames), flow_peak),
                      (name, f"vocoder {tokens} tok", engine.vocoder_memory(mel.shape[-1]), vocoder_peak)]
     return rows
+
+
+def time_gptsovits(folder: Path, repeat: int, device: str) -> None:
+    """Talker only: ms per generated token of the T2S loop, each placement (the voice prompt is
+    cached first; phoneme ids are given, so no text frontend or BERT phase runs)."""
+    from mizuoto_runtime.engines.gptsovits.engine import PhonemeText
+
+    target, prompt = PhonemeText(tuple(range(100, 140))), PhonemeText(tuple(range(200, 220)))
+    sampling = Sampling(seed=1, top_k=15, temperature=1.0, repetition_penalty=1.35, max_new_tokens=200)
+    print(f"\n{'engine':10} {'placement':22} {'ms/token':>9} {'vs resident':>12} {'tokens':>7} {'streamed MB':>12}")
+    runtimes = {name: Runtime(settings) for name, settings in placements(device).items()}
+    engines = {name: rt.engine("gptsovits", folder, device=None if device == "cpu" else device)
+               for name, rt in runtimes.items()}
+    voices = {name: engines[name].voice_prompt(rt.request(seed=1), REFERENCE, TRANSCRIPT)
+              for name, rt in runtimes.items()}
+    times: dict[str, list[float]] = {name: [] for name in runtimes}
+    last: dict[str, tuple[int, float]] = {}
+    for round_ in range(repeat + 1):  # the first round warms up (and learns the unit order)
+        for name, rt in runtimes.items():
+            ctx = rt.request(seed=1)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            codes = engines[name].generate(ctx, TEXT, voices[name], sampling, target=target, prompt_text=prompt)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            tokens = codes.tokens.shape[-1]
+            if round_:
+                times[name].append((time.perf_counter() - start) * 1000 / max(tokens, 1))
+            last[name] = (tokens, ctx.meta["memory"]["streamed_mb"])
+    base = statistics.median(times["resident"])
+    for name, per_token in times.items():
+        median = statistics.median(per_token)
+        print(f"{'gptsovits':10} {name:22} {median:9.2f} {median / base:11.2f}x {last[name][0]:7} "
+              f"{last[name][1]:12.1f}")
 
 
 def _status_kb(field: str) -> int:
@@ -376,7 +414,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
-        folders = checkpoint_folders(engines, Path(tmp))
+        folders = checkpoint_folders([e for e in engines if e != "gptsovits"], Path(tmp))
         cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice") and v is not None}
         if args.peaks:
             print(f"torch {torch.__version__}, plain CPU, {PEAK_STEPS} steps per request")
@@ -394,6 +432,9 @@ def main() -> None:
             time_cosyvoice(cosy, args.repeat, args.device)
         if fish is not None:
             time_fish(fish, args.frames, args.repeat)
+        if "gptsovits" in engines:
+            write_voice = importlib.import_module(GPTSOVITS_WRITER).write_voice
+            time_gptsovits(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,11 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
     "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
+    "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
 }
 # engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
-TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini")}
+TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini"),
+                                             "gptsovits": ("v2", "v2pro")}
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -89,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
     tiny.add_argument("--version", help="cosyvoice: 2 or 3 (default 2); fishspeech: s2-pro or s1-mini "
-                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth)")
+                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth); "
+                                        "gptsovits: v2 or v2pro (default v2; written in half precision, as "
+                                        "published voices are)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
     check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
@@ -255,7 +259,8 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
+        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm",
+                   "gptsovits": "jieba"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
@@ -281,6 +286,8 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine == "gptsovits":
+            folder = writer(args.directory, _tiny_version(args.engine, args.version), seed=args.seed)
         elif args.engine in TINY_VERSIONS:
             version = _tiny_version(args.engine, args.version)
             folder = writer(args.directory, int(version) if args.engine == "cosyvoice" else version, seed=args.seed,

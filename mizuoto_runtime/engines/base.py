@@ -173,6 +173,14 @@ class Engine(ABC):
         None when this engine cannot load it. Must not raise for a folder of another kind."""
         return None
 
+    @classmethod
+    def checkpoint_entries(cls, folder: Path) -> list[tuple[str, CheckpointInfo]]:
+        """What `folder` offers this engine: ``("", info)`` for the folder itself, or one entry per
+        file inside it that is a choice of its own (``(file name, info)``: GPT-SoVITS's folders
+        of several voices). Must not raise for a folder of another kind."""
+        info = cls.describe_checkpoint(folder)
+        return [("", info)] if info is not None else []
+
     def register(self, module: torch.nn.Module, name: str, kind: Kind = "oneshot",
                  graphable: bool = False) -> ModelHandle:
         """Register one component on this engine's device."""
