@@ -9,10 +9,13 @@ written to a temporary folder), one request of each placement, repeated and inte
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
-``--peaks`` also measures each phase's working memory on the plain CPU (how far the process's
-resident memory rises during the phase, Linux) against the engine's estimate (M45).
+``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2 and the demo
+(the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
+tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
+it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
-fixed number of tokens), resident and all streamed; ``--peaks`` adds its three phases. So is
+fixed number of tokens), resident and all streamed; ``--peaks`` with ``--engines cosyvoice2``
+measures its three phases by how far the process's resident memory rises (Linux). So is
 GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generated token.
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
@@ -29,13 +32,17 @@ frame with the fast transformer marked hot (the engine's layout) and without the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import gc
+import importlib
+import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +53,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mizuoto_runtime import Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
+from mizuoto_runtime.phases import RequestContext  # noqa: E402
+
+
+def _peak_tracker() -> type:
+    spec = importlib.util.spec_from_file_location("bench_voxcpm2", Path(__file__).with_name("voxcpm2.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PeakTracker  # type: ignore[no-any-return]
+
+
+PeakTracker = _peak_tracker()
+
 
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
 REFERENCE_44K = Audio(0.3 * torch.sin(torch.arange(44100) / 6.0).unsqueeze(0), 44100)
@@ -53,14 +73,17 @@ TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
            "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
-           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
-           "indextts2": "mizuoto_runtime.engines.indextts.tiny"}
+           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny",
+           "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
+           "indextts2": "mizuoto_runtime.engines.indextts.tiny",
+           "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
 GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
 MB = 1 << 20
 MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
+PEAK_STEPS = 4  # ODE / diffusion steps of the estimate tests' requests
 
 
 def placements(device: str) -> dict[str, dict[str, Any]]:
@@ -283,38 +306,119 @@ def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
     return result, max(0, _status_kb("VmHWM") - start) * 1024
 
 
-def phase_peaks(folders: dict[str, Path], steps: int) -> None:
-    print(f"\n{'engine':10} {'phase':18} {'estimate MB':>12} {'CPU peak MB':>12} {'estimate/peak':>14}")
-    rows = cosyvoice_peaks({k: v for k, v in folders.items() if k.startswith("cosyvoice")})
+@dataclasses.dataclass(frozen=True)
+class PeakRequest:
+    """One request of the sizes an engine's tests use: reference seconds, text, new tokens."""
+
+    seconds: float
+    text: str = TEXT
+    max_new_tokens: int = 2048
+
+    def label(self) -> str:
+        return f"{self.seconds:g} s ref, {len(self.text)} chars" + (
+            f", {self.max_new_tokens} tokens" if self.max_new_tokens != 2048 else "")
+
+
+# The request sizes each engine's tests use (tests/test_engine_estimates.py, test_qwen3tts.py).
+PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
+    "f5tts": [PeakRequest(1), PeakRequest(3)],
+    "omnivoice": [PeakRequest(1), PeakRequest(3)],
+    "voxcpm2": [PeakRequest(1, TEXT, 4), PeakRequest(2, TEXT * 3, 8)],
+    "qwen3tts": [PeakRequest(1, TEXT, 4), PeakRequest(3, TEXT, 4)],
+    "demo": [PeakRequest(1, TEXT, 16), PeakRequest(3, TEXT * 2, 48)],
+}
+
+
+@dataclasses.dataclass
+class PhasePeak:
+    """A phase as it ran: its components, its working-memory estimate, and the peak of CPU tensor
+    storage it created (`PeakTracker`: each tensor counted until freed; on the plain CPU nothing
+    is placed or streamed, so that is the phase's working memory plus what it returns)."""
+
+    engine: str
+    phase: str
+    request: str
+    estimate: int
+    peak: int
+
+    @property
+    def ratio(self) -> float:
+        return self.estimate / max(self.peak, 1)
+
+
+@contextlib.contextmanager
+def metered_phases(engine_id: str, request: str) -> Iterator[list[PhasePeak]]:
+    """Measure every phase with components (`ctx.run` and `ctx.use`) run in the block."""
+    rows: list[PhasePeak] = []
+    run, use = RequestContext.run, RequestContext.use
+
+    def key(name: str, handles: Sequence[Any]) -> str:
+        return f"{name} ({'+'.join(h.name for h in handles)})"
+
+    def metered_run(self: RequestContext, name: str, handles: Sequence[Any], fn: Callable[[], Any],
+                    memory: int = 0, *args: Any, **kwargs: Any) -> Any:
+        def measured() -> Any:
+            with PeakTracker() as tracker:
+                out = fn()
+            if handles:
+                rows.append(PhasePeak(engine_id, key(name, handles), request, memory, tracker.peak))
+            return out
+
+        return run(self, name, handles, measured, memory, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def metered_use(self: RequestContext, handles: Sequence[Any], memory: int = 0,
+                    name: str = "phase") -> Iterator[Any]:
+        with use(self, handles, memory, name) as placements, PeakTracker() as tracker:
+            yield placements
+        if handles:
+            rows.append(PhasePeak(engine_id, key(name, handles), request, memory, tracker.peak))
+
+    RequestContext.run, RequestContext.use = metered_run, metered_use  # type: ignore[method-assign]
+    try:
+        yield rows
+    finally:
+        RequestContext.run, RequestContext.use = run, use  # type: ignore[method-assign]
+
+
+def phase_peaks(folders: dict[str, Path | None], steps: int = PEAK_STEPS) -> list[PhasePeak]:
+    """Every phase of every engine, at the request sizes its tests use, on the plain CPU."""
+    rows: list[PhasePeak] = []
     for engine_id, folder in folders.items():
-        if engine_id.startswith("cosyvoice"):
-            continue
         rt = Runtime()
         engine = rt.engine(engine_id, folder)
-        engine.steps = steps
-        for seconds in (1, 3, 6):
-            reference = Audio(0.3 * torch.sin(torch.arange(seconds * 24000) / 6.0).unsqueeze(0), 24000)
-            engine.voices.clear()
-            ctx = rt.request(seed=1)
-            if engine_id == "indextts2":
-                voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference))
-                samples = int(seconds * 16000)
-                rows.append((engine_id, f"prompt {seconds}s", engine.prompt_memory(samples), encode_peak))
-                continue
-            voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference, TRANSCRIPT))
-            sampling = Sampling(seed=1, language="English")
-            codes, flow_peak = live_peak(lambda: engine.generate(ctx, TEXT, voice, sampling))
-            _, decode_peak = live_peak(lambda: engine.decode(ctx, codes))
-            if engine_id == "f5tts":
-                ref, total = engine.durations(voice, TEXT)
-                tokens = len(voice.data["ref_text"] + TEXT)
-                rows += [(engine_id, f"flow {seconds}s ref", engine.flow_memory(total, tokens, steps), flow_peak),
-                         (engine_id, f"vocoder {seconds}s", engine.vocoder_memory(codes.tokens.shape[-1]), decode_peak)]
-            else:
-                task = engine._task(TEXT, voice, sampling)
-                rows += [(engine_id, f"prompt {seconds}s", engine.encoder_memory(seconds * 24000), encode_peak),
-                         (engine_id, f"llm {seconds}s ref", engine.llm_memory(engine.sequence_length(task)), flow_peak),
-                         (engine_id, f"decoder {seconds}s", engine.decoder_memory(codes.tokens.shape[-1]), decode_peak)]
+        if hasattr(engine, "steps"):
+            engine.steps = steps
+        for req in PEAK_REQUESTS[engine_id]:
+            reference = Audio(0.3 * torch.sin(torch.arange(int(req.seconds * 24000)) / 6.0).unsqueeze(0), 24000)
+            engine.voices.clear()  # the voice prompt runs every time
+            sampling = Sampling(seed=1, language="English", max_new_tokens=req.max_new_tokens)
+            with metered_phases(engine_id, req.label()) as measured:
+                rt.say(engine, req.text, reference=reference, transcript=TRANSCRIPT, sampling=sampling)
+            rows += measured
+    return rows
+
+
+def print_peaks(rows: list[PhasePeak]) -> None:
+    print(f"\n{'engine':10} {'phase':40} {'request':30} {'estimate MB':>12} {'CPU peak MB':>12} {'estimate/peak':>14}")
+    for r in rows:
+        print(f"{r.engine:10} {r.phase:40} {r.request:30} {r.estimate / MB:12.3f} {r.peak / MB:12.3f} "
+              f"{r.ratio:13.2f}x")
+
+
+def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | None]:
+    """Tiny random checkpoints in each engine's published layout (the demo engine needs none)."""
+    folders: dict[str, Path | None] = {}
+    for engine_id in engines:
+        writer = WRITERS.get(engine_id)
+        extra = {"version": int(engine_id[-1])} if engine_id.startswith("cosyvoice") else {}
+        folders[engine_id] = None if writer is None else importlib.import_module(writer).write_tiny_checkpoint(
+            tmp / engine_id, **extra)
+    return folders
+
+
+def print_rss_peaks(rows: list[tuple[str, str, int, int]]) -> None:
+    print(f"\n{'engine':10} {'phase':18} {'estimate MB':>12} {'RSS peak MB':>12} {'estimate/peak':>14}")
     for engine_id, phase, estimate, peak in rows:
         print(f"{engine_id:10} {phase:18} {estimate / MB:12.2f} {peak / MB:12.2f} {estimate / max(peak, 1):13.2f}x")
 
@@ -323,44 +427,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="ODE / diffusion steps per request (upstream: 32)")
-    parser.add_argument("--peaks", action="store_true", help="also measure each phase's CPU working memory")
+    parser.add_argument("--peaks", action="store_true",
+                        help="instead: each phase's working-memory estimate / its measured CPU peak")
     parser.add_argument("--device", default="cpu", help="cpu (the simulated device) or cuda")
-    parser.add_argument("--engines", default="f5tts,omnivoice,fishspeech")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated (default: f5tts,omnivoice,fishspeech; with --peaks the engines of "
+                             "the estimate tests)")
     parser.add_argument("--frames", type=int, default=48, help="Fish Speech: frames per request at most")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
     args = parser.parse_args()
-    if args.peaks and MMAP_ENV[0] not in os.environ:
+    engines = (args.engines or (",".join(PEAK_REQUESTS) if args.peaks else "f5tts,omnivoice,fishspeech")).split(",")
+    cosy_peaks = args.peaks and any(e.startswith("cosyvoice") for e in engines)
+    if cosy_peaks and MMAP_ENV[0] not in os.environ:
         # glibc's dynamic mmap threshold would move freed tensors to the reused heap, hiding a
         # phase's peak from RSS: fixed, every tensor of 64 KB or more is mapped and unmapped.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, MMAP_ENV[0]: MMAP_ENV[1],
                                                                 "MALLOC_TRIM_THRESHOLD_": "0"})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
-    import importlib
 
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
-        chosen = args.engines.split(",")
-        folders = {e: importlib.import_module(WRITERS[e]).write_tiny_checkpoint(
-                       Path(tmp) / e, **({"version": int(e[-1])} if e.startswith("cosyvoice") else {}))
-                   for e in chosen if e != "gptsovits"}
+        folders = checkpoint_folders([e for e in engines if e != "gptsovits"], Path(tmp))
+        cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice") and v is not None}
+        if args.peaks:
+            print(f"torch {torch.__version__}, plain CPU, {PEAK_STEPS} steps per request")
+            print_peaks(phase_peaks({k: v for k, v in folders.items() if k in PEAK_REQUESTS}))
+            if cosy:
+                print_rss_peaks(cosyvoice_peaks(cosy))
+            return
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
         fish = folders.pop("fishspeech", None)
-        oneshot = {k: v for k, v in folders.items() if not k.startswith("cosyvoice")}
+        oneshot = {k: v for k, v in folders.items() if k in ("f5tts", "omnivoice") and v is not None}
         if oneshot:
             time_engines(oneshot, args.steps, args.repeat, args.device)
         if "indextts2" in folders:
             talker_ms_per_code(folders["indextts2"], args.repeat, args.device)
-        cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice")}
         if cosy:
             time_cosyvoice(cosy, args.repeat, args.device)
         if fish is not None:
             time_fish(fish, args.frames, args.repeat)
-        if "gptsovits" in chosen:
+        if "gptsovits" in engines:
             write_voice = importlib.import_module(GPTSOVITS_WRITER).write_voice
             time_gptsovits(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
-        if args.peaks:
-            phase_peaks(folders, args.steps)
 
 
 if __name__ == "__main__":

@@ -235,6 +235,8 @@ class ModelHandle:
                 self.name, budget / 2**20, self.min_working_set / 2**20, self.plan.describe_fixed(),
             )
             budget = self.min_working_set
+            if budget >= self.size_bytes:
+                return list(self.plan.units)  # streaming needs no less (copies' alignment, M16)
         room = budget - self.min_working_set
         target: list[Unit] = []
         for unit in self._placement_order():

@@ -21,6 +21,21 @@ releases it (an OOM's cap, M40, applies when it is next placed); then its copies
 so an idle component holds only its placement.
 A request waits only for other requests: what its own thread's phases hold (a phase nested in
 another) is never waited for.
+
+Invariants of placement (tested as properties on random module trees and devices,
+`tests/test_placement_properties.py`; on real models, `tests/placement.py`):
+
+1. A device smaller than the phase's minimum working sets (M16, `_check_device_size`) refuses
+   the phase in one line ("needs at least") before anything is placed or copied; on any larger
+   device it runs, and its output equals the plain run (M7: an estimate never refuses — below
+   the minimum working set plus the working-memory estimate it is tried at the minimum).
+2. The device never counts more than its size, nor more than the placements accounted for:
+   each handle's placement plus, where units stream, its copies' room (`_footprint`).
+3. For the same request, a larger device never keeps fewer resident bytes (units are placed
+   greedily largest first — `oneshot` — or in run order, and the resident sum grows with the
+   budget) and never streams more; no VRAM mode streams more than `none` on the same device.
+4. After a request, no handle is in use, no copy is left, and the device counts exactly what
+   the handles hold (`device_bytes`).
 """
 from __future__ import annotations
 
@@ -321,8 +336,10 @@ class ModelManager:
 
     def _ceiling(self, handle: ModelHandle) -> int:
         """The most the mode will put on the device for `handle` (issue 17, item 5): `none`
-        places the minimum working set, `low` its small resident share, a capped handle at
-        most its cap (never below the minimum, M7); otherwise the whole component."""
+        places the minimum working set (every unit streams: for a component of no more units than
+        copies a few bytes over its size, `UnitPlan.min_working_set`), `low` its small resident
+        share, a capped handle at most its cap (never below the minimum, M7); otherwise the whole
+        component."""
         mode = self.policy.vram_mode
         if mode == "none":
             ceiling = handle.min_working_set
@@ -332,7 +349,7 @@ class ModelManager:
             ceiling = handle.size_bytes
         if handle.cap_bytes is not None:
             ceiling = min(ceiling, max(handle.cap_bytes, handle.min_working_set))
-        return min(ceiling, handle.size_bytes)
+        return ceiling if mode == "none" else min(ceiling, handle.size_bytes)
 
     @staticmethod
     def _low_share(handle: ModelHandle) -> int:

@@ -12,11 +12,13 @@ plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequen
   threads waits for one to be released — cancellably — so concurrent calls never hold more
   than the handle's minimum working set counted (M16). A thread already inside a unit never
   waits (that could deadlock); it goes over capacity instead, like a nested entry.
-* Copies live as long as their unit runs (M18): when the last thread leaves a unit its copy
-  is dropped, unless the unit may run again while the copy could stay — nothing is learned yet
-  about what follows it, or the learned order brings it back within the copies the handle may
-  keep (CFG halves and beams run a block twice in a row) — or it was copied ahead and not yet
-  entered. The manager drops the rest when the last phase using the handle ends.
+* Kept copies (M18). When the last thread leaves a unit its copy stays — so a unit entered
+  leaf by leaf (VoxCPM's `forward_step` runs a layer's submodules directly) is copied once per
+  step, not once per leaf — until its room is needed: a kept copy is room the placement counted
+  for copies, and it is dropped (least recently used first) the moment another unit's copy
+  needs that room, in number (`capacity`) or in bytes (the copy engine's limit). When another
+  thread waits for room, a copy the learned order does not bring back goes at once. The
+  manager drops the rest when the last phase using the handle ends.
 * Learned order (M19). Each thread's previous unit is its own; a thread's order starts afresh
   with each phase (`end_call`), so successors never cross a phase boundary. The copies of the
   next units are made ahead (on a side stream, see `transfer.py`). A unit entered out of the
@@ -32,6 +34,22 @@ plus those in flight (`compute.async_offload` + 1 for `oneshot`, one for `sequen
 After each placement change the handle calls `placed`: the copy engine pins host copies (M21,
 M22), sizes its copy buffers and makes compiled parents of streamed units eager (M23). CUDA
 Graph replays are counted with `count_replay` so streamed bytes stay exact (M24).
+
+Invariants (tested as properties on random module trees, `tests/test_placement_properties.py`,
+and on real models at three device sizes, `tests/placement.py`):
+
+1. A handle's copies never hold more device bytes than the room its placement counted for them
+   (`UnitPlan.min_working_set` less the fixed part: its `capacity` largest units, each as its
+   aligned copy buffer holds it) — kept, running and copied-ahead copies together — unless a
+   thread enters a unit from inside another unit of the same handle (nested entry goes over
+   rather than deadlock; the unit plan keeps a layer two units call in the fixed part, so
+   module trees do not do this). So streaming never runs the device out of memory and never
+   pushes resident units out.
+2. Each streamed unit is copied at most once per call in a learned order (leaf by leaf too),
+   plus the next call's first copies made ahead by the last one: a request never copies more
+   than with every unit streamed (`vram_mode = none`), and copies no more on a larger device.
+3. When a request's phase ends no thread is inside a unit, no copy has a reference, and once
+   no request uses the handle no copy is left (`drop`): the device counts what handles hold.
 """
 from __future__ import annotations
 
@@ -312,7 +330,7 @@ class Streamer:
             if copy is not None:
                 state.copies.move_to_end(unit.index)
                 return copy
-            if self._has_room(state) or _inside.units > 0:
+            if self._has_room(state, unit) or _inside.units > 0:
                 return self._make(state, unit)
             charge = _charge.get()
             if charge is not None:
@@ -330,12 +348,15 @@ class Streamer:
             finally:
                 self._waiting -= 1
 
-    @staticmethod
-    def _has_room(state: _HandleCopies) -> bool:
-        return len(state.copies) < state.capacity or any(c.refs == 0 for c in state.copies.values())
+    def _has_room(self, state: _HandleCopies, unit: Unit) -> bool:
+        """Whether `unit`'s copy fits once the copies no thread is inside are dropped: fewer
+        copies in use than the handle may keep, and their buffers plus this copy within the
+        bytes the placement counted for copies."""
+        running = [c.lease for c in state.copies.values() if c.refs > 0]
+        return len(running) < state.capacity and self.engine.fits(state.key, unit, running)
 
     def _make(self, state: _HandleCopies, unit: Unit, ahead: bool = False) -> UnitCopy:
-        self._make_room(state, keep=unit.index)
+        self._make_room(state, unit)
         charge = _charge.get()
         if charge is not None:
             charge.check()  # M23: every copy checks for cancellation
@@ -354,12 +375,16 @@ class Streamer:
             if state is not None:
                 charge.by_owner[state.key] = charge.by_owner.get(state.key, 0) + nbytes
 
-    def _make_room(self, state: _HandleCopies, keep: int) -> None:
-        while len(state.copies) >= state.capacity:
-            idle = [i for i, c in state.copies.items() if c.refs == 0 and i != keep]
-            if not idle:
+    def _make_room(self, state: _HandleCopies, unit: Unit) -> None:
+        """Drop kept copies, least recently used first, until `unit`'s copy fits beside the
+        others in number (`capacity`) and in bytes (the copy engine's limit): a kept copy is
+        room the placement counted, given up the moment another unit needs it."""
+        while len(state.copies) >= state.capacity or not self.engine.fits(
+                state.key, unit, [c.lease for c in state.copies.values()]):
+            idle = next((i for i, c in state.copies.items() if c.refs == 0 and i != unit.index), None)
+            if idle is None:
                 return  # every copy is running (nested entry): go over capacity rather than fail
-            self._evict(state, idle[0])
+            self._evict(state, idle)
 
     def _evict(self, state: _HandleCopies, index: int) -> int:
         copy = state.copies.pop(index)
@@ -375,7 +400,7 @@ class Streamer:
             if nxt.index not in state.copies:
                 if not self.engine.can_prefetch(state.key, nxt):
                     return  # pageable: copied on the spot when entered (M21)
-                if not self._has_room(state):
+                if not self._has_room(state, nxt):
                     return
                 self._make(state, nxt, ahead=True)
             nxt = state.successor.get(nxt.index)

@@ -58,13 +58,12 @@ from torch import nn
 
 from .devices import DeviceService
 from .pinning import Pinner, shared_pinner
+from .units import ALIGN
 
 if TYPE_CHECKING:
     from .units import Slot, Unit
 
 log = logging.getLogger(__name__)
-
-ALIGN = 512  # the caching allocator's block alignment: kernels see the same pointer alignment
 
 
 @dataclasses.dataclass(eq=False)
@@ -366,6 +365,20 @@ class BufferedCopyEngine:
         """Only copies that run beside compute are made ahead: a pageable copy blocks the host
         anyway (M21)."""
         return self.streams.overlaps(self._layout_of(self._pool(key), unit).pinned)
+
+    def fits(self, key: int, unit: Unit, held: Sequence[Lease]) -> bool:
+        """Whether `unit`'s copy can be made beside the copies `held` within the pool's limit,
+        once every other copy is freed: a buffer none of them holds is large enough, or their
+        buffers plus a new one of its size stay within the limit (`_take` releases the others
+        first). A handle not placed yet has no limit."""
+        pool = self._pool(key)
+        if not pool.limit:
+            return True
+        need = self._layout_of(pool, unit).nbytes
+        busy = {id(lease.buffer) for lease in held if lease.buffer is not None}
+        if any(b.nbytes >= need for b in pool.buffers if id(b) not in busy):
+            return True
+        return sum(b.nbytes for b in pool.buffers if id(b) in busy) + need <= pool.limit
 
     # ---- copies --------------------------------------------------------------------------
     def copy_unit(self, key: int, unit: Unit, ahead: bool) -> Lease:

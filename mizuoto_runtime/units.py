@@ -25,6 +25,7 @@ from .devices import DeviceService, absent_like
 
 UNIT_MIN_CHILD_BYTES = 1 << 20  # M12: a list child of at least 1 MB is a unit
 UNIT_MIN_STREAM_BYTES = 64 << 10  # M14: units smaller than 64 KB stay fixed
+ALIGN = 512  # the caching allocator's block alignment: a streamed copy's tensors start on it (transfer.py)
 
 STREAMABLE_TYPES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d,
@@ -108,6 +109,16 @@ def _empty(dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype)
 
 
+def copy_bytes(slots: Iterable[Slot]) -> int:
+    """The device bytes of a unit's streamed copy: its tensors one after another in one buffer,
+    each starting at an `ALIGN` offset (`transfer.py` lays copies out so). What a copy costs,
+    not its weights' sum, is what the minimum working set must hold (M16)."""
+    end = 0
+    for slot in slots:
+        end = -(-end // ALIGN) * ALIGN + slot.nbytes
+    return max(end, 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class LeafNeed:
     """What one leaf of a unit needs before its forward: the copy group to wait for, and the
@@ -164,6 +175,7 @@ class Unit:
     # of them is: groups are copied in order.
     groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     needs: dict[int, LeafNeed] = dataclasses.field(default_factory=dict)  # id(leaf) -> what it waits for
+    copy_nbytes: int = 0  # its streamed copy's device bytes (`copy_bytes`): nbytes and alignment
 
     def hooked(self) -> list[nn.Module]:
         """The modules that get streaming hooks: the unit and each layer reading its weights (M17)."""
@@ -188,8 +200,11 @@ class UnitPlan:
         return self.fixed_bytes + sum(u.nbytes for u in self.units)
 
     def min_working_set(self, copies: int) -> int:
-        """M16: fixed part + the streamer's simultaneous copies of the largest units."""
-        largest = sorted((u.nbytes for u in self.units), reverse=True)[:copies]
+        """M16: fixed part + the streamer's simultaneous copies of the largest units, each as its
+        copy buffer holds it (`Unit.copy_nbytes`: with alignment). For a component of no more
+        units than copies that is a few hundred bytes over its size: placed whole within it
+        (`ModelHandle`), streamed (`vram_mode = none`) within it too."""
+        largest = sorted((u.copy_nbytes for u in self.units), reverse=True)[:copies]
         return self.fixed_bytes + sum(largest)
 
     def why_fixed(self) -> list[tuple[str, int]]:
@@ -312,6 +327,7 @@ class _Rules:
     fixed_ids: set[int]
     anchors: set[int]
     readers: dict[int, nn.Module]
+    overlapping: set[int]  # modules inside more than one unit (a layer two blocks call)
 
     def reader(self, module: nn.Module) -> nn.Module:
         return self.readers.get(id(module), module)
@@ -323,8 +339,8 @@ class _Rules:
         if id(slot.param) in self.anchors:
             return WHY_ANCHOR
         readers = [self.reader(m) for m, _ in slot.owners]
-        if any(id(m) not in inside for m in readers):
-            return WHY_SHARED
+        if any(id(m) not in inside or id(m) in self.overlapping for m in readers):
+            return WHY_SHARED  # streamed, another unit's call would enter this unit inside its own
         if any(id(m) in self.fixed_ids for m in readers):
             return WHY_MARKED
         layer = next((m for m in readers if not is_streamable(m)), None)
@@ -340,12 +356,15 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
     """Split `root` into units and the fixed part, saying why each fixed weight is fixed (M11–M14)."""
     slots = collect_slots(root)
     pinned_ids = _pinned_ids(root)
-    rules = _Rules(_marked_ids(fixed_marks), _device_anchors(root), _readers(root))
+    candidates = candidate_units(root)
+    inside_units = collections.Counter(i for _, module in candidates for i in _subtree_ids(module))
+    rules = _Rules(_marked_ids(fixed_marks), _device_anchors(root), _readers(root),
+                   {i for i, n in inside_units.items() if n > 1})
     pinned = [s for s in slots.values() if any(id(m) in pinned_ids for m, _ in s.owners)]
     taken = {id(s) for s in pinned}
     why: dict[int, str] = {}
     units: list[Unit] = []
-    for name, module in candidate_units(root):
+    for name, module in candidates:
         if id(module) in pinned_ids:
             continue
         inside = _subtree_ids(module)
@@ -366,7 +385,8 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
         leaves = list({id(r): r for s in unit_slots for r in (rules.reader(m) for m, _ in s.owners)}.values())
         derived = [(m, attr) for m in leaves for attr in _legacy_weight_norm(m)]
         groups, needs = leaf_groups(unit_slots, leaves, rules.reader)
-        units.append(Unit(len(units), name, module, unit_slots, leaves, nbytes, derived, groups, needs))
+        units.append(Unit(len(units), name, module, unit_slots, leaves, nbytes, derived, groups, needs,
+                          copy_bytes(unit_slots)))
         taken |= {id(s) for s in unit_slots}
     fixed = [s for s in slots.values() if id(s) not in taken]
     for slot in fixed:

@@ -11,6 +11,10 @@ import torch
 from torch import nn
 
 from mizuoto_runtime import DeviceService, ModelHandle
+from mizuoto_runtime.manager import ModelManager
+from mizuoto_runtime.policy import VramPolicy
+
+from placement import check_three_sizes
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -96,3 +100,64 @@ def test_diffusers_model_streams_exactly(name: str, placement: str) -> None:
     assert torch.equal(got, expected), f"{name} ({placement}) differs from the plain run"
     if streamed:
         assert h.streamer.streamed_bytes_of(h) > 0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_diffusers_model_placement_invariants_at_three_sizes(name: str) -> None:
+    """Issue 21, item 4: at the minimum working set, the midpoint and one unit short of whole,
+    exact, within the device and the placement's account, monotone in the device's size, never
+    streaming more than `vram_mode = none` (tests/placement.py)."""
+    factory, call = MODELS[name]
+
+    def run(m: nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return call(m)
+
+    check_three_sizes(factory, run, "oneshot")
+
+
+def _cfg_sampler(m: nn.Module, batched: bool, steps: int = 3) -> torch.Tensor:
+    """A sampler loop with classifier-free guidance: two calls per step, or one batched call."""
+    x = _noise(1, 4, 8, 8)
+    cond, uncond = _noise(1, 5, 64, seed=2), _noise(1, 5, 64, seed=3)
+    with torch.no_grad():
+        for step in range(steps):
+            t = torch.tensor([999 - 300 * step])
+            if batched:
+                out = m(torch.cat([x, x]), t.repeat(2), encoder_hidden_states=torch.cat([cond, uncond])).sample
+                c, u = out.chunk(2)
+            else:
+                c = m(x, t, encoder_hidden_states=cond).sample
+                u = m(x, t, encoder_hidden_states=uncond).sample
+            x = x - 0.1 * (u + 7.5 * (c - u))
+    return x
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["cfg-two-calls", "cfg-batched"])
+def test_unet_cfg_sampler_on_a_40_mb_device_copies_no_more_than_none(batched: bool) -> None:
+    """Issue 21's case: a UNet of 7 units (the largest 16.5 MB, 47.6 MB in all, minimum working
+    set 25.2 MB) in a CFG sampler loop on a 40 MB strict device. A copy kept after its unit ran
+    once overflowed the copies' room (an OOM placing the largest unit) and made the partial
+    placement stream more than `none`: now it runs exactly in both CFG forms, within the
+    device, copying less than with every unit streamed (M16, M18)."""
+    torch.manual_seed(0)
+    expected = _cfg_sampler(unet().eval(), batched)
+    runs = {}
+    for mode in ("normal", "none"):
+        torch.manual_seed(0)
+        model = unet().eval()
+        manager = ModelManager(DeviceService(simulate={"cpu": 40 * MB}, strict=True),
+                               VramPolicy({"compute.vram_mode": mode}))
+        h = manager.register(model, engine="diffusers", name="unet", kind="oneshot")
+        assert (len(h.units), round(max(u.nbytes for u in h.units) / MB, 1), round(h.size_bytes / MB, 1),
+                round(h.min_working_set / MB, 1)) == (7, 16.5, 47.6, 25.2)
+        ctx = manager.request()
+        with ctx.use([h], 0, "sample"):
+            resident = h.loaded_bytes
+            got = _cfg_sampler(model, batched)
+        assert torch.equal(got, expected), f"{mode}: differs from the plain run"
+        assert manager.devices.peak_counted_bytes(torch.device("cpu")) <= 40 * MB
+        runs[mode] = (resident, ctx.charge.streamed_bytes)
+    assert runs["normal"][0] > runs["none"][0]  # part of the UNet stays resident
+    copied, none = runs["normal"][1], runs["none"][1]
+    assert copied < none, f"copied {copied} B, with every unit streamed {none} B"

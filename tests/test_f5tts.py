@@ -224,3 +224,25 @@ def test_cli_say_and_tiny_checkpoint(f5tts_checkpoint: Checkpoint, tmp_path: Pat
         assert f.getframerate() == 24000 and f.getnframes() > 24000 // 2
         assert np.abs(np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")).max() > 10
     shutil.rmtree(folder)
+
+
+def test_a_larger_device_keeps_part_of_the_dit_and_copies_less(f5tts_checkpoint: Checkpoint) -> None:
+    """M45 (issue 21): the flow's estimate fits the request, so the room it leaves on a 40 MB
+    device holds a DiT block: part of the DiT stays resident and the request copies less than on
+    a 24 MB device, where every block streams — the same audio on both. (An estimate 1.4x its
+    measured peak streamed every block on both.)"""
+    reference = Audio(0.05 * torch.sin(torch.arange(60000) / 6.0).unsqueeze(0), 24000)  # 2.5 s
+    runs = {}
+    for mb_ in (24, 40):
+        rt = Runtime({"compute.simulate_vram_mb": mb_})
+        engine = rt.engine("f5tts", f5tts_checkpoint())
+        engine.steps = STEPS
+        audio, meta = rt.say(engine, "The runtime streams every block, step after step.", reference=reference,
+                             transcript=TRANSCRIPT, sampling=Sampling(seed=5))
+        flow = engine.flow  # type: ignore[attr-defined]
+        runs[mb_] = (audio.waveform, meta["memory"]["components"]["f5tts:flow"]["loaded_mb"], flow.plan.fixed_bytes,
+                     meta["memory"]["streamed_mb"])
+    assert runs[24][1] * 2**20 == pytest.approx(runs[24][2], abs=2**14)  # only the fixed part: every block streams
+    assert runs[40][1] * 2**20 > runs[40][2] + 2**20  # a block resident
+    assert 0 < runs[40][3] < runs[24][3]
+    assert torch.equal(runs[24][0], runs[40][0])

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from mizuoto_runtime import DeviceService, ModelHandle
+from placement import check_three_sizes
 
 transformers = pytest.importorskip("transformers")
 
@@ -262,3 +263,23 @@ def test_encoder_decoder_models_stream_exactly(name: str, placement: str) -> Non
     assert placement != "half" or 0 < streamed < len(h.units)
     got = call(placed)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"{name} ({placement})"
+
+
+THREE_SIZES: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object], str]] = {
+    **{name: (factory, run, "sequence") for name, factory in MODELS.items()},
+    "gpt2": (gpt2, run, "sequence"),
+    **{name: (factory, call, "oneshot") for name, (factory, call, _) in VOCODERS.items()},
+    **{name: (factory, call, "oneshot") for name, (factory, call) in SEQ2SEQ.items()},
+}
+
+
+@pytest.mark.parametrize("name", sorted(THREE_SIZES))
+def test_placement_invariants_at_three_sizes(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21, item 4: at the minimum working set, the midpoint and one unit short of whole,
+    exact, within the device and the placement's account, monotone in the device's size, never
+    streaming more than `vram_mode = none` (tests/placement.py)."""
+    from transformers.pytorch_utils import Conv1D
+
+    monkeypatch.setattr(Conv1D, "STREAMABLE", True, raising=False)  # GPT-2's layers stream
+    factory, call, kind = THREE_SIZES[name]
+    check_three_sizes(factory, call, kind)  # type: ignore[arg-type]

@@ -32,7 +32,10 @@ def _budget(handle: ModelHandle, placement: str) -> int | None:
     if placement == "none":
         return 0  # below the minimum working set: placed at the minimum (M7)
     if placement == "half":
-        return (handle.min_working_set + handle.size_bytes) // 2
+        # At least one unit beyond the minimum: with equal units the copies' alignment (M16) puts
+        # the exact midpoint a few hundred bytes short of one.
+        return max((handle.min_working_set + handle.size_bytes) // 2,
+                   handle.min_working_set + min(u.nbytes for u in handle.units))
     return None
 
 

@@ -64,7 +64,7 @@ class DemoEngine(Engine):
         wav = reference.mono().to(self.dtype).unsqueeze(0)
         if wav.shape[-1] < HOP:
             raise ValueError(f"reference audio is too short: {wav.shape[-1]} samples, need at least {HOP}")
-        memory = 4 * wav.numel() * wav.element_size()  # frames + two conv activations of the same size
+        memory = 5 * wav.numel() * wav.element_size()  # frames + conv activations of the same size, tanh, sum
 
         @torch.inference_mode()
         def encode() -> dict[str, Any]:
@@ -82,7 +82,7 @@ class DemoEngine(Engine):
         talker = self.talker.module
         element = torch.tensor([], dtype=self.dtype).element_size()
         position_bytes = 2 * talker.dim * element
-        activations = 8 * (prompt_len + 1) * talker.dim * element
+        activations = 10 * (prompt_len + 1) * talker.dim * element
         return peak_bytes(position_bytes, len(talker.layers), prompt_len + frames) + activations
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
@@ -118,7 +118,7 @@ class DemoEngine(Engine):
     # ---- codec decoder ---------------------------------------------------------------------
     def decoder_memory(self, frames: int) -> int:
         element = torch.tensor([], dtype=self.dtype).element_size()
-        return 3 * frames * HOP * 64 * element // 8  # the widest late stage, a few copies
+        return 14 * frames * HOP * 64 * element // 8  # the widest late stage, its input, activations and output
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         decoder = self.decoder.module

@@ -89,12 +89,12 @@ DECODE_CONTEXT = 25
 # references, 3-120 frames), rounded up; on CUDA the M47 calibration corrects them further.
 # Live activations of one decoder conv stage (input kept for the residual, SnakeBeta's
 # temporaries, the conv output), in units of the stage's output.
-DECODER_STAGE_COPIES = 7
+DECODER_STAGE_COPIES = 5
 # Mimi's full-rate stage: first conv, a resnet block's convs and its residual, per filter.
-ENCODER_FULL_RATE_COPIES = 5
+ENCODER_FULL_RATE_COPIES = 3
 # Per 24 kHz sample besides the convs: resampling, feature extraction (float32 values and an
 # int64 padding mask) and their tensor copies.
-ENCODER_BYTES_PER_SAMPLE = 32
+ENCODER_BYTES_PER_SAMPLE = 64
 # ECAPA keeps every block's output for the aggregation: activations per mel frame, in channels.
 SPEAKER_ACTIVATION_COPIES = 2
 # Per 24 kHz sample: the resampled waveform and the STFT's input.
@@ -384,25 +384,32 @@ class Qwen3TTSEngine(Engine):
         text = inputs["input_ids"][0].shape[-1]
         extra = sum(ids.shape[-1] for key in ("ref_ids", "instruct_ids")
                     for ids in inputs.get(key, []) if ids is not None)
+        return PROMPT_OVERHEAD + text + extra + self.ref_codes(inputs)
+
+    @staticmethod
+    def ref_codes(inputs: dict[str, Any]) -> int:
+        """The reference's codec frames in the prompt (voice cloning with a transcript), else 0."""
         prompt = inputs.get("voice_clone_prompt")
         codes = prompt["ref_code"][0] if prompt else None
-        return PROMPT_OVERHEAD + text + extra + (codes.shape[0] if codes is not None else 0)
+        return codes.shape[0] if codes is not None else 0
 
     def frames_for(self, text_tokens: int, sampling: Sampling) -> int:
         """M46: 16 frames per text token, capped by max_new_tokens (N new tokens give N-1 frames)."""
         return max(1, min(FRAMES_PER_TEXT_TOKEN * text_tokens, sampling.max_new_tokens - 1))
 
     def generation_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str | None = None,
-                          loop: str | None = None) -> int:
+                          loop: str | None = None, ref_codes: int = 0) -> int:
         """M45/M46: the talker phase's working memory, from the request.
 
         `loop` and `kv_cache`: the talker loop that will run and ``compute.kv_cache`` (None:
         what the engine and the policy say now). The talker's KV cache (the static
         `BufferCache` only under the lean loop, at the KV width and precision it computes in),
         the hidden states kept per step (the upstream loop's `generate` keeps every layer's, to
-        read the codes back; the lean loop only the last), the code predictor's per-frame cache
-        (16 positions), and the prefill's activations (MLP, attention scores, logits over the
-        codec vocabulary).
+        read the codes back; the lean loop only the last) and the code predictor's per-frame cache
+        (16 positions) — or, where more, the prefill: the embeddings of the reference's
+        `ref_codes` codec frames (every code group's, stacked, and their sum) and two hidden
+        states per prompt position. Its logits are the last position's only, and its other
+        temporaries are freed before the caches grow (measured: bench/engines.py --peaks).
         """
         loop = loop or self._loop_that_runs()
         kv_cache = kv_cache or self.manager.policy.kv_cache
@@ -419,10 +426,9 @@ class Qwen3TTSEngine(Engine):
         cp_kv = peak_bytes(2 * cp.num_key_value_heads * cp.head_dim * elem, cp.num_hidden_layers, cp_positions,
                            kind, rows)
         cp_hidden = rows * (cp.num_hidden_layers + 1) * cp_positions * cp.hidden_size * elem
-        prefill = rows * prompt_len * elem * (
-            4 * tc.hidden_size + 3 * tc.intermediate_size + tc.vocab_size + tc.num_attention_heads * prompt_len
-        )
-        return kv + hidden + cp_kv + cp_hidden + prefill
+        embeddings = rows * ref_codes * 2 * tc.num_code_groups * tc.hidden_size * elem
+        prefill = embeddings + rows * prompt_len * 2 * tc.hidden_size * elem
+        return max(prefill, kv + hidden + cp_kv + cp_hidden)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         inputs = self._prompt(text, voice, sampling.language or "Auto")
@@ -433,7 +439,7 @@ class Qwen3TTSEngine(Engine):
         kv_cache = self.manager.policy.kv_cache
         text_tokens = max(1, inputs["input_ids"][0].shape[-1] - 8)  # minus the chat template's 8 tokens
         memory = self.generation_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling),
-                                        kv_cache=kv_cache)
+                                        kv_cache=kv_cache, ref_codes=self.ref_codes(inputs))
         total = int(settings["max_new_tokens"])
         model = self.tts.model
         reports: list[lean_loop.LoopReport] = []
@@ -497,7 +503,8 @@ class Qwen3TTSEngine(Engine):
     # ---- codec decoder ---------------------------------------------------------------------
     def decoder_memory(self, frames: int) -> int:
         """M45: the decoder's working memory for one chunk (at most 300 + 25 frames), from its
-        geometry: the widest stage of the upsampling convs, plus the waveform being assembled."""
+        geometry: the widest stage of the upsampling convs, plus the waveform being assembled
+        (the chunks' outputs, their concatenation and its clamped copy)."""
         cfg = self.tts.model.speech_tokenizer.model.config.decoder_config
         elem = 4  # float32, as shipped
         chunk = min(frames, DECODE_CHUNK) + (DECODE_CONTEXT if frames > DECODE_CHUNK else 0)
@@ -509,7 +516,7 @@ class Qwen3TTSEngine(Engine):
             length *= rate
             widest = max(widest, channels * length)
         samples = frames * math.prod(cfg.upsampling_ratios) * math.prod(cfg.upsample_rates)
-        return elem * (DECODER_STAGE_COPIES * widest + 2 * samples)
+        return elem * (DECODER_STAGE_COPIES * widest + 4 * samples)
 
     def speaker_encoder_memory(self, samples: int) -> int:
         """M45: the speaker encoder's working memory, from the reference length (24 kHz

@@ -113,7 +113,7 @@ PROMPT_OVERHEAD = 3
 # bench/voxcpm2.py), rounded up; on CUDA the M47 calibration corrects them further.
 # Live activations of the prefill, per position, in units of the LM's hidden size (hidden
 # states, embeddings, residuals, the FSQ and fusion projections, both LMs).
-PREFILL_HIDDEN_COPIES = 12
+PREFILL_HIDDEN_COPIES = 9
 # Live activations of one VAE decoder stage (the input kept for the residual, Snake's
 # temporaries, the conv output), in units of the stage's output.
 DECODER_STAGE_COPIES = 6
