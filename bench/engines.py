@@ -9,13 +9,12 @@ written to a temporary folder), one request of each placement, repeated and inte
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
-``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2 and the demo
-(the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
+``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo and
+CosyVoice 2 / 3 (the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
-fixed number of tokens), resident and all streamed; ``--peaks`` with ``--engines cosyvoice2``
-measures its three phases by how far the process's resident memory rises (Linux). So is
+fixed number of tokens), resident and all streamed. So is
 GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generated token.
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
@@ -34,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gc
 import importlib
 import importlib.util
 import os
@@ -80,9 +78,9 @@ WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_
 GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
+COSYVOICE_TEXT = "Hello there, tiny model."  # test_cosyvoice.py's
 CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
 MB = 1 << 20
-MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
 PEAK_STEPS = 4  # ODE / diffusion steps of the estimate tests' requests
 
 
@@ -229,29 +227,6 @@ def time_cosyvoice(folders: dict[str, Path], repeat: int, device: str) -> None:
             print(f"{name:10} {p:22} {median:9.2f} {median / base:11.2f}x {streamed[p]:15.1f}")
 
 
-def cosyvoice_peaks(folders: dict[str, Path]) -> list[tuple[str, str, int, int]]:
-    rows: list[tuple[str, str, int, int]] = []
-    for name, folder in folders.items():
-        rt = Runtime()
-        engine = rt.engine("cosyvoice", folder)
-        for tokens in (64, 16, 200):  # the first request also makes one-time tables
-            ctx = rt.request(seed=1)
-            voice = engine.voice_prompt(ctx, speaker="tiny")
-            sampling = Sampling(seed=1, max_new_tokens=tokens)
-            codes, talker_peak = live_peak(lambda: engine.generate(ctx, TEXT, voice, sampling))
-            plan = engine.plan(engine.text_ids(TEXT, voice), voice, tokens)
-            d = voice.data
-            with torch.inference_mode():  # what the flow and vocoder phases run
-                mel, flow_peak = live_peak(lambda: engine.model.flow(codes.tokens, d["prompt_token"], d["prompt_feat"],
-                                                                     d["embedding"]))
-                _, vocoder_peak = live_peak(lambda: engine.model.hift(mel))
-            frames = (codes.tokens.shape[1] + d["prompt_token"].shape[1]) * engine.model.flow.token_mel_ratio
-            rows += [(name, f"talker {tokens} tok", sum(engine.talker_memory(plan).values()), talker_peak),
-                     (name, f"flow {tokens} tok", engine.flow_memory(frames), flow_peak),
-                     (name, f"vocoder {tokens} tok", engine.vocoder_memory(mel.shape[-1]), vocoder_peak)]
-    return rows
-
-
 def time_gptsovits(folder: Path, repeat: int, device: str) -> None:
     """Talker only: ms per generated token of the T2S loop, each placement (the voice prompt is
     cached first; phoneme ids are given, so no text frontend or BERT phase runs)."""
@@ -287,25 +262,6 @@ def time_gptsovits(folder: Path, repeat: int, device: str) -> None:
               f"{last[name][1]:12.1f}")
 
 
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """`fn()`'s result and how far the process's resident memory rose above where it started
-    (Linux: the peak-RSS mark is reset first, `/proc/self/clear_refs` 5). With glibc's mmap
-    threshold fixed at 64 KB (`main` sets it), tensors are mapped when allocated and unmapped
-    when freed, so RSS follows live tensors; the weights are in place already and not counted."""
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")
-    start = _status_kb("VmRSS")
-    result = fn()
-    return result, max(0, _status_kb("VmHWM") - start) * 1024
-
-
 @dataclasses.dataclass(frozen=True)
 class PeakRequest:
     """One request of the sizes an engine's tests use: reference seconds, text, new tokens."""
@@ -326,7 +282,11 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "voxcpm2": [PeakRequest(1, TEXT, 4), PeakRequest(2, TEXT * 3, 8)],
     "qwen3tts": [PeakRequest(1, TEXT, 4), PeakRequest(3, TEXT, 4)],
     "demo": [PeakRequest(1, TEXT, 16), PeakRequest(3, TEXT * 2, 48)],
+    # test_cosyvoice.py: 3 s of reference audio, 8 and 24 speech tokens
+    "cosyvoice2": [PeakRequest(1, COSYVOICE_TEXT, 8), PeakRequest(3, COSYVOICE_TEXT, 24)],
+    "cosyvoice3": [PeakRequest(1, COSYVOICE_TEXT, 8), PeakRequest(3, COSYVOICE_TEXT, 24)],
 }
+RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice"}  # bench names of one engine's versions
 
 
 @dataclasses.dataclass
@@ -386,7 +346,7 @@ def phase_peaks(folders: dict[str, Path | None], steps: int = PEAK_STEPS) -> lis
     rows: list[PhasePeak] = []
     for engine_id, folder in folders.items():
         rt = Runtime()
-        engine = rt.engine(engine_id, folder)
+        engine = rt.engine(RUNTIME_IDS.get(engine_id, engine_id), folder)
         if hasattr(engine, "steps"):
             engine.steps = steps
         for req in PEAK_REQUESTS[engine_id]:
@@ -417,12 +377,6 @@ def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | No
     return folders
 
 
-def print_rss_peaks(rows: list[tuple[str, str, int, int]]) -> None:
-    print(f"\n{'engine':10} {'phase':18} {'estimate MB':>12} {'RSS peak MB':>12} {'estimate/peak':>14}")
-    for engine_id, phase, estimate, peak in rows:
-        print(f"{engine_id:10} {phase:18} {estimate / MB:12.2f} {peak / MB:12.2f} {estimate / max(peak, 1):13.2f}x")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -437,12 +391,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
     args = parser.parse_args()
     engines = (args.engines or (",".join(PEAK_REQUESTS) if args.peaks else "f5tts,omnivoice,fishspeech")).split(",")
-    cosy_peaks = args.peaks and any(e.startswith("cosyvoice") for e in engines)
-    if cosy_peaks and MMAP_ENV[0] not in os.environ:
-        # glibc's dynamic mmap threshold would move freed tensors to the reused heap, hiding a
-        # phase's peak from RSS: fixed, every tensor of 64 KB or more is mapped and unmapped.
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, MMAP_ENV[0]: MMAP_ENV[1],
-                                                                "MALLOC_TRIM_THRESHOLD_": "0"})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
 
@@ -452,8 +400,6 @@ def main() -> None:
         if args.peaks:
             print(f"torch {torch.__version__}, plain CPU, {PEAK_STEPS} steps per request")
             print_peaks(phase_peaks({k: v for k, v in folders.items() if k in PEAK_REQUESTS}))
-            if cosy:
-                print_rss_peaks(cosyvoice_peaks(cosy))
             return
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")

@@ -1,7 +1,8 @@
 """M45: each engine phase's working-memory estimate, made from the request before the phase runs,
 fits what the phase really allocates: between 1.0x and 1.3x of its measured CPU peak, for every
-phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo), on the plain CPU with
-tiny checkpoints in the published layouts, at two request sizes each (issue 11, 12, 21).
+phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3), on the
+plain CPU with tiny checkpoints in the published layouts, at two request sizes each (issue 11, 12,
+21, 22).
 
 Measured as `bench/engines.py --peaks` prints it (`phase_peaks`): the peak of CPU tensor storages
 created while the phase runs (`PeakTracker`), each counted until it is freed. On the plain CPU
@@ -36,14 +37,24 @@ PHASES = {  # the phases each engine must report (with components: where weights
     "omnivoice": {"voice prompt (audio_encoder+quantizer)", "llm (llm)", "codec decoder (quantizer+audio_decoder)"},
     "voxcpm2": {"voice prompt (vae_encoder)", "generate (generator)", "decoder (vae_decoder)"},
     "demo": {"voice prompt (speaker_encoder)", "talker (talker)", "codec decoder (decoder)"},
+    **{f"cosyvoice{v}": {"voice prompt (campplus+speech_tokenizer)", "talker (llm)", "flow (flow)", "vocoder (vocoder)"}
+       for v in (2, 3)},
 }
+# What each native engine's tiny checkpoint and phases import (absent from the core venv).
+NATIVE_PACKAGES = {"cosyvoice": ("transformers", "onnx", "onnx2torch", "s3tokenizer")}
 
 
 @pytest.fixture
-def folder(request: pytest.FixtureRequest) -> Callable[[str], Path | None]:
+def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Path | None]:
     def checkpoint(engine_id: str) -> Path | None:
         if engine_id == "demo":
             return None  # random weights, no folder
+        if engine_id.startswith("cosyvoice"):
+            for package in NATIVE_PACKAGES["cosyvoice"]:
+                pytest.importorskip(package)
+            from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
+
+            return write_tiny_checkpoint(tmp_path / engine_id, int(engine_id[-1]))
         if engine_id == "qwen3tts":
             require_qwen_tts()
             return request.getfixturevalue("qwen3tts_checkpoint")("base")

@@ -23,30 +23,28 @@ class EspnetRelPositionalEncoding(nn.Module):
         self.d_model = d_model
         self.xscale = math.sqrt(d_model)
         self.max_len = max_len
-        self.pe: torch.Tensor | None = None
+        # Made once here, as upstream does, and a buffer: the runtime counts and places it with
+        # the weights (M45: made inside a phase it was device memory no estimate or handle held).
+        self.register_buffer("pe", self._make(max_len), persistent=False)
 
-    def _table(self, size: int, like: torch.Tensor) -> torch.Tensor:
-        length = max(size, self.max_len)
-        if self.pe is None or self.pe.size(1) < length * 2 - 1:
-            position = torch.arange(0, length, dtype=torch.float32).unsqueeze(1)
-            div_term = torch.exp(torch.arange(0, self.d_model, 2, dtype=torch.float32)
-                                 * -(math.log(10000.0) / self.d_model))
-            positive = torch.zeros(length, self.d_model)
-            negative = torch.zeros(length, self.d_model)
-            positive[:, 0::2] = torch.sin(position * div_term)
-            positive[:, 1::2] = torch.cos(position * div_term)
-            negative[:, 0::2] = torch.sin(-1 * position * div_term)
-            negative[:, 1::2] = torch.cos(-1 * position * div_term)
-            self.pe = torch.cat([torch.flip(positive, [0]).unsqueeze(0), negative[1:].unsqueeze(0)], dim=1)
-        if self.pe.dtype != like.dtype or self.pe.device != like.device:
-            self.pe = self.pe.to(dtype=like.dtype, device=like.device)
-        return self.pe
+    def _make(self, length: int) -> torch.Tensor:
+        position = torch.arange(0, length, dtype=torch.float32).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, self.d_model, 2, dtype=torch.float32)
+                             * -(math.log(10000.0) / self.d_model))
+        positive = torch.zeros(length, self.d_model)
+        negative = torch.zeros(length, self.d_model)
+        positive[:, 0::2] = torch.sin(position * div_term)
+        positive[:, 1::2] = torch.cos(position * div_term)
+        negative[:, 0::2] = torch.sin(-1 * position * div_term)
+        negative[:, 1::2] = torch.cos(-1 * position * div_term)
+        return torch.cat([torch.flip(positive, [0]).unsqueeze(0), negative[1:].unsqueeze(0)], dim=1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pe = self._table(x.size(1), x)
-        size, middle = x.size(1), pe.size(1) // 2
-        return x * self.xscale, pe[:, middle - size + 1: middle + size]
-
+        size = x.size(1)
+        # Longer than the table (upstream extends it): this call's own table, not kept.
+        pe = self.pe if size <= self.max_len else self._make(size).to(x.device)
+        middle = pe.size(1) // 2
+        return x * self.xscale, pe[:, middle - size + 1: middle + size].to(x.dtype)
 
 class LinearEmbed(nn.Module):
     """WeNet's ``LinearNoSubsampling``: Linear, LayerNorm, then the positional encoding."""

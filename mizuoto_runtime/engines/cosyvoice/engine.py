@@ -61,6 +61,7 @@ from ...nn.decoder import KVCache
 from ...nn.kv_cache import BufferCache, peak_bytes
 from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from .dit import DiT
 from .lm import length_bounds
 from .model import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
@@ -74,13 +75,24 @@ SPK2INFO = "spk2info.pt"
 NO_FALLBACK = "none: HiFT's source phase runs through the whole utterance, so it cannot be tiled"
 SYSTEM_PROMPT = "You are a helpful assistant." + ENDOFPROMPT  # CosyVoice 3's documented default
 VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.onnx", "speech_tokenizer_v3.onnx")}
-# Working-memory constants (M45), in units of the hidden size per position, fitted on the tiny
-# checkpoints' CPU peaks (bench/engines.py) and rounded up.
-PREFILL_HIDDEN_COPIES = 10
-VOICE_BYTES_PER_SAMPLE = 512  # fbank frames, whisper mel, tokenizer activations per 16 kHz sample
-ESTIMATOR_COPIES = 24
-SOURCE_BYTES_PER_SAMPLE = 256  # the 9-harmonic source at the output rate and its temporaries
-VOCODER_STAGE_COPIES = 6  # live copies of an upsampling stage (input kept, resblock temporaries)
+# Working-memory constants (M45, M46): each term follows the dimension it scales with; the
+# counts are fitted on the tiny checkpoints' CPU peaks (`bench/engines.py --peaks`, 1.0-1.3x).
+PREFILL_HIDDEN_COPIES = 4  # residual, normed input, attention output, q/k/v: x hidden size
+PREFILL_MLP_COPIES = 2  # gate and up projections: x intermediate size
+# Part of a score matrix per head: torch's CPU attention works in blocks and keeps the causal mask;
+# a real LM (Qwen2-0.5B: hidden 896, intermediate 4864) is dominated by the MLP term instead.
+PREFILL_SCORE_FRACTION = 0.4
+VOICE_FEATURE_BYTES_PER_SAMPLE = 72  # kaldi fbank, whisper log-mel, 24 kHz prompt mel: STFT frames per 16 kHz sample
+TOKEN_SAMPLES = 640  # 16 kHz samples per speech token (25 Hz)
+# The tokenizer's widest activation at 25 Hz (the tiny one's scores over its codebook; the
+# published one's 4 x 1280 MLP). Its attention scores over 30 s (20 heads x 750^2) are not
+# covered: the tiny tokenizer has none to fit them on.
+TOKENIZER_COPIES = 2
+UNET_COPIES = 20  # CosyVoice 2's UNet: live copies of its widest stage, per frame of the CFG batch
+DIT_COPIES = 12  # CosyVoice 3's DiT: sdpa keeps no score matrix, so no frames^2 term
+SOURCE_BYTES_PER_SAMPLE = 104  # the 9-harmonic NSF source at the output rate (float32), ~3 live copies
+VOCODER_STAGE_COPIES = 4  # live copies of an upsampling stage (input kept, resblock temporaries)
+CAUSAL_STAGE_COPIES = 3  # CosyVoice 3's causal HiFT: each conv's left-padded input copy, more temporaries
 
 
 def read_speakers(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -241,8 +253,15 @@ class CosyVoiceEngine(Engine):
             n = min(feat.shape[1] // 2, tokens.shape[1])
             return {"embedding": embedding, "prompt_token": tokens[:, :n], "prompt_feat": feat[:, :2 * n]}
 
-        memory = VOICE_BYTES_PER_SAMPLE * wav16.shape[-1]
+        memory = self.voice_memory(wav16.shape[-1])
         return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
+
+    def voice_memory(self, samples: int) -> int:
+        """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, and the
+        tokenizer's widest activation (rows of its largest weight) per speech token."""
+        assert self.speech_tokenizer is not None
+        widest = max((p.shape[0] for p in self.speech_tokenizer.module.parameters() if p.dim() >= 2), default=0)
+        return VOICE_FEATURE_BYTES_PER_SAMPLE * samples + TOKENIZER_COPIES * 4 * widest * (samples // TOKEN_SAMPLES + 1)
 
     def prompt_feat(self, wav24k: torch.Tensor) -> torch.Tensor:
         """The prompt mel (1, frames, 80) of a 24 kHz waveform (the yaml's feat_extractor)."""
@@ -303,8 +322,8 @@ class CosyVoiceEngine(Engine):
         kind = "static" if plan.kv_kind == "static" else "dynamic"
         kv = peak_bytes(position, cfg.num_hidden_layers, plan.positions, kind)
         t = plan.prompt_positions
-        activations = elem * t * (PREFILL_HIDDEN_COPIES * cfg.hidden_size + 3 * cfg.intermediate_size
-                                  + cfg.num_attention_heads * t)
+        activations = int(elem * t * (PREFILL_HIDDEN_COPIES * cfg.hidden_size + PREFILL_MLP_COPIES
+                                      * cfg.intermediate_size + PREFILL_SCORE_FRACTION * cfg.num_attention_heads * t))
         logits = 4 * 3 * lm.llm_decoder.out_features
         return {"kv_cache": kv, "activations": activations, "logits": logits}
 
@@ -352,12 +371,15 @@ class CosyVoiceEngine(Engine):
     # ---- flow + vocoder --------------------------------------------------------------------
     def flow_memory(self, frames: int) -> int:
         """M45: the flow phase at `frames` mel frames (prompt + new): the CFG batch of two
-        through the estimator's widest stage, its attention scores, and the Euler state."""
+        through the estimator's widest stage, the UNet's attention scores (the DiT's sdpa keeps
+        none), and the Euler state (8 mel-sized tensors)."""
         est = self.model.flow.decoder.estimator
         elem = element_size(self.dtype)
-        width = getattr(getattr(est, "spec", None), "dim", None) or max(getattr(est.spec, "channels", (256,)))
-        heads = getattr(est.spec, "heads", None) or getattr(est.spec, "num_heads", 8)
-        return int(2 * frames * elem * (ESTIMATOR_COPIES * width + 2 * heads * frames) + 8 * frames * 80 * elem)
+        if isinstance(est, DiT):
+            per_frame = DIT_COPIES * est.spec.dim
+        else:
+            per_frame = UNET_COPIES * max(est.spec.channels) + 2 * est.spec.num_heads * frames
+        return int(2 * frames * elem * per_frame + 8 * frames * 80 * elem)
 
     def vocoder_memory(self, frames: int) -> int:
         """M45: HiFT at `frames` mel frames (float32): the NSF source at the output rate, and
@@ -368,7 +390,8 @@ class CosyVoiceEngine(Engine):
         for i, rate in enumerate(spec.upsample_rates):
             length *= rate
             stages += (spec.base_channels // 2 ** (i + 1)) * length
-        return samples * SOURCE_BYTES_PER_SAMPLE + 4 * VOCODER_STAGE_COPIES * stages
+        copies = VOCODER_STAGE_COPIES + (CAUSAL_STAGE_COPIES if spec.causal else 0)
+        return samples * SOURCE_BYTES_PER_SAMPLE + 4 * copies * stages
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         """Each sentence's tokens through the flow (one phase), each mel through HiFT from its
