@@ -1,6 +1,6 @@
 """M45: each engine phase's working-memory estimate, made from the request before the phase runs,
 fits what the phase really allocates: between 1.0x and 1.3x of its measured CPU peak, for every
-phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3), on the
+phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3, Fish Speech S2-Pro), on the
 plain CPU with tiny checkpoints in the published layouts, at two request sizes each (issue 11, 12,
 21, 22).
 
@@ -39,9 +39,10 @@ PHASES = {  # the phases each engine must report (with components: where weights
     "demo": {"voice prompt (speaker_encoder)", "talker (talker)", "codec decoder (decoder)"},
     **{f"cosyvoice{v}": {"voice prompt (campplus+speech_tokenizer)", "talker (llm)", "flow (flow)", "vocoder (vocoder)"}
        for v in (2, 3)},
+    "fishspeech": {"voice prompt (codec_encoder)", "talker (talker)", "decoder (codec_decoder)"},
 }
 # What each native engine's tiny checkpoint and phases import (absent from the core venv).
-NATIVE_PACKAGES = {"cosyvoice": ("transformers", "onnx", "onnx2torch", "s3tokenizer")}
+NATIVE_PACKAGES = {"cosyvoice": ("transformers", "onnx", "onnx2torch", "s3tokenizer"), "fishspeech": ("tokenizers",)}
 
 
 @pytest.fixture
@@ -49,12 +50,11 @@ def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Pa
     def checkpoint(engine_id: str) -> Path | None:
         if engine_id == "demo":
             return None  # random weights, no folder
-        if engine_id.startswith("cosyvoice"):
-            for package in NATIVE_PACKAGES["cosyvoice"]:
+        native = bench_engines.RUNTIME_IDS.get(engine_id, engine_id)
+        if native in NATIVE_PACKAGES:
+            for package in NATIVE_PACKAGES[native]:
                 pytest.importorskip(package)
-            from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
-
-            return write_tiny_checkpoint(tmp_path / engine_id, int(engine_id[-1]))
+            return bench_engines.checkpoint_folders([engine_id], tmp_path)[engine_id]  # type: ignore[no-any-return]
         if engine_id == "qwen3tts":
             require_qwen_tts()
             return request.getfixturevalue("qwen3tts_checkpoint")("base")

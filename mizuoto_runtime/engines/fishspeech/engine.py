@@ -195,14 +195,16 @@ class FishSpeechEngine(Engine):
     def generation_memory(self, prompt_len: int, frames: int, kv_cache: str | None = None) -> int:
         """M45/M46: the slow KV cache grown to the prompt and frames (`peak_bytes` of its kind),
         the fast one's ``num_codebooks`` positions, and the prefill's activations (hidden states,
-        MLP, attention scores, one row of logits)."""
+        MLP, one row of logits). No attention-score term: torch's fused attention (CPU and CUDA
+        sdpa) keeps none, and the tiny checkpoint's peak grows linearly with the prompt (measured
+        by `bench/engines.py --peaks`, 1.0-1.3x)."""
         cfg, elem = self.model.config, element_size(self.dtype)
         kind = kv_cache or self.manager.policy.kv_cache
         kv = peak_bytes(KVCache.position_bytes(cfg.n_local_heads, cfg.head_dim, self.dtype), cfg.n_layer,
                         prompt_len + frames, "static" if kind == "static" else "dynamic")
         fast_kv = KVCache.position_bytes(cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype) * cfg.n_fast_layer \
             * cfg.num_codebooks
-        prefill = elem * prompt_len * (4 * cfg.dim + 3 * cfg.intermediate_size + cfg.n_head * prompt_len) \
+        prefill = elem * prompt_len * (4 * cfg.dim + 3 * cfg.intermediate_size) \
             + 4 * cfg.vocab_size * 4
         return kv + fast_kv + prefill
 
