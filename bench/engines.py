@@ -10,7 +10,7 @@ written to a temporary folder), one request of each placement, repeated and inte
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
 ``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo and
-CosyVoice 2 / 3, Fish Speech (the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
+CosyVoice 2 / 3, Fish Speech, IndexTTS-2 (the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
@@ -78,6 +78,7 @@ WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_
 GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
+INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
 FISH_TEST_TEXT = "Hello world, streaming is exact."  # test_fishspeech.py's
 COSYVOICE_TEXT = "Hello there, tiny model."  # test_cosyvoice.py's
 CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
@@ -288,6 +289,8 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "cosyvoice3": [PeakRequest(1, COSYVOICE_TEXT, 8), PeakRequest(3, COSYVOICE_TEXT, 24)],
     # test_fishspeech.py: a 1 s reference, 8 frames; a longer one and more frames
     "fishspeech": [PeakRequest(1, FISH_TEST_TEXT, 8), PeakRequest(3, FISH_TEST_TEXT * 2, 24)],
+    # test_indextts2.py: a 1 s reference, 12 codes; a longer one and more codes
+    "indextts2": [PeakRequest(1, INDEX_TEST_TEXT, 12), PeakRequest(3, INDEX_TEST_TEXT * 2, CODES)],
 }
 RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice"}  # bench names of one engine's versions
 

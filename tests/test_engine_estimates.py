@@ -1,6 +1,6 @@
 """M45: each engine phase's working-memory estimate, made from the request before the phase runs,
 fits what the phase really allocates: between 1.0x and 1.3x of its measured CPU peak, for every
-phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3, Fish Speech S2-Pro), on the
+phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3, Fish Speech S2-Pro, IndexTTS-2), on the
 plain CPU with tiny checkpoints in the published layouts, at two request sizes each (issue 11, 12,
 21, 22).
 
@@ -40,9 +40,12 @@ PHASES = {  # the phases each engine must report (with components: where weights
     **{f"cosyvoice{v}": {"voice prompt (campplus+speech_tokenizer)", "talker (llm)", "flow (flow)", "vocoder (vocoder)"}
        for v in (2, 3)},
     "fishspeech": {"voice prompt (codec_encoder)", "talker (talker)", "decoder (codec_decoder)"},
+    "indextts2": {"voice prompt (w2v_bert+semantic_codec+campplus+conditioning)", "talker (talker)", "flow (flow)",
+                  "vocoder (vocoder)"},
 }
 # What each native engine's tiny checkpoint and phases import (absent from the core venv).
-NATIVE_PACKAGES = {"cosyvoice": ("transformers", "onnx", "onnx2torch", "s3tokenizer"), "fishspeech": ("tokenizers",)}
+NATIVE_PACKAGES = {"cosyvoice": ("transformers", "onnx", "onnx2torch", "s3tokenizer"), "fishspeech": ("tokenizers",),
+                   "indextts2": ("transformers", "sentencepiece", "yaml", "torchaudio", "librosa")}
 
 
 @pytest.fixture

@@ -49,6 +49,12 @@ SAMPLE_RATE = 22050
 PROMPT_SECONDS = 15  # upstream cuts reference audio to 15 s
 CODES_PER_TEXT_TOKEN = 24  # M46
 NUM_BEAMS = 3
+# Working-memory constants (M45), fitted on the tiny checkpoint's CPU peaks (`bench/engines.py
+# --peaks`, 1.0-1.3x); each multiplies the dimension its term scales with.
+CAMPPLUS_MAPS = 3  # CAM++'s front-end maps (channels x 80 bands) alive at once
+KV_TRANSIENT_LAYERS = 3  # per decoding step: one layer's old cache, its concatenation, its beam reorder
+FLOW_HIDDEN_COPIES = 30  # the estimator's live activations per frame, in units of its hidden width
+VOCODER_STAGE_COPIES = 12  # BigVGAN's AMP blocks: 2x-rate activations and their temporaries
 SILENCE_MS = 200  # between segments, as upstream
 REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
 
@@ -186,19 +192,20 @@ class IndexTTS2Engine(Engine):
         return ctx.run("voice prompt", handles, run, self.prompt_memory(wav_16k.shape[-1]))
 
     def prompt_memory(self, samples_16k: int) -> int:
-        """M45: the voice prompt's working memory (float32), the larger of its two big parts:
-        w2v-BERT over the prompt's frames (50 per second: the hidden state of every layer is kept,
-        plus the attention scores and feed-forward of one layer and the 160-wide input features),
-        and CAM++'s 2-D front end over the fbank frames (100 per second: its channels x 80 bands,
-        a few maps alive at once)."""
+        """M45: the voice prompt's working memory (float32), its two big parts together (they
+        run one after the other, but what each returns stays to the phase's end; the sum bounds
+        that, measured 1.15x): w2v-BERT over the prompt's frames (50 per second: the hidden state
+        of every layer is kept, plus the attention scores and feed-forward of one layer and the
+        160-wide input features), and CAM++'s 2-D front end over the fbank frames (100 per
+        second: its channels x 80 bands, `CAMPPLUS_MAPS` maps alive at once)."""
         frames = samples_16k // 320 + 1
         cfg = self.w2v.model.config
         hidden = 4 * frames * cfg.hidden_size
         scores = 4 * cfg.num_attention_heads * frames * frames
         w2v = (len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores + 4 * frames * (cfg.intermediate_size + 160)
         head = self.campplus.module.head
-        campplus = 4 * 4 * head.conv1.out_channels * 80 * (samples_16k // 160 + 1)
-        return max(w2v, campplus)
+        campplus = 4 * CAMPPLUS_MAPS * head.conv1.out_channels * 80 * (samples_16k // 160 + 1)
+        return w2v + campplus
 
     # ---- emotion ---------------------------------------------------------------------------
     def voice_prompt(self, ctx: Any, reference: Audio | None = None, transcript: str | None = None,
@@ -276,13 +283,21 @@ class IndexTTS2Engine(Engine):
         return 32 + 2 + text_tokens + 2 + 1 + codes
 
     def talker_memory(self, text_tokens: int, max_new: int) -> dict[str, int]:
-        """M45: KV cache of every beam at the estimated positions, the prefill's activations and
-        the latent forward's (one row, the whole sequence)."""
+        """M45: KV cache of every beam at the estimated positions, plus the layer being grown
+        and reordered (its old cache, the concatenation's result and the beam reorder's:
+        `KV_TRANSIENT_LAYERS` layers' worth, a small share at 24 layers, the whole cache again on
+        the tiny 3-layer model); the prefill's activations over the prompt, every beam; and the
+        latent forward's (one row, the whole sequence)."""
         cfg, elem = self.gpt.cfg, element_size(self.dtype)
         positions = self.kv_positions(text_tokens, max_new)
+        prompt = positions - min(CODES_PER_TEXT_TOKEN * text_tokens, max_new, cfg.max_mel_tokens)
         kv = 2 * cfg.layers * positions * cfg.model_dim * elem * self.num_beams
-        act = elem * self.num_beams * positions * (8 * cfg.model_dim + cfg.heads * positions)
-        return {"kv_cache": kv, "activations": act}
+
+        def row(t: int) -> int:  # one sequence's hidden states, MLP and attention scores over t positions
+            return elem * t * (8 * cfg.model_dim + cfg.heads * t)
+
+        return {"kv_cache": kv, "kv_transient": KV_TRANSIENT_LAYERS * kv // cfg.layers,
+                "activations": self.num_beams * row(prompt), "latent": row(positions)}
 
     def generate(self, ctx: Any, text: str, voice: Voice, sampling: Sampling, emotion: Emotion | None = None) -> Codes:
         segments = self.tokenizer.segments(text)
@@ -328,11 +343,11 @@ class IndexTTS2Engine(Engine):
 
     # ---- flow and vocoder ------------------------------------------------------------------
     def flow_memory(self, frames: int) -> int:
-        """M45: the estimator's batch-2 (CFG) activations over every frame, x and its update."""
-        est = self.s2mel.cfm.estimator
-        hidden = est.cond_x_merge_linear.out_features
-        heads = est.transformer.heads
-        return 4 * 2 * frames * (16 * hidden + heads * frames) + 4 * 8 * 80 * frames
+        """M45: the estimator's batch-2 (CFG) activations over every frame (its transformer's
+        feed-forward and the WaveNet are 4x and 2x the hidden width; fused attention keeps no
+        score matrix: the measured peak is linear in the frames), x and its update."""
+        hidden = self.s2mel.cfm.estimator.cond_x_merge_linear.out_features
+        return 4 * 2 * frames * FLOW_HIDDEN_COPIES * hidden + 4 * 8 * 80 * frames
 
     def vocoder_memory(self, frames: int) -> int:
         h = self.bigvgan.h
@@ -341,7 +356,7 @@ class IndexTTS2Engine(Engine):
             channels //= 2
             length *= rate
             widest = max(widest, channels * length)
-        return 4 * 8 * widest  # the AMP blocks' 2x-rate activations and their temporaries
+        return 4 * VOCODER_STAGE_COPIES * widest
 
     def decode(self, ctx: Any, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         voice = codes.extra.get("voice_data")
