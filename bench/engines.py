@@ -10,7 +10,7 @@ written to a temporary folder), one request of each placement, repeated and inte
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
 ``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo and
-CosyVoice 2 / 3, Fish Speech, IndexTTS-2 (the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
+CosyVoice 2 / 3, Fish Speech, IndexTTS-2, GPT-SoVITS (the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
@@ -79,6 +79,7 @@ GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
+GPTSOVITS_TEXT = "你好，这是一个测试。"
 FISH_TEST_TEXT = "Hello world, streaming is exact."  # test_fishspeech.py's
 COSYVOICE_TEXT = "Hello there, tiny model."  # test_cosyvoice.py's
 CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
@@ -271,6 +272,7 @@ class PeakRequest:
     seconds: float
     text: str = TEXT
     max_new_tokens: int = 2048
+    language: str = "English"
 
     def label(self) -> str:
         return f"{self.seconds:g} s ref, {len(self.text)} chars" + (
@@ -291,6 +293,8 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "fishspeech": [PeakRequest(1, FISH_TEST_TEXT, 8), PeakRequest(3, FISH_TEST_TEXT * 2, 24)],
     # test_indextts2.py: a 1 s reference, 12 codes; a longer one and more codes
     "indextts2": [PeakRequest(1, INDEX_TEST_TEXT, 12), PeakRequest(3, INDEX_TEST_TEXT * 2, CODES)],
+    # test_gptsovits.py: a 3 s reference, 16 tokens; Chinese text, so the BERT phase runs too
+    "gptsovits": [PeakRequest(3, GPTSOVITS_TEXT, 16, "Chinese"), PeakRequest(5, GPTSOVITS_TEXT * 2, 48, "Chinese")],
 }
 RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice"}  # bench names of one engine's versions
 
@@ -358,7 +362,7 @@ def phase_peaks(folders: dict[str, Path | None], steps: int = PEAK_STEPS) -> lis
         for req in PEAK_REQUESTS[engine_id]:
             reference = Audio(0.3 * torch.sin(torch.arange(int(req.seconds * 24000)) / 6.0).unsqueeze(0), 24000)
             engine.voices.clear()  # the voice prompt runs every time
-            sampling = Sampling(seed=1, language="English", max_new_tokens=req.max_new_tokens)
+            sampling = Sampling(seed=1, language=req.language, max_new_tokens=req.max_new_tokens)
             with metered_phases(engine_id, req.label()) as measured:
                 rt.say(engine, req.text, reference=reference, transcript=TRANSCRIPT, sampling=sampling)
             rows += measured
@@ -376,6 +380,9 @@ def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | No
     """Tiny random checkpoints in each engine's published layout (the demo engine needs none)."""
     folders: dict[str, Path | None] = {}
     for engine_id in engines:
+        if engine_id == "gptsovits":  # a voice pair with its feature models, not a model folder
+            folders[engine_id] = importlib.import_module(GPTSOVITS_WRITER).write_voice(tmp / engine_id, "v2")
+            continue
         writer = WRITERS.get(engine_id)
         extra = {"version": int(engine_id[-1])} if engine_id.startswith("cosyvoice") else {}
         folders[engine_id] = None if writer is None else importlib.import_module(writer).write_tiny_checkpoint(
@@ -401,7 +408,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
-        folders = checkpoint_folders([e for e in engines if e != "gptsovits"], Path(tmp))
+        folders = checkpoint_folders(engines, Path(tmp))
         cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice") and v is not None}
         if args.peaks:
             print(f"torch {torch.__version__}, plain CPU, {PEAK_STEPS} steps per request")
@@ -419,9 +426,9 @@ def main() -> None:
             time_cosyvoice(cosy, args.repeat, args.device)
         if fish is not None:
             time_fish(fish, args.frames, args.repeat)
-        if "gptsovits" in engines:
-            write_voice = importlib.import_module(GPTSOVITS_WRITER).write_voice
-            time_gptsovits(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
+        gptsovits = folders.get("gptsovits")
+        if gptsovits is not None:
+            time_gptsovits(gptsovits, args.repeat, args.device)
 
 
 if __name__ == "__main__":

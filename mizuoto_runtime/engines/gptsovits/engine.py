@@ -62,6 +62,14 @@ SSL_RATE = 16000
 PROMPT_SILENCE_S = 0.3
 POSITIONS_PER_PHONEME = 16  # M46
 EARLY_STOP_PER_SECOND = 50  # upstream stops after 50 Hz x max_sec tokens
+# Working-memory constants (M45), fitted on the tiny voice's CPU peaks (`bench/engines.py
+# --peaks`, 1.0-1.3x); each multiplies the dimension its term scales with.
+# HuBERT's first conv (channels / stride per input sample; its group norm and GELU copies) is the
+# voice prompt's peak; the transformer after it, 768 wide at 50 Hz, holds far less per sample.
+SSL_CONV_COPIES = 3.5
+# The VITS generator's widest upsampling stage per mel frame (its input kept, the resblocks'
+# outputs summed): real voices (512 initial channels) and the tiny one alike.
+DECODER_STAGE_COPIES = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +214,7 @@ class GptSovitsEngine(Engine):
         silence = torch.zeros(int(cfg.sampling_rate * PROMPT_SILENCE_S))
         ssl_in = torch.cat([wav16, silence]).unsqueeze(0).to(self.dtype)
         handles = [self.hubert, self.vits] + ([self.sv] if self.sv is not None else [])
-        memory = 64 * ssl_in.numel() * element_size(self.dtype)  # conv feature maps of the SSL encoder
+        memory = self.voice_memory(ssl_in.shape[-1])
 
         @torch.inference_mode()
         def encode() -> dict[str, Any]:
@@ -220,6 +228,12 @@ class GptSovitsEngine(Engine):
             return data
 
         return ctx.run("voice prompt", handles, encode, memory)
+
+    def voice_memory(self, samples: int) -> int:
+        """M45: the SSL encoder's first conv feature maps over the 16 kHz samples."""
+        assert self.hubert is not None
+        cfg = self.hubert.module.config
+        return int(SSL_CONV_COPIES * cfg.conv_dim[0] / cfg.conv_stride[0] * samples) * element_size(self.dtype)
 
     # ---- talker ------------------------------------------------------------------------------
     def text_features(self, ctx: Any, texts: list[list[Run]]) -> list[PhonemeText]:
@@ -294,13 +308,22 @@ class GptSovitsEngine(Engine):
         return Codes(tokens, self.id, {"phones": t_ids, "seed": sampling.seed, "voice": voice})
 
     # ---- decoder -----------------------------------------------------------------------------
+    def decoder_memory(self, tokens: int, spec: torch.Tensor) -> int:
+        """M45: the generator's widest upsampling stage over the 2 mel frames per token, and a
+        copy of the reference spectrogram (the reference encoder's input)."""
+        cfg = self.vits.module.cfg
+        widest, channels, length = 0, cfg.upsample_initial_channel, 1
+        for rate in cfg.upsample_rates:
+            channels, length = channels // 2, length * rate
+            widest = max(widest, channels * length)
+        return element_size(self.dtype) * (DECODER_STAGE_COPIES * widest * 2 * tokens + spec.numel())
+
     def decode(self, ctx: Any, codes: Codes, allow_fallback: bool | None = None, noise_scale: float = 0.5,
                speed: float = 1.0) -> Audio:
         voice: Voice = codes.extra["voice"]
         model = self.vits.module
         sv = [voice.data["sv"]] if model.cfg.is_pro else None
-        frames = 2 * codes.tokens.shape[-1]
-        memory = 16 * frames * model.cfg.samples_per_code * element_size(self.dtype)
+        memory = self.decoder_memory(codes.tokens.shape[-1], voice.data["spec"])
 
         def run() -> torch.Tensor:
             with self.seeded(int(codes.extra["seed"])):
