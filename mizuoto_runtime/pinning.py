@@ -207,7 +207,9 @@ class CudaRegistrar:
 
     def empty_host_cache(self) -> None:
         """Unlock the host allocator's cached free blocks (a freed pinned tensor stays locked there)."""
-        torch._C._host_emptyCache()
+        release = getattr(torch._C, "_host_emptyCache", None)  # absent from CPU-only builds: they pin nothing
+        if release is not None:
+            release()
 
 
 def _cudart_get_last_error() -> Callable[[], int] | None:
