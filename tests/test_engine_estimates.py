@@ -60,7 +60,7 @@ def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Pa
         if native in NATIVE_PACKAGES:
             for package in NATIVE_PACKAGES[native]:
                 pytest.importorskip(package)
-            return bench_engines.checkpoint_folders([engine_id], tmp_path)[engine_id]  # type: ignore[no-any-return]
+            return bench_engines.checkpoint_folders([engine_id], tmp_path)[engine_id]
         if engine_id == "qwen3tts":
             require_qwen_tts()
             return request.getfixturevalue("qwen3tts_checkpoint")("base")
