@@ -19,7 +19,7 @@ GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generate
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
 For IndexTTS-2 it also prints the talker's milliseconds per code (three beams), plain and all
-streamed, and with ``--peaks`` the voice prompt's peak.
+streamed.
 
 Fish Speech (``--engines fishspeech``, issue 24), an autoregressive engine, is timed per frame:
 the talker phase's milliseconds per frame resident and all streamed, the MB streamed per frame,
