@@ -9,8 +9,9 @@ written to a temporary folder), one request of each placement, repeated and inte
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
-``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo and
-CosyVoice 2 / 3, Fish Speech, IndexTTS-2, GPT-SoVITS (the default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
+``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo,
+CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2 and GPT-SoVITS (the
+default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
@@ -71,10 +72,14 @@ TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
            "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
+           "fishspeech-s1": "mizuoto_runtime.engines.fishspeech.tiny",
            "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny",
            "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
            "indextts2": "mizuoto_runtime.engines.indextts.tiny",
            "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
+# The writers' arguments for bench names of one engine's versions (the writer's default otherwise).
+WRITER_ARGS: dict[str, dict[str, Any]] = {"cosyvoice2": {"version": 2}, "cosyvoice3": {"version": 3},
+                                          "fishspeech-s1": {"version": "s1-mini"}}
 GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
@@ -291,12 +296,13 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "cosyvoice3": [PeakRequest(1, COSYVOICE_TEXT, 8), PeakRequest(3, COSYVOICE_TEXT, 24)],
     # test_fishspeech.py: a 1 s reference, 8 frames; a longer one and more frames
     "fishspeech": [PeakRequest(1, FISH_TEST_TEXT, 8), PeakRequest(3, FISH_TEST_TEXT * 2, 24)],
+    "fishspeech-s1": [PeakRequest(1, FISH_TEST_TEXT, 8), PeakRequest(3, FISH_TEST_TEXT * 2, 24)],
     # test_indextts2.py: a 1 s reference, 12 codes; a longer one and more codes
     "indextts2": [PeakRequest(1, INDEX_TEST_TEXT, 12), PeakRequest(3, INDEX_TEST_TEXT * 2, CODES)],
     # test_gptsovits.py: a 3 s reference, 16 tokens; Chinese text, so the BERT phase runs too
     "gptsovits": [PeakRequest(3, GPTSOVITS_TEXT, 16, "Chinese"), PeakRequest(5, GPTSOVITS_TEXT * 2, 48, "Chinese")],
 }
-RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice"}  # bench names of one engine's versions
+RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}  # bench names of one engine's versions
 
 
 @dataclasses.dataclass
@@ -386,9 +392,8 @@ def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | No
             folders[engine_id] = importlib.import_module(GPTSOVITS_WRITER).write_voice(tmp / engine_id, "v2")
             continue
         writer = WRITERS.get(engine_id)
-        extra = {"version": int(engine_id[-1])} if engine_id.startswith("cosyvoice") else {}
         folders[engine_id] = None if writer is None else importlib.import_module(writer).write_tiny_checkpoint(
-            tmp / engine_id, **extra)
+            tmp / engine_id, **WRITER_ARGS.get(engine_id, {}))
     return folders
 
 
