@@ -302,7 +302,8 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     # test_gptsovits.py: a 3 s reference, 16 tokens; Chinese text, so the BERT phase runs too
     "gptsovits": [PeakRequest(3, GPTSOVITS_TEXT, 16, "Chinese"), PeakRequest(5, GPTSOVITS_TEXT * 2, 48, "Chinese")],
 }
-RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}  # bench names of one engine's versions
+# The runtime's engine id of each bench name of one engine's version.
+RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}
 
 
 @dataclasses.dataclass
