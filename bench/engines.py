@@ -378,10 +378,10 @@ def phase_peaks(folders: dict[str, Path | None], steps: int = PEAK_STEPS) -> lis
 
 def print_peaks(rows: list[PhasePeak]) -> None:
     width = max([40, *(len(r.phase) for r in rows)])
-    print(f"\n{'engine':10} {'phase':{width}} {'request':42} {'estimate MB':>12} {'CPU peak MB':>12} "
+    print(f"\n{'engine':13} {'phase':{width}} {'request':42} {'estimate MB':>12} {'CPU peak MB':>12} "
           f"{'estimate/peak':>14}")
     for r in rows:
-        print(f"{r.engine:10} {r.phase:{width}} {r.request:42} {r.estimate / MB:12.3f} {r.peak / MB:12.3f} "
+        print(f"{r.engine:13} {r.phase:{width}} {r.request:42} {r.estimate / MB:12.3f} {r.peak / MB:12.3f} "
               f"{r.ratio:13.2f}x")
 
 
