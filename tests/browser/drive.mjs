@@ -216,11 +216,11 @@ async function searchNodes(page, query, shotName) {
     await page.waitForTimeout(500);
     const now = await page.evaluate(() => [...document.querySelectorAll("[role=option]")]
       .filter((o) => o.offsetWidth || o.offsetHeight)
-      .map((o) => ({
+      .map((o) => ({ // 1.27-1.35 follow the name with a no-break space and the category
         name: (o.querySelector(".option-display-name, .option-container span.truncate")?.textContent
-               ?? o.innerText.split("\n")[0]).trim(),
+               ?? o.innerText.split("\n")[0]).split("\u00a0")[0].trim(),
         text: o.innerText.replace(/\s+/g, " ").trim(),
-      })));
+      })).filter((o) => o.name));
     if (now.length && JSON.stringify(now) === JSON.stringify(results)) break;
     results = now;
   }
