@@ -1,8 +1,9 @@
-"""The one-shot engines under the memory runtime, side by side in one run (issue 11), and
-CosyVoice 2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``).
+"""The one-shot engines under the memory runtime, side by side in one run (issue 11), CosyVoice
+2 / 3 (issue 22: ``--engines cosyvoice2,cosyvoice3``), GPT-SoVITS (issue 26: ``--engines
+gptsovits``) and IndexTTS-2 (issue 25: ``--engines indextts2``).
 
-Per engine (F5-TTS, OmniVoice; tiny random checkpoints in their published layouts, written to a
-temporary folder), one request of each placement, repeated and interleaved:
+Per engine (F5-TTS, OmniVoice, IndexTTS-2; tiny random checkpoints in their published layouts,
+written to a temporary folder), one request of each placement, repeated and interleaved:
 
 * resident — every component whole on the device (simulated: a device larger than the model);
 * streamed — `compute.vram_mode = none` on the simulated strict device: every unit streamed.
@@ -11,16 +12,19 @@ It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_m
 ``--peaks`` also measures each phase's working memory on the plain CPU (how far the process's
 resident memory rises during the phase, Linux) against the engine's estimate (M45).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
-fixed number of tokens), resident and all streamed; ``--peaks`` adds its three phases.
+fixed number of tokens), resident and all streamed; ``--peaks`` adds its three phases. So is
+GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generated token.
 ``--device cuda`` runs on a real GPU instead of the simulated device, and compares prefetch
 (``compute.async_offload`` 1: the next unit copies on a side stream) with none (0).
+For IndexTTS-2 it also prints the talker's milliseconds per code (three beams), plain and all
+streamed, and with ``--peaks`` the voice prompt's peak.
 
 Fish Speech (``--engines fishspeech``, issue 24), an autoregressive engine, is timed per frame:
 the talker phase's milliseconds per frame resident and all streamed, the MB streamed per frame,
 and, with the talker capped half-way between its minimum working set and its size, the MB per
 frame with the fast transformer marked hot (the engine's layout) and without the mark.
 
-    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech]
+    python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech,indextts2]
 """
 from __future__ import annotations
 
@@ -49,9 +53,12 @@ TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
 WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
            "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
-           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny"}
+           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny", "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
+           "indextts2": "mizuoto_runtime.engines.indextts.tiny"}
+GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
+CODES = 24  # IndexTTS-2's codes per request (max_new_tokens; the tiny model rarely stops earlier)
 MB = 1 << 20
 MMAP_ENV = ("MALLOC_MMAP_THRESHOLD_", "65536")
 
@@ -72,8 +79,11 @@ def request(rt: Runtime, engine_id: str, folder: Path, steps: int, device: str) 
     if device != "cpu":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    _, meta = rt.say(engine, TEXT, reference=REFERENCE, transcript=TRANSCRIPT,
-                     sampling=Sampling(seed=1, language="English"))
+    if engine_id == "indextts2":
+        _, meta = rt.say(engine, TEXT, reference=REFERENCE, sampling=Sampling(seed=1, max_new_tokens=CODES))
+    else:
+        _, meta = rt.say(engine, TEXT, reference=REFERENCE, transcript=TRANSCRIPT,
+                         sampling=Sampling(seed=1, language="English"))
     if device != "cpu":
         torch.cuda.synchronize()
     return time.perf_counter() - start, meta["memory"]["streamed_mb"]
@@ -95,6 +105,32 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
         for name in runtimes:
             median = statistics.median(times[name])
             print(f"{engine_id:10} {name:22} {median:9.3f} {median / base:11.2f}x {streamed[name]:12.1f}")
+
+
+def talker_ms_per_code(folder: Path, repeat: int, device: str) -> None:
+    """IndexTTS-2's decoding loop (three beams, then the latent forward) per code: plain and with
+    every GPT block streamed."""
+    print(f"\n{'indextts2 talker':22} {'ms per code':>12} {'vs resident':>12} {'streamed MB':>12}")
+    rows: dict[str, list[float]] = {}
+    streamed: dict[str, float] = {}
+    for name, settings in placements(device).items():
+        rt = Runtime(settings)
+        engine = rt.engine("indextts2", folder, device=None if device == "cpu" else device)
+        ctx = rt.request(seed=1)
+        voice = engine.voice_prompt(ctx, REFERENCE)
+        for i in range(repeat + 1):
+            sampling = Sampling(seed=1, max_new_tokens=CODES)
+            start = time.perf_counter()
+            codes = engine.generate(ctx, TEXT, voice, sampling)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            if i:  # the first is a warm-up
+                rows.setdefault(name, []).append(1000 * (time.perf_counter() - start) / codes.tokens.shape[1])
+        streamed[name] = engine.talker.streamer.streamed_bytes_of(engine.talker) / MB / (repeat + 1)
+    base = statistics.median(rows["resident"])
+    for name, values in rows.items():
+        median = statistics.median(values)
+        print(f"{name:22} {median:12.2f} {median / base:11.2f}x {streamed[name]:12.1f}")
 
 
 def fish_frames(rt: Runtime, folder: Path, frames: int, cap: bool, hot: bool = True) -> tuple[float, int, float]:
@@ -193,6 +229,41 @@ def cosyvoice_peaks(folders: dict[str, Path]) -> list[tuple[str, str, int, int]]
     return rows
 
 
+def time_gptsovits(folder: Path, repeat: int, device: str) -> None:
+    """Talker only: ms per generated token of the T2S loop, each placement (the voice prompt is
+    cached first; phoneme ids are given, so no text frontend or BERT phase runs)."""
+    from mizuoto_runtime.engines.gptsovits.engine import PhonemeText
+
+    target, prompt = PhonemeText(tuple(range(100, 140))), PhonemeText(tuple(range(200, 220)))
+    sampling = Sampling(seed=1, top_k=15, temperature=1.0, repetition_penalty=1.35, max_new_tokens=200)
+    print(f"\n{'engine':10} {'placement':22} {'ms/token':>9} {'vs resident':>12} {'tokens':>7} {'streamed MB':>12}")
+    runtimes = {name: Runtime(settings) for name, settings in placements(device).items()}
+    engines = {name: rt.engine("gptsovits", folder, device=None if device == "cpu" else device)
+               for name, rt in runtimes.items()}
+    voices = {name: engines[name].voice_prompt(rt.request(seed=1), REFERENCE, TRANSCRIPT)
+              for name, rt in runtimes.items()}
+    times: dict[str, list[float]] = {name: [] for name in runtimes}
+    last: dict[str, tuple[int, float]] = {}
+    for round_ in range(repeat + 1):  # the first round warms up (and learns the unit order)
+        for name, rt in runtimes.items():
+            ctx = rt.request(seed=1)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            codes = engines[name].generate(ctx, TEXT, voices[name], sampling, target=target, prompt_text=prompt)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            tokens = codes.tokens.shape[-1]
+            if round_:
+                times[name].append((time.perf_counter() - start) * 1000 / max(tokens, 1))
+            last[name] = (tokens, ctx.meta["memory"]["streamed_mb"])
+    base = statistics.median(times["resident"])
+    for name, per_token in times.items():
+        median = statistics.median(per_token)
+        print(f"{'gptsovits':10} {name:22} {median:9.2f} {median / base:11.2f}x {last[name][0]:7} "
+              f"{last[name][1]:12.1f}")
+
+
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -225,6 +296,11 @@ def phase_peaks(folders: dict[str, Path], steps: int) -> None:
             reference = Audio(0.3 * torch.sin(torch.arange(seconds * 24000) / 6.0).unsqueeze(0), 24000)
             engine.voices.clear()
             ctx = rt.request(seed=1)
+            if engine_id == "indextts2":
+                voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference))
+                samples = int(seconds * 16000)
+                rows.append((engine_id, f"prompt {seconds}s", engine.prompt_memory(samples), encode_peak))
+                continue
             voice, encode_peak = live_peak(lambda: engine.voice_prompt(ctx, reference, TRANSCRIPT))
             sampling = Sampling(seed=1, language="English")
             codes, flow_peak = live_peak(lambda: engine.generate(ctx, TEXT, voice, sampling))
@@ -263,20 +339,26 @@ def main() -> None:
     import importlib
 
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+        chosen = args.engines.split(",")
         folders = {e: importlib.import_module(WRITERS[e]).write_tiny_checkpoint(
                        Path(tmp) / e, **({"version": int(e[-1])} if e.startswith("cosyvoice") else {}))
-                   for e in args.engines.split(",")}
+                   for e in chosen if e != "gptsovits"}
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
               f"{args.steps} steps per request, {args.repeat} requests per placement")
         fish = folders.pop("fishspeech", None)
         oneshot = {k: v for k, v in folders.items() if not k.startswith("cosyvoice")}
         if oneshot:
             time_engines(oneshot, args.steps, args.repeat, args.device)
+        if "indextts2" in folders:
+            talker_ms_per_code(folders["indextts2"], args.repeat, args.device)
         cosy = {k: v for k, v in folders.items() if k.startswith("cosyvoice")}
         if cosy:
             time_cosyvoice(cosy, args.repeat, args.device)
         if fish is not None:
             time_fish(fish, args.frames, args.repeat)
+        if "gptsovits" in chosen:
+            write_voice = importlib.import_module(GPTSOVITS_WRITER).write_voice
+            time_gptsovits(write_voice(Path(tmp) / "gptsovits", "v2"), args.repeat, args.device)
         if args.peaks:
             phase_peaks(folders, args.steps)
 

@@ -7,6 +7,9 @@ Every engine of `ENGINES` says of each folder whether it can load it, and what i
 (`Engine.describe_checkpoint`, configs only, no weights read); engines that run without a
 folder offer their built-in weights as the choice `none`.
 
+A folder may also offer several choices, one per file (`Engine.checkpoint_entries`: a folder
+of GPT-SoVITS voices); such a choice's path is the file's (`gptsovits/SoVITS_weights_v2/x.pth`).
+
 A choice's `value` is what a dropdown shows and a workflow saves: the folder's relative path,
 followed by the type in parentheses when the folder name does not already say it
 (`qwen3tts/tiny (CustomVoice)`; `Qwen3-TTS-12Hz-0.6B-Base` stays as it is). `Catalog.find`
@@ -29,17 +32,18 @@ log = logging.getLogger(__name__)
 NONE = "none"
 MAX_DEPTH = 2
 
-#: A folder with one of these files or a `*.safetensors` file at its top level is a checkpoint
-#: root (the official Qwen3-TTS layout has a config.json; the demo engine writes bare
-#: safetensors; CosyVoice's published folders have their model yaml and .pt state_dicts).
+#: A folder with one of these files, a `*.safetensors` or a `*.pth` file at its top level is a
+#: checkpoint root (the official Qwen3-TTS layout has a config.json; the demo engine writes bare
+#: safetensors; CosyVoice's published folders have their model yaml and .pt state_dicts;
+#: GPT-SoVITS's voices are .pth files).
 CHECKPOINT_CONFIG = "config.json"
 CHECKPOINT_MARKERS = (CHECKPOINT_CONFIG, "cosyvoice2.yaml", "cosyvoice3.yaml")
-CHECKPOINT_WEIGHTS = "*.safetensors"
+CHECKPOINT_WEIGHTS = ("*.safetensors", "*.pth")
 
 
 def is_checkpoint_root(folder: Path) -> bool:
     return any((folder / name).is_file() for name in CHECKPOINT_MARKERS) or \
-        any(p.is_file() for p in folder.glob(CHECKPOINT_WEIGHTS))
+        any(p.is_file() for pattern in CHECKPOINT_WEIGHTS for p in folder.glob(pattern))
 
 
 def _subfolders(folder: Path) -> list[Path]:
@@ -161,12 +165,12 @@ def _engine_classes(engines: Iterable[str]) -> dict[str, type[Engine]]:
     return classes
 
 
-def _describe(cls: type[Engine], folder: Path) -> CheckpointInfo | None:
+def _entries(cls: type[Engine], folder: Path) -> list[tuple[str, CheckpointInfo]]:
     try:
-        return cls.describe_checkpoint(folder)
+        return cls.checkpoint_entries(folder)
     except (OSError, ValueError) as exc:  # a folder being copied, a config half written
         log.warning("Mizuoto: %s cannot describe %s (%s)", cls.id, folder, exc)
-        return None
+        return []
 
 
 def scan(roots: Sequence[Path], engines: Iterable[str] | None = None, max_depth: int = MAX_DEPTH) -> Catalog:
@@ -183,9 +187,9 @@ def scan(roots: Sequence[Path], engines: Iterable[str] | None = None, max_depth:
         if cls.BUILTIN is not None:
             choices.append(Choice(engine_id, NONE, None, None, cls.BUILTIN))
         for path in sorted(folders):
-            info = _describe(cls, folders[path])
-            if info is not None:
-                choices.append(Choice(engine_id, choice_value(path, info.label), path, folders[path], info))
+            for name, info in _entries(cls, folders[path]):
+                where = f"{path}/{name}" if name else path
+                choices.append(Choice(engine_id, choice_value(where, info.label), where, folders[path] / name, info))
     return Catalog(choices, list(classes), roots)
 
 

@@ -34,9 +34,12 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
     "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
+    "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
+    "indextts2": ("mizuoto_runtime.engines.indextts.tiny", "write_tiny_checkpoint", "indextts2"),
 }
 # engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
-TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini")}
+TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini"),
+                                             "gptsovits": ("v2", "v2pro")}
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -72,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                           f"synthesized in turn and joined with a {CROSSFADE_MS:g} ms crossfade "
                           f"(default {DEFAULT_CHUNK_CHARS}, at least {MIN_CHUNK_CHARS})")
     say.add_argument("--no-chunking", action="store_true", help="synthesize the whole text in one go")
+    say.add_argument("--emotion-voice", metavar="WAV", help="IndexTTS-2: speech whose emotion to take")
+    say.add_argument("--emotion", default="", help="IndexTTS-2: emotions as name=weight, e.g. 'sad=0.8, calm=0.2'")
+    say.add_argument("--emotion-strength", type=float, default=1.0, help="IndexTTS-2: how much of the emotion (0-1)")
     say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
@@ -89,7 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
                       help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
     tiny.add_argument("--version", help="cosyvoice: 2 or 3 (default 2); fishspeech: s2-pro or s1-mini "
-                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth)")
+                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth); "
+                                        "gptsovits: v2 or v2pro (default v2; written in half precision, as "
+                                        "published voices are)")
     tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
     tiny.add_argument("--seed", type=int, default=0)
     check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
@@ -161,10 +169,11 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     output = _output_file(Path(args.output))
     timeline = _output_file(Path(args.timeline)) if args.timeline else None
     reference = _reference(Path(args.voice)) if args.voice else None
+    options = _voice_options(args)
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
     audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
                          sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
-                         chunking=chunking)
+                         chunking=chunking, voice_options=options)
     try:
         path = write_wav(output, audio)
     except OSError as exc:
@@ -175,6 +184,17 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     drawn = {"timeline": str(_write_timeline(request, timeline))} if timeline else {}
     return {"output": str(path), **drawn, "seconds": round(audio.seconds, 3), "sample_rate": audio.sample_rate,
             **meta}
+
+
+def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
+    if not (args.emotion_voice or args.emotion.strip()):
+        return {}
+    from .engines.indextts.emotion import Emotion
+
+    audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
+    emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength)
+    return {} if emotion is None else {"emotion": emotion}
 
 
 def _write_timeline(request: dict[str, Any], path: Path) -> Path:
@@ -255,7 +275,8 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm"}.get(engine_id)
+        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm",
+                   "gptsovits": "jieba"}.get(engine_id)
         ok = package is None or importlib.util.find_spec(package) is not None
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
     allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
@@ -281,6 +302,8 @@ def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
         writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
         if args.engine == "qwen3tts":
             folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
+        elif args.engine == "gptsovits":
+            folder = writer(args.directory, _tiny_version(args.engine, args.version), seed=args.seed)
         elif args.engine in TINY_VERSIONS:
             version = _tiny_version(args.engine, args.version)
             folder = writer(args.directory, int(version) if args.engine == "cosyvoice" else version, seed=args.seed,

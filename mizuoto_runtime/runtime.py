@@ -17,7 +17,7 @@ from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join
 from . import cuda_allocator
 from .devices import DeviceService
 from .engines import Engine, Sampling, Voice, check_request, engine_class
-from .errors import DeviceTooSmallError, MizuotoError
+from .errors import ArgumentError, DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
 from .phases import RequestContext
 from .policy import MB, VramPolicy
@@ -112,7 +112,8 @@ class Runtime:
             speaker: str | None = None, sampling: Sampling | None = None, allow_fallback: bool | None = None,
             cancel_check: Callable[[], None] | None = None,
             on_progress: Callable[[int, int], None] | None = None,
-            instruct: str | None = None, chunking: TextChunking = NO_CHUNKING) -> tuple[Audio, dict[str, Any]]:
+            instruct: str | None = None, chunking: TextChunking = NO_CHUNKING,
+            voice_options: Mapping[str, Any] | None = None) -> tuple[Audio, dict[str, Any]]:
         """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4).
 
         Long text is cut as `chunking` says: the voice is prompted once, then each chunk runs
@@ -120,6 +121,11 @@ class Runtime:
         a crossfade; `meta["chunks"]` counts them. One chunk is exactly the unchunked run."""
         sampling = sampling or Sampling()
         check_request(text, sampling)  # before the voice prompt runs
+        options = dict(voice_options or {})
+        unknown = sorted(set(options) - set(engine.VOICE_OPTIONS))
+        if unknown:
+            raise ArgumentError(f"engine {engine.id!r} takes no {', '.join(unknown)} "
+                                f"(its voice options: {', '.join(engine.VOICE_OPTIONS) or 'none'})")
         chunks = chunking.split(text)
         progress = ChunkProgress(on_progress, len(chunks))
         ctx = self.request(sampling.seed, cancel_check, progress if on_progress else None)
@@ -127,7 +133,7 @@ class Runtime:
         try:
             with self.service.serving(engine), contextlib.ExitStack() as whole:
                 if engine.PHASED:
-                    voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
+                    voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct, **options)
                 else:
                     whole.enter_context(ctx.use(engine.handles(), engine.memory_required(text), name="all"))
                     voice = Voice("", {}, engine.id)

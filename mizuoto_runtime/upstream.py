@@ -3,11 +3,16 @@
 Upstream TTS packages announce, at import time, optional parts a user cannot act on: Qwen3-TTS
 prints a flash-attn banner, its `sox` dependency warns (and its shell complains) that the SoX
 program is missing although 12 Hz models never call it, and its config classes log "... is None.
-Initializing ... with default values" at INFO on every load. Inside ComfyUI that fills the
-console on every first run. `quiet_import` drops exactly the noise an engine names and lets
-everything else through: other output printed during the import is written to stderr
-afterwards (stdout stays clean for the CLI's JSON), and warnings and errors of the named
-loggers still appear.
+Initializing ... with default values" at INFO on every load. Run on transformers 5.x, its 4.57
+code also draws transformers' notices about itself: "[ERROR] ... is part of ...'s signature, but
+not documented" (printed while its classes are defined) and deprecation warnings each time a
+config is built. Inside ComfyUI that fills the console on every first run, with lines a user
+reads as failures of a run that succeeded. `quiet_import` drops exactly the noise an engine
+names and lets everything else through: other output printed during the import is written to
+stderr afterwards (stdout stays clean for the CLI's JSON), warnings and errors of the named
+loggers still appear, and a Python warning is dropped only for the message and the module
+named (`WarningNoise`); `drop_noise` installs the same filters for an engine whose package is
+imported piece by piece.
 """
 from __future__ import annotations
 
@@ -20,10 +25,27 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarningNoise:
+    """One Python warning an upstream package draws: dropped only where all three match."""
+
+    category: type[Warning]
+    #: How the message starts (text, not a pattern).
+    message: str
+    #: The module that issues it (the warning's module as `warnings` sees it), exactly.
+    module: str
+
+
+#: `torch.jit.script` on torch 2.10+: F5-TTS's `x_transformers` and VoxCPM's audio VAE decorate
+#: functions with it at import time; scripting happens upstream, nothing to act on here.
+TORCH_JIT_SCRIPT = WarningNoise(FutureWarning, "`torch.jit.script` is deprecated", "torch.jit._script")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +59,8 @@ class ImportNoise:
     #: Loggers whose INFO and DEBUG lines are dropped (their warnings and errors are kept),
     #: unless the host set a level on them itself.
     chatty_loggers: tuple[str, ...] = ()
+    #: Python warnings dropped, from the import on (some come later, when a config is built).
+    warnings: tuple[WarningNoise, ...] = ()
 
 
 class _DropRecords(logging.Filter):
@@ -46,6 +70,15 @@ class _DropRecords(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).lstrip().startswith(self.starts)
+
+
+def drop_noise(noise: ImportNoise) -> None:
+    """Install `noise`'s filters on the loggers and warnings it names (idempotent)."""
+    _quiet_loggers(noise)
+    for item in noise.warnings:
+        # `filterwarnings` replaces an identical filter rather than adding a second one.
+        warnings.filterwarnings("ignore", message=re.escape(item.message), category=item.category,
+                                module=re.escape(item.module) + r"\Z")
 
 
 def _quiet_loggers(noise: ImportNoise) -> None:
@@ -85,14 +118,15 @@ def _captured_fd(fd: int) -> Iterator[io.StringIO]:
 def _without(text: str, patterns: tuple[re.Pattern[str], ...]) -> str:
     for pattern in patterns:
         text = pattern.sub("", text)
-    return text if text.strip() else ""
+    # The blank lines a removed banner leaves before what is kept.
+    return re.sub(r"\A([ \t]*\n)+", "", text) if text.strip() else ""
 
 
 def quiet_import(name: str, noise: ImportNoise) -> ModuleType:
     """Import `name` (once per process, as any import), dropping `noise` and nothing else."""
+    drop_noise(noise)  # also when imported already: some of the noise comes after the import
     if name in sys.modules:
         return sys.modules[name]
-    _quiet_loggers(noise)
     printed = io.StringIO()
     with contextlib.ExitStack() as stack:
         for stream in (sys.stdout, sys.stderr):
@@ -112,4 +146,4 @@ def quiet_import(name: str, noise: ImportNoise) -> ModuleType:
     return module
 
 
-__all__ = ["ImportNoise", "quiet_import"]
+__all__ = ["TORCH_JIT_SCRIPT", "ImportNoise", "WarningNoise", "drop_noise", "quiet_import"]

@@ -91,8 +91,8 @@ def sampling_inputs() -> list[io.Input]:
                      tooltip="Sample among the k likeliest codes; 0 = off"),
         io.Float.Input("top_p", default=defaults.top_p, min=0.0, max=1.0, step=0.01,
                        tooltip="Sample among the likeliest codes that make up this probability; 1 = off"),
-        io.Float.Input("repetition_penalty", default=defaults.repetition_penalty, min=1.0, max=2.0, step=0.01,
-                       tooltip="Above 1 discourages repeated sounds and stutters"),
+        io.Float.Input("repetition_penalty", default=defaults.repetition_penalty, min=1.0, max=10.0, step=0.01,
+                       tooltip="Above 1 discourages repeated sounds and stutters (IndexTTS-2 is made for 10)"),
         io.Int.Input("max_new_tokens", default=defaults.max_new_tokens, min=1, max=16384,
                      tooltip="Upper bound on the speech codes generated (per chunk of text); memory is "
                              "reserved for what the text needs, not for this bound"),

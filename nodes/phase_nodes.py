@@ -31,13 +31,14 @@ from .common import (
     sampling_from, sampling_inputs, schema, speaker_input, speaker_value,
 )
 from .engine_nodes import check_choice, checkpoint_input, dtype_input, engine_input
+from .indextts_nodes import emotion_inputs, emotion_options
 
 VOICE_TOOLTIPS = {
     "reference": "Speech to clone (Qwen3-TTS Base checkpoints); the first item of a batch",
     "transcript": "What the reference says: a closer clone where the engine uses it (Qwen3-TTS Base); "
                   "empty = clone the voice's timbre only",
     "instruct": "Describe the voice or speaking style in words (Qwen3-TTS VoiceDesign, and the 1.7B "
-                "CustomVoice); empty = none",
+                "CustomVoice; IndexTTS-2: the emotion, read by its emotion model); empty = none",
 }
 
 
@@ -191,6 +192,7 @@ class MizuotoTTS(io.ComfyNode):
                 checkpoint_input(catalog, optional=True),
                 dtype_input(optional=True),
                 *long_text_inputs(),
+                *emotion_inputs(),
             ],
             outputs=[io.Audio.Output(display_name="audio"), io.String.Output(display_name="memory"),
                      EngineSocket.Output(display_name="engine")],
@@ -217,7 +219,8 @@ class MizuotoTTS(io.ComfyNode):
                 engine: EngineRef | None = None, reference: dict[str, Any] | None = None, transcript: str = "",
                 speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_name: str = "demo",
                 checkpoint: str = "none", dtype: str = "float32", split_long_text: bool = True,
-                chunk_chars: int = DEFAULT_CHUNK_CHARS) -> io.NodeOutput:
+                chunk_chars: int = DEFAULT_CHUNK_CHARS, emotion_audio: dict[str, Any] | None = None,
+                emotion: str = "", emotion_strength: float = 1.0) -> io.NodeOutput:
         if engine is None:  # the node's own choice; the output keeps it loaded between runs
             engine = PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
@@ -227,6 +230,7 @@ class MizuotoTTS(io.ComfyNode):
             speaker=speaker_value(speaker), instruct=instruct or None, sampling=sampling,
             allow_fallback=fallback_switch(allow_fallback), cancel_check=interrupt_check,
             on_progress=ProgressReporter(), chunking=TextChunking(enabled=split_long_text, max_chars=chunk_chars),
+            voice_options=emotion_options(audio_in(emotion_audio, "emotion_audio"), emotion, emotion_strength),
         )
         return io.NodeOutput(audio_out(audio), memory_json(meta), engine, ui=ui.PreviewText(memory_text(meta)))
 

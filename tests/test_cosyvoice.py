@@ -13,6 +13,7 @@ import torch
 
 from oom import allocations_during
 from mizuoto_runtime import CheckpointError, MizuotoError, OomInjector, Runtime
+from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 
@@ -164,11 +165,22 @@ def test_modes_and_voice_errors(cosyvoice_checkpoint: Checkpoint) -> None:
     assert say(rt, folder, speaker="tiny", instruct="Speak slowly.")[0].shape[-1] > 0
     with pytest.raises(MizuotoError, match="no speaker 'bob'.*it has: tiny"):
         engine.voice_prompt(ctx, speaker="bob")
-    from mizuoto_runtime.audio import Audio
-    with pytest.raises(MizuotoError, match="campplus.onnx, speech_tokenizer_v3.onnx"):
-        engine.voice_prompt(ctx, Audio(torch.zeros(1, 16000), 16000), "a transcript")
+    with pytest.raises(MizuotoError, match="at most 30 s"):
+        engine.voice_prompt(ctx, Audio(torch.zeros(1, 16000 * 31), 16000), "a transcript")
     with pytest.raises(MizuotoError, match="needs a voice"):
         engine.voice_prompt(ctx)
+
+
+def test_folder_without_voice_files_keeps_its_speakers(cosyvoice_checkpoint: Checkpoint, tmp_path: Path) -> None:
+    from conftest import link_checkpoint
+
+    folder = link_checkpoint(cosyvoice_checkpoint(2), tmp_path / "cv", skip=("campplus.onnx",))
+    rt = Runtime()
+    engine = rt.engine("cosyvoice", folder)
+    assert [h.name for h in engine.handles()] == ["llm", "flow", "vocoder"]
+    with pytest.raises(MizuotoError, match="lacks campplus.onnx; use a speaker saved in spk2info.pt"):
+        engine.voice_prompt(rt.request(), REFERENCE, "a transcript")
+    assert engine.voice_prompt(rt.request(), speaker="tiny").data["embedding"].shape == (1, 192)
 
 
 def test_yaml_is_data_and_unknown_tags_are_named(cosyvoice_checkpoint: Checkpoint, tmp_path: Path) -> None:
@@ -204,3 +216,72 @@ def test_cli_say_and_tiny_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixtu
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and out.is_file() and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
     assert result["applied"]["vocoder_fallback"].startswith("none")
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cfg_halves_share_each_copy(cosyvoice_checkpoint: Checkpoint, version: int) -> None:
+    """M18: both CFG halves run through each estimator unit in one batch of two, so a streamed
+    unit is copied once per Euler step: each extra step costs exactly the streamed estimator
+    units' bytes."""
+    folder = cosyvoice_checkpoint(version)
+    streamed: dict[int, int] = {}
+    per_step = 0
+    for steps in (2, 5):
+        rt = runtime("none")
+        engine = rt.engine("cosyvoice", folder)
+        engine.model.flow.decoder.n_timesteps = steps
+        ctx = rt.request(seed=1)
+        voice = engine.voice_prompt(ctx, speaker="tiny")
+        engine.decode(ctx, engine.generate(ctx, TEXT, voice, Sampling(seed=1, max_new_tokens=8)))
+        flow = engine.flow
+        estimator = {id(m) for m in engine.model.flow.decoder.estimator.memory_units()}
+        units = [u for u in flow.streamed_units if id(u.module) in estimator]
+        assert units, "no estimator unit streamed"
+        per_step = sum(u.nbytes for u in units)
+        streamed[steps] = flow.streamer.streamed_bytes_of(flow)
+    assert streamed[5] - streamed[2] == 3 * per_step
+
+
+REFERENCE = Audio(0.3 * torch.sin(torch.arange(48000) / 7.0).unsqueeze(0) * torch.linspace(0.2, 1, 48000), 16000)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_cloning_voice_is_cached(cosyvoice_checkpoint: Checkpoint, version: int) -> None:
+    """Zero-shot and cross-lingual voices from reference audio (CAM++ and the speech tokenizer
+    as torch modules); M4: the same reference again places neither, and speaks the same."""
+    folder = cosyvoice_checkpoint(version)
+    rt = runtime("none", **{"compute.simulate_vram_mb": 64})
+    engine = rt.engine("cosyvoice", folder)
+    first, meta = say(rt, folder, "none", reference=REFERENCE, transcript="a reference sentence")
+    placed = {k.split(":", 1)[1] for k in meta["memory"]["components"]}
+    assert placed == {"campplus", "speech_tokenizer", "llm", "flow", "vocoder"}
+    voice = next(iter(engine.voices.values())).data
+    assert voice["prompt_feat"].shape[1] == 2 * voice["prompt_token"].shape[1] > 0
+    assert voice["embedding"].shape == (1, 192) and "llm_prompt_token" in voice
+    rt.manager.events.clear()
+    again, meta = say(rt, folder, "none", reference=REFERENCE, transcript="a reference sentence")
+    placed = {name for action, name, _ in rt.manager.events if action == "place"}
+    assert "cosyvoice:campplus" not in placed and "cosyvoice:speech_tokenizer" not in placed
+    assert "cosyvoice:llm" in placed and torch.equal(first, again)
+    cross = engine.voice_prompt(rt.request(), REFERENCE)  # cross-lingual: no prompt in the LM
+    assert "llm_prompt_text" not in cross.data and cross.data["prompt_token"].shape[1] > 0
+
+
+def test_voice_modules_equal_onnxruntime(cosyvoice_checkpoint: Checkpoint) -> None:
+    """CAM++ and the speech tokenizer as torch modules compute what onnxruntime computes from
+    the same ONNX files (the tiny ones; the published files are not available offline)."""
+    ort = pytest.importorskip("onnxruntime")
+    from mizuoto_runtime.engines.cosyvoice.voice import load_campplus, load_speech_tokenizer
+
+    folder = cosyvoice_checkpoint(2)
+    feat = torch.randn(1, 50, 80, generator=torch.Generator().manual_seed(0))
+    session = ort.InferenceSession(str(folder / "campplus.onnx"))
+    want = torch.from_numpy(session.run(None, {"input": feat.numpy()})[0])
+    got = load_campplus(folder / "campplus.onnx").graph(feat)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    mel = torch.randn(1, 128, 40, generator=torch.Generator().manual_seed(1))
+    session = ort.InferenceSession(str(folder / "speech_tokenizer_v2.onnx"))
+    want = session.run(None, {"feats": mel.numpy(), "feats_length": torch.tensor([40], dtype=torch.int32).numpy()})[0]
+    tokenizer = load_speech_tokenizer(folder / "speech_tokenizer_v2.onnx")
+    assert not tokenizer.packaged  # not the published layout: converted as a graph
+    assert torch.equal(tokenizer.model(mel, torch.tensor([40], dtype=torch.int32)), torch.from_numpy(want))

@@ -5,8 +5,11 @@ Every stage must pass the fixture README's tolerance, with one documented except
 that are ill-conditioned in float32 — the log-mel at near-floor bins (a one-ulp change of the
 input waveform moves them by ~5e-3) and CosyVoice 2's NSF source and waveform (the source phase
 is a running sum of F0 over every sample) — differ from upstream by about as much as a one-ulp
-change of their own recorded input moves them. For those the test asserts that bound (at most
-3x the one-ulp spread, and within the chain tolerance), so a real error still fails.
+change of their own recorded input moves them. That happens where Intel MKL runs its non-Intel
+code path (another CPU vendor: upstream's own code gives our bits there, and both match the
+reference once MKL takes its Intel path). There the test asserts that bound (at most 3x the
+one-ulp spread, and within the chain tolerance), so a real error still fails; on MKL's Intel
+path every check must pass as it stands.
 Skipped, saying why, where ``../shared`` is absent (a user's clone).
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 import torch
 
 from mizuoto_runtime import cli
-from mizuoto_runtime.reference_check import check_reference
+from mizuoto_runtime.reference_check import check_reference, mkl_intel_path
 
 pytest.importorskip("transformers")
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "cosyvoice"
@@ -43,7 +46,7 @@ def test_every_stage_equals_upstream(model: str) -> None:
     for line in lines:
         if line.passed:
             continue
-        assert line.name in ILL_CONDITIONED, f"{model}: {line.text()}"
+        assert line.name in ILL_CONDITIONED and mkl_intel_path() is False, f"{model}: {line.text()}"
         spread = float(line.note.split("by ")[1].rstrip(")"))
         assert line.rel <= 1e-3 and line.max_abs <= 3 * spread, f"{model}: beyond its conditioning: {line.text()}"
 

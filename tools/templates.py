@@ -55,6 +55,13 @@ CLONE_NOTE = ("Load 5-15 s of clear speech of the voice to clone and type what i
               "Each step is its own node: the voice, the speech codes, the audio; each places only its own "
               "model parts on the GPU.")
 
+GPTSOVITS_NOTE = ("Put GPT-SoVITS's pretrained_models folder (lj1995/GPT-SoVITS: gsv-v2final-pretrained/, "
+                  "chinese-hubert-base/, chinese-roberta-wwm-ext-large/; for v2Pro also v2Pro/, sv/ and "
+                  "s1v3.ckpt) in ComfyUI/models/mizuoto/pretrained_models/, and your own voices (the "
+                  "GPT_weights_v2*/ and SoVITS_weights_v2*/ folders) in ComfyUI/models/mizuoto/gptsovits/, "
+                  "then press R and pick yours as checkpoint. Load 3-10 s of the voice and type what it says. "
+                  "Chinese, English and Japanese, mixed too.")
+
 
 def clone_graph(engine: str, checkpoint: str, dtype: str, note: str, text: str, prefix: str) -> dict[str, Any]:
     """A voice-clone graph step by step: a recording and its transcript make the voice, the
@@ -67,7 +74,7 @@ def clone_graph(engine: str, checkpoint: str, dtype: str, note: str, text: str, 
             (4, "MizuotoVoicePrompt", 1, {"transcript": "Type here exactly what the reference recording says."}),
             (5, "MizuotoTalker", 1, {"text": text}),
             (6, "MizuotoDecoder", 2, {}),
-            (7, "SaveAudio", 2, {"filename_prefix": prefix}),
+            (7, "MizuotoSaveWav", 2, {"filename_prefix": prefix}),
         ],
         "links": [(2, "engine", 4, "engine"), (3, "AUDIO", 4, "reference"), (2, "engine", 5, "engine"),
                   (4, "voice", 5, "voice"), (2, "engine", 6, "engine"), (5, "codes", 6, "codes"),
@@ -83,7 +90,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
             (2, "MizuotoTTS", 1, {"text": "Hello from Mizuoto. This is the demo engine: its voice is noise, "
                                           "but every step runs as it would with real weights.",
                                   "engine_name": "demo", "checkpoint": "none"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_demo"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_demo"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -96,7 +103,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                           "with light rain in the afternoon.",
                                   "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-CustomVoice",
                                   "speaker": "ryan", "language": "english", "dtype": "bfloat16"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_customvoice"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_customvoice"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -110,7 +117,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                   "transcript": "Type here exactly what the reference recording says.",
                                   "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-Base",
                                   "language": "english", "dtype": "bfloat16"}),
-            (4, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_clone"}),
+            (4, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_clone"}),
         ],
         "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
     },
@@ -123,7 +130,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                               "and clearly, with a gentle smile.",
                                   "engine_name": "qwen3tts", "checkpoint": "Qwen3-TTS-12Hz-1.7B-VoiceDesign",
                                   "language": "english", "dtype": "bfloat16"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_voicedesign"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_voicedesign"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -137,7 +144,7 @@ GRAPHS: dict[str, dict[str, Any]] = {
             (2, "MizuotoTTS", 1, {"text": "Good evening. Here is the weather for tomorrow: sunny in the morning, "
                                           "with light rain in the afternoon.",
                                   "engine_name": "cosyvoice", "checkpoint": "CosyVoice2-0.5B"}),
-            (3, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_cosyvoice"}),
+            (3, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_cosyvoice"}),
         ],
         "links": [(2, "audio", 3, "audio")],
     },
@@ -164,13 +171,50 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "non-commercial licence), or OpenAudio S1-mini (fishaudio/openaudio-s1-mini) in its own folder, then press "
         "R to refresh the lists. " + CLONE_NOTE,
         "Hello from Mizuoto. Fish Speech speaks in the voice of the reference recording.", "audio/mizuoto_fishspeech"),
+    "Voice Clone - GPT-SoVITS v2 (your fine-tuned voice)": {
+        "nodes": [
+            (1, "Note", 0, {"text": GPTSOVITS_NOTE}),
+            (2, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (3, "MizuotoTTS", 1, {"text": "你好，欢迎使用 Mizuoto。This sentence is spoken in the voice of your "
+                                          "GPT-SoVITS model.",
+                                  "transcript": "Type here exactly what the reference recording says.",
+                                  "engine_name": "gptsovits",
+                                  "checkpoint": "pretrained_models/gsv-v2final-pretrained (GPT-SoVITS v2)",
+                                  "language": "auto", "top_k": 15, "temperature": 1.0, "repetition_penalty": 1.35}),
+            (4, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_gptsovits"}),
+        ],
+        "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
+    },
+    "Voice Clone - IndexTTS-2, step by step (with an emotion)": {
+        "nodes": [
+            (1, "Note", 0, {"text": "Put the official weights in ComfyUI/models/mizuoto/IndexTTS-2/ as published on "
+                                    "Hugging Face (IndexTeam/IndexTTS-2; its licence is bilibili's model licence: read "
+                                    "it), with w2v-bert-2.0, the MaskGCT semantic codec, CAM++ and BigVGAN in its "
+                                    "hf_cache/ folder (see the README), then press R to refresh the lists. Load 5-15 s "
+                                    "of clear speech of the voice to clone. Emotion sets how it speaks: a mix of eight "
+                                    "emotions, or the emotion of a second recording connected to it."}),
+            (2, "MizuotoEngineLoader", 0, {"engine": "indextts2", "checkpoint": "IndexTTS-2", "dtype": "float32"}),
+            (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (4, "MizuotoVoicePrompt", 1, {}),
+            (5, "MizuotoEmotion", 1, {"happy": 0.6}),
+            (6, "MizuotoTalker", 2, {"text": "Hello from Mizuoto. IndexTTS-2 speaks in the voice of the reference "
+                                             "recording, with a happy tone.",
+                                     "temperature": 0.8, "top_k": 30, "top_p": 0.8, "repetition_penalty": 10.0,
+                                     "max_new_tokens": 1500}),
+            (7, "MizuotoDecoder", 2, {}),
+            (8, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_indextts2"}),
+        ],
+        "links": [(2, "engine", 4, "engine"), (3, "AUDIO", 4, "reference"), (2, "engine", 5, "engine"),
+                  (4, "voice", 5, "voice"), (2, "engine", 6, "engine"), (5, "voice", 6, "voice"),
+                  (2, "engine", 7, "engine"), (6, "codes", 7, "codes"), (7, "audio", 8, "audio")],
+    },
     "Step by step - demo engine (voice, speech codes, audio)": {
         "nodes": [
             (1, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),
             (2, "MizuotoVoicePrompt", 0, {}),
             (3, "MizuotoTalker", 1, {"text": "Each step of text to speech is its own node here."}),
             (4, "MizuotoDecoder", 2, {}),
-            (5, "SaveAudio", 2, {"filename_prefix": "audio/mizuoto_steps"}),
+            (5, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_steps"}),
             (6, "Note", 2, {"text": "The same speech as Text to Speech, one step per node: the voice, the "
                                     "speech codes, the audio. Each step places only its own model parts on the "
                                     "GPU. " + DEMO_NOTE.split(": ")[0] + "."}),
@@ -179,7 +223,8 @@ GRAPHS: dict[str, dict[str, Any]] = {
                   (1, "engine", 4, "engine"), (3, "codes", 4, "codes"), (4, "audio", 5, "audio")],
     },
 }
-WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "SaveAudio": 320}
+WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "MizuotoSaveWav": 320,
+          "MizuotoEmotion": 320}
 NOTE_H = 180
 THUMBNAIL_WIDTH = 640
 

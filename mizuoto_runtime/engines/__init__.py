@@ -22,6 +22,8 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "omnivoice": ("mizuoto_runtime.engines.omnivoice.engine", "OmniVoiceEngine", "omnivoice"),
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.engine", "FishSpeechEngine", "fishspeech"),
     "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.engine", "CosyVoiceEngine", "cosyvoice"),
+    "gptsovits": ("mizuoto_runtime.engines.gptsovits.engine", "GptSovitsEngine", "gptsovits"),
+    "indextts2": ("mizuoto_runtime.engines.indextts.engine", "IndexTTS2Engine", "indextts2"),
 }
 
 

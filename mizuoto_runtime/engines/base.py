@@ -142,6 +142,8 @@ class Engine(ABC):
     title: ClassVar[str] = ""  # the engine's name as users know it ("Qwen3-TTS"); empty: its id
     PHASED: ClassVar[bool] = True
     BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
+    # Keyword arguments its `voice_prompt` takes beyond the common ones (IndexTTS-2: "emotion").
+    VOICE_OPTIONS: ClassVar[tuple[str, ...]] = ()
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -172,6 +174,14 @@ class Engine(ABC):
         """What `folder` is for this engine, from its configs alone (no weights are read);
         None when this engine cannot load it. Must not raise for a folder of another kind."""
         return None
+
+    @classmethod
+    def checkpoint_entries(cls, folder: Path) -> list[tuple[str, CheckpointInfo]]:
+        """What `folder` offers this engine: ``("", info)`` for the folder itself, or one entry per
+        file inside it that is a choice of its own (``(file name, info)``: GPT-SoVITS's folders
+        of several voices). Must not raise for a folder of another kind."""
+        info = cls.describe_checkpoint(folder)
+        return [("", info)] if info is not None else []
 
     def register(self, module: torch.nn.Module, name: str, kind: Kind = "oneshot",
                  graphable: bool = False) -> ModelHandle:

@@ -1,6 +1,6 @@
 """CosyVoice 2 and 3 in a running ComfyUI server (issue 22): tiny checkpoints (random weights,
 the published folder layout, a saved voice ``tiny`` in spk2info.pt) under the server's
-`models/mizuoto/cosyvoice/`, and the CosyVoice template (one Text to Speech node → SaveAudio)
+`models/mizuoto/cosyvoice/`, and the CosyVoice template (one Text to Speech node → Save Audio (WAV))
 run to saved audio for each version. Skips where the engine cannot be imported under
 COMFYUI_PYTHON (it needs transformers)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from comfyui_harness import COMFYUI_PYTHON, REPO, ComfyServer, comfyui_env, requires_comfyui, running_server, ui_to_api
-from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import node_of
 
 pytestmark = requires_comfyui
@@ -57,12 +57,12 @@ def test_template_saves_audio(cosyvoice_server: ComfyServer, version: int) -> No
     prompt = ui_to_api(workflow, object_info)
     tts = node_of(prompt, "MizuotoTTS")
     tts.update(checkpoint=offered[0], speaker="tiny", max_new_tokens=16, seed=1)
-    node_of(prompt, "SaveAudio")["filename_prefix"] = f"audio/cosyvoice{version}"
+    node_of(prompt, "MizuotoSaveWav")["filename_prefix"] = f"audio/cosyvoice{version}"
     history = cosyvoice_server.wait_history(cosyvoice_server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", messages(history)
-    save = next(node for node, spec in prompt.items() if spec["class_type"] == "SaveAudio")
+    save = next(node for node, spec in prompt.items() if spec["class_type"] == "MizuotoSaveWav")
     files = [cosyvoice_server.output / i["subfolder"] / i["filename"] for i in history["outputs"][save]["audio"]]
-    rate, samples = flac_stream_info(files[0])
+    rate, samples = wav_stream_info(files[0])
     assert rate == 24000 and samples > 0
     names = {m["name"] for m in cosyvoice_server.get("/mizuoto/runtime")["models"] if m["engine"] == "cosyvoice"}
     assert names == {"llm", "flow", "vocoder"}

@@ -1,8 +1,8 @@
 """Fish Speech in a running ComfyUI server (issue 24): a tiny S2-Pro checkpoint (random weights,
 the official file layout) under the server's `models/mizuoto/fishspeech/`, and the example
 workflow "Voice Clone - Fish Speech, step by step" — LoadAudio → Voice Prompt (reference +
-transcript) → Talker → Codec Decoder → SaveAudio — run on a simulated GPU with every unit
-streamed (Memory Settings added to its loader), to a saved FLAC file.
+transcript) → Talker → Codec Decoder → Save Audio (WAV) — run on a simulated GPU with every
+unit streamed (Memory Settings added to its loader), to a saved WAV file.
 
 Fish Speech is our own model code: no upstream package to import, nothing to skip for. The
 checkpoint is written into the server's temporary base folder before the server starts (the
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from comfyui_harness import REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, running_server, ui_to_api
-from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import memory_settings
 
 from mizuoto_runtime.engines.fishspeech.tiny import write_tiny_checkpoint
@@ -46,13 +46,13 @@ def test_example_workflow_clones_a_voice_and_saves_audio(fish_server: ComfyServe
     nodes["MizuotoEngineLoader"].update(checkpoint=CHECKPOINT, dtype="float32", memory=["80", 0])
     nodes["LoadAudio"]["audio"] = REFERENCE_WAV  # the harness's 16 kHz reference: resampled to 44.1 kHz
     nodes["MizuotoTalker"].update(text="Hello from the tiny model.", seed=1, max_new_tokens=FRAMES)
-    nodes["SaveAudio"]["filename_prefix"] = "audio/fishspeech_clone"
+    nodes["MizuotoSaveWav"]["filename_prefix"] = "audio/fishspeech_clone"
     history = fish_server.wait_history(fish_server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", messages(history)
     saved = [fish_server.output / item["subfolder"] / item["filename"]
              for output in history["outputs"].values() for item in output.get("audio", [])]
     assert len(saved) == 1, history["outputs"]
-    rate, samples = flac_stream_info(saved[0])
+    rate, samples = wav_stream_info(saved[0])
     assert rate == SAMPLE_RATE and samples % SAMPLES_PER_FRAME == 0 and 0 < samples < FRAMES * SAMPLES_PER_FRAME
     by_type = {prompt[node]["class_type"]: output for node, output in history["outputs"].items()}
     talker = by_type["MizuotoTalker"]["text"][0]

@@ -1,7 +1,7 @@
 """F5-TTS and OmniVoice in a running ComfyUI server (issue 11): tiny checkpoints (random weights,
 the published folder layouts) under the server's `models/mizuoto/`, and each engine's phase
 graph LoadAudio → Voice Prompt (clone, with transcript) → Talker (flow / diffusion) → Decoder →
-SaveAudio run to saved audio. Skips where the engine's package cannot be imported under
+Save Audio (WAV) run to saved audio. Skips where the engine's package cannot be imported under
 COMFYUI_PYTHON. The checkpoints are written by ComfyUI's own Python into the server's temporary
 base folder before it starts (the loader lists its choices when ComfyUI builds the node list).
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from comfyui_harness import (COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui,
                              running_server, ui_to_api)
-from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import node_of
 
 pytestmark = requires_comfyui
@@ -62,14 +62,14 @@ def oneshot_server() -> Iterator[ComfyServer]:
 
 
 def clone_prompt(server: ComfyServer, engine: str, *, seed: int, prefix: str) -> dict[str, Any]:
-    """The engine's example workflow (LoadAudio → Voice Prompt → Talker → Decoder → SaveAudio) on
+    """The engine's example workflow (LoadAudio → Voice Prompt → Talker → Decoder → Save Audio (WAV)) on
     the tiny checkpoint: the template a user opens is what runs."""
     workflow = json.loads((REPO / "example_workflows" / f"{TEMPLATES[engine]}.json").read_text())
     prompt = ui_to_api(workflow, server.get("/object_info"))
     node_of(prompt, "MizuotoEngineLoader")["checkpoint"] = checkpoint(engine)
     node_of(prompt, "LoadAudio")["audio"] = REFERENCE_WAV
     node_of(prompt, "MizuotoTalker")["seed"] = seed
-    node_of(prompt, "SaveAudio")["filename_prefix"] = prefix
+    node_of(prompt, "MizuotoSaveWav")["filename_prefix"] = prefix
     return prompt
 
 
@@ -84,10 +84,10 @@ def test_clone_graph_saves_audio(oneshot_server: ComfyServer, engine: str) -> No
     prompt = clone_prompt(oneshot_server, engine, seed=1, prefix=f"audio/{engine}")
     history = oneshot_server.wait_history(oneshot_server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", messages(history)
-    save = next(node for node, spec in prompt.items() if spec["class_type"] == "SaveAudio")
+    save = next(node for node, spec in prompt.items() if spec["class_type"] == "MizuotoSaveWav")
     files = [oneshot_server.output / item["subfolder"] / item["filename"] for item in history["outputs"][save]["audio"]]
     assert len(files) == 1
-    rate, samples = flac_stream_info(files[0])
+    rate, samples = wav_stream_info(files[0])
     assert rate == SAMPLE_RATE and samples > SAMPLE_RATE // 4, (rate, samples)
     for node, spec in prompt.items():  # each phase reported what it placed (M50)
         if spec["class_type"] in ("MizuotoVoicePrompt", "MizuotoTalker", "MizuotoDecoder"):

@@ -83,6 +83,12 @@ def flac_stream_info(path: Path) -> tuple[int, int]:
     return packed >> 44, packed & ((1 << 36) - 1)  # 20 bits rate, 3 channels, 5 bits per sample, 36 samples
 
 
+def wav_stream_info(path: Path) -> tuple[int, int]:
+    """(sample rate, total samples) of a WAV file, as Save Audio (WAV) writes them."""
+    with wave.open(str(path), "rb") as f:
+        return f.getframerate(), f.getnframes()
+
+
 def messages(history: dict[str, Any]) -> dict[str, Any]:
     return dict(history["status"]["messages"])
 
@@ -189,7 +195,7 @@ def test_qwen3tts_templates_speak_with_a_tiny_checkpoint(qwen_server: ComfyServe
     assert history["status"]["status_str"] == "success", messages(history)
     files = [qwen_server.output / item["subfolder"] / item["filename"]
              for output in history["outputs"].values() for item in output.get("audio", [])]
-    assert len(files) == 1 and flac_stream_info(files[0])[0] == SAMPLE_RATE
+    assert len(files) == 1 and wav_stream_info(files[0])[0] == SAMPLE_RATE  # the templates save WAV
 
 
 def with_memory_settings(prompt: dict[str, Any], simulate_vram_mb: int) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def phases_prompt(server: ComfyServer, *, text: str, seed: int, prefix: str, max
     prompt["80"] = memory_settings(SIMULATED_MB)
     node_of(prompt, "MizuotoEngineLoader").update(checkpoint="demo-small", memory=["80", 0])
     node_of(prompt, "MizuotoTalker").update(text=text, seed=seed, max_new_tokens=max_new_tokens)
-    node_of(prompt, "SaveAudio")["filename_prefix"] = prefix
+    node_of(prompt, "MizuotoSaveWav")["filename_prefix"] = prefix
     return prompt
 
 
@@ -287,7 +287,7 @@ def test_phase_workflow_saves_audio_and_reports_memory(comfy_server: ComfyServer
     history = comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", history["status"]
     for path in saved_files(comfy_server, history):
-        assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"fLaC"
+        assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"RIFF"  # the template saves WAV
     ids = {n["class_type"]: k for k, n in history["prompt"][2].items()}
     for node in ("MizuotoVoicePrompt", "MizuotoTalker", "MizuotoDecoder"):  # each placed its phase (M1, M50)
         assert history["outputs"][ids[node]]["text"][0].startswith("loaded "), history["outputs"][ids[node]]
@@ -317,7 +317,7 @@ def test_the_one_node_template_runs(comfy_server: ComfyServer) -> None:
     tts = node_of(prompt, "MizuotoTTS")
     assert tts["engine_name"] == "demo" and "engine" not in tts
     tts["max_new_tokens"] = 64  # a short run on a busy test machine
-    node_of(prompt, "SaveAudio")["filename_prefix"] = "audio/all_in_one"
+    node_of(prompt, "MizuotoSaveWav")["filename_prefix"] = "audio/all_in_one"
     history = comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)
     assert history["status"]["status_str"] == "success", history["status"]
     assert all(p.stat().st_size > 1000 for p in saved_files(comfy_server, history))

@@ -1,8 +1,8 @@
 """VoxCPM 2 in a running ComfyUI server (issue 12): a tiny checkpoint (random weights, the
 official folder layout) under the server's `models/mizuoto/voxcpm2/`, and the example workflow
 "Voice Clone - VoxCPM 2, step by step" — LoadAudio → Voice Prompt (reference + transcript) →
-Talker → Codec Decoder → SaveAudio — run on a small simulated GPU (Memory Settings added to
-its loader), so the generator streams, to a saved FLAC file. Skips where `voxcpm` cannot be
+Talker → Codec Decoder → Save Audio (WAV) — run on a small simulated GPU (Memory Settings added
+to its loader), so the generator streams, to a saved WAV file. Skips where `voxcpm` cannot be
 imported under COMFYUI_PYTHON.
 
 The checkpoint is written into the server's temporary base folder before the server starts
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
                              ui_to_api)
-from test_comfyui_qwen3tts import flac_stream_info, messages
+from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import memory_settings
 
 pytestmark = requires_comfyui
@@ -54,7 +54,7 @@ def clone_prompt(server: ComfyServer, *, seed: int, prefix: str) -> dict[str, An
     nodes["MizuotoEngineLoader"].update(checkpoint=CHECKPOINT, dtype="float32", memory=["80", 0])
     nodes["LoadAudio"]["audio"] = REFERENCE_WAV  # the harness's reference, in the server's input folder
     nodes["MizuotoTalker"].update(text="Hello from the tiny model.", seed=seed, max_new_tokens=PATCHES)
-    nodes["SaveAudio"]["filename_prefix"] = prefix
+    nodes["MizuotoSaveWav"]["filename_prefix"] = prefix
     return prompt
 
 
@@ -65,7 +65,7 @@ def test_example_workflow_clones_a_voice_and_saves_audio(voxcpm_server: ComfySer
     saved = [voxcpm_server.output / item["subfolder"] / item["filename"]
              for output in history["outputs"].values() for item in output.get("audio", [])]
     assert len(saved) == 1, history["outputs"]
-    assert flac_stream_info(saved[0]) == (SAMPLE_RATE, PATCHES * SAMPLES_PER_PATCH)
+    assert wav_stream_info(saved[0]) == (SAMPLE_RATE, PATCHES * SAMPLES_PER_PATCH)
     by_type = {prompt[node]["class_type"]: output for node, output in history["outputs"].items()}
     for node_type in ("MizuotoVoicePrompt", "MizuotoTalker", "MizuotoDecoder"):
         assert by_type[node_type]["text"][0].startswith("loaded "), by_type[node_type]  # M50, per phase

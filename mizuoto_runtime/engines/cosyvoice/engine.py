@@ -4,11 +4,10 @@ code, run in phases by the memory runtime (issue 22; M1, M4, M18, M43, M45, M46,
 Components (each a registered handle) and phases:
 
 * ``voice prompt`` — ``campplus`` (speaker embedding) and ``speech_tokenizer`` (prompt speech
-  tokens), `oneshot`, plus the prompt mel (computed where the audio is). Cached per reference
-  (M4): the same voice again places neither. A built-in speaker of ``spk2info.pt`` needs no
-  phase at all. (The two ONNX-derived modules are not implemented yet: cloning from reference
-  audio says so, naming the files; speakers of ``spk2info.pt`` — embeddings, or whole
-  zero-shot prompts as upstream's ``add_zero_shot_spk`` saves them — work.)
+  tokens), `oneshot` torch modules from the folder's ONNX files (`voice`), plus the prompt mel
+  (computed where the audio is). Cached per reference (M4): the same voice again places
+  neither. A speaker of ``spk2info.pt`` (an embedding, or a whole zero-shot prompt as
+  upstream's ``add_zero_shot_spk`` saves it) needs no phase at all.
 * ``talker`` — ``llm``: the Qwen2 LM with its speech embedding and decoder, a `sequence`
   handle whose units are its decoder layers (24 in the real model). Our token loop
   (`lm.generate`) with upstream's RAS sampling: the same random draws in the same order, so
@@ -58,6 +57,7 @@ from .lm import length_bounds
 from .model import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
 from .text import normalize
+from .voice import MAX_PROMPT_SECONDS, SPEAKER_RATE, load_campplus, load_speech_tokenizer, resample
 from .tokenizer import ENDOFPROMPT, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.o
 # Working-memory constants (M45), in units of the hidden size per position, fitted on the tiny
 # checkpoints' CPU peaks (bench/engines.py) and rounded up.
 PREFILL_HIDDEN_COPIES = 10
+VOICE_BYTES_PER_SAMPLE = 512  # fbank frames, whisper mel, tokenizer activations per 16 kHz sample
 ESTIMATOR_COPIES = 24
 SOURCE_BYTES_PER_SAMPLE = 256  # the 9-harmonic source at the output rate and its temporaries
 VOCODER_STAGE_COPIES = 6  # live copies of an upsampling stage (input kept, resblock temporaries)
@@ -149,12 +150,28 @@ class CosyVoiceEngine(Engine):
         self.sample_rate = self.model.sample_rate
         self.tokenizer = TextTokenizer(self.model.blank_en, self.version)
         self.speakers = read_speakers(self.model_dir)
+        self.campplus = self.speech_tokenizer = None
+        self.no_cloning = ""  # why reference audio cannot be cloned (empty: it can)
+        files = [self.model_dir / f for f in VOICE_FILES[self.version]]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:  # speakers of spk2info.pt need neither file
+            self.no_cloning = f"the checkpoint folder lacks {', '.join(missing)}"
+        else:
+            try:
+                campplus, tokenizer = load_campplus(files[0]), load_speech_tokenizer(files[1])
+            except ImportError as exc:
+                self.no_cloning = f"{exc.name} is not installed (requirements/cosyvoice.txt)"
+                log.warning("cosyvoice: cloning from reference audio is off: %s", self.no_cloning)
+            else:
+                self.campplus = self.register(campplus, "campplus")
+                self.speech_tokenizer = self.register(tokenizer, "speech_tokenizer")
         self.llm = self.register(self.model.lm, "llm", kind="sequence")
         self.flow = self.register(self.model.flow, "flow")
         self.vocoder = self.register(self.model.hift, "vocoder")
 
     def handles(self) -> list[Any]:
-        return [self.llm, self.flow, self.vocoder]
+        voice = [h for h in (self.campplus, self.speech_tokenizer) if h is not None]
+        return [*voice, self.llm, self.flow, self.vocoder]
 
     # ---- voice prompt ----------------------------------------------------------------------
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
@@ -195,11 +212,29 @@ class CosyVoiceEngine(Engine):
         return data
 
     def _reference(self, ctx: RequestContext, reference: Audio) -> dict[str, Any]:
-        missing = [f for f in VOICE_FILES[self.version] if not (self.model_dir / f).is_file()]  # type: ignore[operator]
-        detail = (f"the folder lacks {', '.join(missing)}" if missing else
-                  "running campplus.onnx and the speech tokenizer as torch modules is not implemented yet")
-        raise MizuotoError(f"cosyvoice: cloning from reference audio needs the speaker encoder and the speech "
-                           f"tokenizer; {detail}. Use a speaker saved in {SPK2INFO}.")
+        """The voice-prompt phase: CAM++ embedding and speech tokens of the 16 kHz audio, the
+        prompt mel of the 24 kHz audio, tokens and mel cut to 2 mel frames per token (upstream's
+        ``frontend_zero_shot``)."""
+        if self.campplus is None or self.speech_tokenizer is None:
+            raise MizuotoError(f"cosyvoice: cannot clone from reference audio: {self.no_cloning}; "
+                               f"use a speaker saved in {SPK2INFO}")
+        if reference.seconds > MAX_PROMPT_SECONDS:
+            raise MizuotoError(f"cosyvoice: the reference audio is {reference.seconds:.1f} s; the speech tokenizer "
+                               f"takes at most {MAX_PROMPT_SECONDS} s")
+        wav = reference.mono().unsqueeze(0)
+        wav16, wav24 = resample(wav, reference.sample_rate, SPEAKER_RATE), resample(wav, reference.sample_rate, 24000)
+        campplus, tokenizer = self.campplus.module, self.speech_tokenizer.module
+
+        @torch.inference_mode()
+        def run() -> dict[str, Any]:
+            embedding = campplus(wav16.to(self.device)).float().cpu()
+            tokens = tokenizer(wav16.to(self.device)).cpu()
+            feat = self.prompt_feat(wav24)
+            n = min(feat.shape[1] // 2, tokens.shape[1])
+            return {"embedding": embedding, "prompt_token": tokens[:, :n], "prompt_feat": feat[:, :2 * n]}
+
+        memory = VOICE_BYTES_PER_SAMPLE * wav16.shape[-1]
+        return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
 
     def prompt_feat(self, wav24k: torch.Tensor) -> torch.Tensor:
         """The prompt mel (1, frames, 80) of a 24 kHz waveform (the yaml's feat_extractor)."""

@@ -1,6 +1,7 @@
 """A tiny random CosyVoice 2 / 3 folder in the published layout (tests and demos; no download):
 
     cosyvoice2.yaml | cosyvoice3.yaml   llm.pt  flow.pt  hift.pt  spk2info.pt
+    campplus.onnx  speech_tokenizer_v2.onnx | speech_tokenizer_v3.onnx
     CosyVoice-BlankEN/  config.json  generation_config.json  model.safetensors
                         vocab.json  merges.txt  tokenizer_config.json
 
@@ -10,11 +11,14 @@ names, weight norm as ``parametrizations.weight.original0/1`` pairs; the Qwen2 b
 ``llm.pt`` (as upstream saves it) and in BlankEN's safetensors. The tokenizer is byte-level BPE
 without merges (one token per byte) and Qwen2's three specials. ``spk2info.pt`` holds one
 speaker, ``tiny``, saved as upstream's ``add_zero_shot_spk`` saves a voice (its embedding,
-prompt text ids, prompt speech tokens and prompt mel), so every mode but reference cloning runs.
+prompt text ids, prompt speech tokens and prompt mel). The two ONNX files are small graphs with
+the published files' inputs and outputs (`write_voice_models`), so cloning runs too.
 The LM's stop ids are made unlikely, so tests bound the length with ``max_new_tokens``.
 """
 from __future__ import annotations
 
+import importlib.util
+import logging
 import re
 from pathlib import Path
 
@@ -25,6 +29,8 @@ from ..tiny import byte_alphabet, fan_in_std, write_json
 from .engine import SPK2INFO
 from .model import BLANK_EN, YAMLS, load_model
 from .tokenizer import special_tokens
+
+log = logging.getLogger(__name__)
 
 SPEECH_TOKENS = 128
 HIDDEN = 64
@@ -62,15 +68,7 @@ llm: !new:cosyvoice.llm.llm.{lm_class}
 """
 _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
     input_size: 64
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {speech}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+{common}    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: 64
         attention_heads: 4
         linear_units: 96
@@ -86,19 +84,7 @@ _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+{cfm}        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
             channels: [64]
@@ -113,31 +99,11 @@ _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
 """
 _FLOW3 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
     input_size: 80
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {speech}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+{common}    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: 80
         channels: 64
         pre_lookahead_len: 3
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+{cfm}        estimator: !new:cosyvoice.flow.DiT.dit.DiT
             dim: 64
             depth: 4
             heads: 4
@@ -149,6 +115,28 @@ _FLOW3 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             out_channels: 80
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+"""
+_FLOW_COMMON = """    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {speech}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+"""
+_CFM = """    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
 """
 _TAIL = """hift: !new:cosyvoice.hifigan.generator.{hift_class}
     in_channels: 80
@@ -193,7 +181,7 @@ def model_yaml(version: int) -> str:
     v3 = version == 3
     return (_HEAD.format(version=version, hidden=HIDDEN, speech=SPEECH_TOKENS,
                          lm_class="CosyVoice3LM" if v3 else "Qwen2LM")
-            + (_FLOW3 if v3 else _FLOW2).format(speech=SPEECH_TOKENS)
+            + (_FLOW3 if v3 else _FLOW2).format(common=_FLOW_COMMON.format(speech=SPEECH_TOKENS), cfm=_CFM)
             + _TAIL.format(hift_class="CausalHiFTGenerator" if v3 else "HiFTGenerator",
                            f0_class="CausalConvRNNF0Predictor" if v3 else "ConvRNNF0Predictor",
                            look_right="\n    conv_pre_look_right: 4" if v3 else "",
@@ -258,6 +246,36 @@ def _weight_normed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def write_voice_models(folder: Path, version: int, generator: torch.Generator) -> None:
+    """Small ``campplus.onnx`` and speech tokenizer ONNX files with random initializers, the
+    published files' inputs and outputs: CAM++ (fbank ``(1, T, 80)`` -> mean over time ->
+    linear -> ``(1, 192)``) and a tokenizer (128-bin mel ``(1, 128, T)`` and its length -> a
+    stride-4 conv -> argmax -> ``(1, T / 4)`` ids, 25 Hz like the real one)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def save(nodes: list, inputs: list, outputs: list, inits: dict[str, torch.Tensor], name: str) -> None:
+        graph = helper.make_graph(nodes, name, inputs, outputs,
+                                  [numpy_helper.from_array(t.numpy(), k) for k, t in inits.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        onnx.checker.check_model(model)
+        onnx.save(model, str(folder / name))
+
+    save([helper.make_node("ReduceMean", ["input"], ["pooled"], axes=[1], keepdims=0),
+          helper.make_node("MatMul", ["pooled", "w"], ["proj"]), helper.make_node("Add", ["proj", "b"], ["output"])],
+         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
+         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 192])],
+         {"w": torch.randn(80, 192, generator=generator) * 0.1, "b": torch.randn(192, generator=generator) * 0.1},
+         "campplus.onnx")
+    save([helper.make_node("Conv", ["feats", "w"], ["scores"], kernel_shape=[4], strides=[4]),
+          helper.make_node("ArgMax", ["scores"], ["indices"], axis=1, keepdims=0)],
+         [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+          helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+         [helper.make_tensor_value_info("indices", TensorProto.INT64, [1, "N"])],
+         {"w": torch.randn(SPEECH_TOKENS, 128, 4, generator=generator) * 0.1},
+         f"speech_tokenizer_v{version}.onnx")
+
+
 def write_tiny_checkpoint(directory: str | Path, version: int = 2, seed: int = 0,
                           dtype: torch.dtype = torch.float32) -> Path:
     """Write the folder; `dtype` must be float32 (upstream's state_dicts are float32)."""
@@ -304,5 +322,10 @@ def write_tiny_checkpoint(directory: str | Path, version: int = 2, seed: int = 0
         "llm_prompt_speech_token": tokens, "flow_prompt_speech_token": tokens,
         "prompt_speech_feat": torch.randn(1, 24, 80, generator=generator) - 4.0,
     }}, out / SPK2INFO)
+    if importlib.util.find_spec("onnx") is not None:
+        write_voice_models(out, version, generator)
+    else:
+        log.warning("cosyvoice tiny checkpoint: onnx is not installed, so no campplus/speech tokenizer files "
+                    "(its speakers work; cloning from audio does not)")
     load_model(out)  # the folder loads with the engine's own loader
     return out

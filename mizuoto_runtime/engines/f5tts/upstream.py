@@ -8,6 +8,8 @@ registers the ``f5_tts.model`` package object without running its ``__init__``, 
 modules, and gives the package the names its ``__init__`` exports, the trainer lazily (PEP 562):
 other code that imports ``f5_tts.model`` later sees the same package, and only
 ``f5_tts.model.Trainer`` would need the training stack. No upstream file is changed or copied.
+The one warning those modules draw at import (`TORCH_JIT_SCRIPT`, from ``x_transformers``) is
+dropped (`F5TTS_NOISE`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ import types
 from pathlib import Path
 from typing import Any
 
+from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, drop_noise
 from ..checkpoint_files import read_yaml
+
+F5TTS_NOISE = ImportNoise(warnings=(TORCH_JIT_SCRIPT,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +50,7 @@ def import_upstream() -> Upstream:
     global _upstream
     if _upstream is not None:
         return _upstream
+    drop_noise(F5TTS_NOISE)
     if "f5_tts.model" not in sys.modules:
         package = types.ModuleType("f5_tts.model")
         package.__path__ = [str(_package_dir() / "model")]  # type: ignore[attr-defined]

@@ -48,6 +48,7 @@ from ...errors import CheckpointError, MizuotoError
 from ...loading import build_on_meta, load_safetensors
 from ...phases import RequestContext
 from ...tiling import tiled_1d
+from ...upstream import ImportNoise, WarningNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from ..checkpoint_files import config_from, read_json
 
@@ -85,9 +86,15 @@ def check_layout(folder: Path) -> None:
             raise CheckpointError(f"{folder / name}: model_type is {found!r}, expected {model_type!r}")
 
 
+#: What importing `omnivoice` says that users cannot act on: pydub's "Couldn't find ffmpeg"
+#: warning. The package hands pydub arrays, never files, so ffmpeg is never called.
+OMNIVOICE_NOISE = ImportNoise(warnings=(
+    WarningNoise(RuntimeWarning, "Couldn't find ffmpeg or avconv", "pydub.utils"),))
+
+
 def import_upstream() -> None:
-    """Import `omnivoice` (an optional extra; needs transformers >= 5.3)."""
-    import omnivoice  # noqa: F401
+    """Import `omnivoice` (an optional extra; needs transformers >= 5.3) without its noise."""
+    quiet_import("omnivoice", OMNIVOICE_NOISE)
 
 
 @functools.cache

@@ -59,7 +59,7 @@ from ...loading import build_on_meta, load_safetensors
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ...slots import DeviceSlots
-from ...upstream import ImportNoise, quiet_import
+from ...upstream import ImportNoise, WarningNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from ..checkpoint_files import config_from, read_json
 from . import compat
@@ -105,14 +105,25 @@ TALKER_LOOPS = ("lean", "upstream")
 
 
 # ---- the upstream package ------------------------------------------------------------------
-#: What importing `qwen_tts` says that users cannot act on: the flash-attn banner (printed; the
-#: 12 Hz models never use flash-attn), the SoX check (a shell error and a warning; 12 Hz models
-#: never call SoX), and the config classes' "... is None. Initializing ..." INFO lines.
+#: What importing and running `qwen_tts` says that users cannot act on: the flash-attn banner
+#: (printed; the 12 Hz models never use flash-attn), the SoX check (a shell error and a warning;
+#: 12 Hz models never call SoX), the config classes' "... is None. Initializing ..." INFO lines,
+#: and what transformers 5.x says about the package's 4.57 code: its docstring check's "[ERROR]"
+#: lines about the package's own classes (printed as they are defined), and the deprecation
+#: notices its configs (`rope_scaling`, `rope_config_validation`, `layer_type_validation`) and
+#: its model outputs (`past_key_values`) draw at every load and request. `compat` makes that
+#: code run unchanged; the notices are about code we do not change.
 QWEN_TTS_NOISE = ImportNoise(
     output=(re.compile(r"\**\s*Warning: flash-attn is not installed\..*?\n\**\n ?", re.S),
-            re.compile(r"^.*\bsox: (command )?not found\n", re.M)),
-    records=(("sox", "SoX could not be found"),),
+            re.compile(r"^.*\bsox: (command )?not found\n", re.M),
+            re.compile(r"^\[ERROR\] `\w+` is part of [\w.]+'s signature, but not documented\. Make sure to add it "
+                       r"to the docstring of the function in \S*[/\\]qwen_tts[/\\]\S*\.py\.\n", re.M)),
+    records=(("sox", "SoX could not be found"),
+             ("transformers.configuration_utils", "`layer_type_validation` is deprecated"),
+             ("transformers.utils.generic", "`past_key_values`/`cache_params` are deprecated")),
     chatty_loggers=("qwen_tts",),
+    warnings=(WarningNoise(FutureWarning, "`rope_scaling` is deprecated", "transformers.configuration_utils"),
+              WarningNoise(FutureWarning, "`rope_config_validation` is deprecated", "transformers.modeling_rope_utils")),
 )
 
 

@@ -88,6 +88,7 @@ from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ...tiling import tiled_1d
 from ...units import plan_units
+from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 from ..checkpoint_files import read_json
 
@@ -124,10 +125,8 @@ ENCODER_BYTES_PER_SAMPLE = 48
 
 # ---- the upstream package ------------------------------------------------------------------
 def import_upstream() -> None:
-    """Import `voxcpm` (an optional extra); its VAE module's `torch.jit.script` warns."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        import voxcpm  # noqa: F401
+    """Import `voxcpm` (an optional extra); its VAE module's `torch.jit.script` warns (dropped)."""
+    quiet_import("voxcpm", ImportNoise(warnings=(TORCH_JIT_SCRIPT,)))
 
 
 def check_layout(folder: Path) -> dict[str, Any]:

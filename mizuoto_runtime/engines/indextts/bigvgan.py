@@ -1,0 +1,162 @@
+"""BigVGAN v2 generator (nvidia/bigvgan_v2_22khz_80band_256x): mel (B, 80, T) -> wave (B, 1, 256 T).
+
+Our own module rather than the `bigvgan` package: that package imports matplotlib and librosa
+at import time, which the one environment does not carry for a vocoder. Read from upstream's
+copy as a specification: weight-normed convolutions (folded when loading, as upstream removes
+weight norm before inference), transposed-conv upsampling, AMP residual blocks whose SnakeBeta
+activations run at twice the rate between stored low-pass filters (replicate padding), and a
+final SnakeBeta + conv clamped to [-1, 1] (or tanh when the config asks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FILTER_TAPS = 12  # the anti-aliasing filters of a 2x resampler
+
+
+@dataclasses.dataclass(frozen=True)
+class BigVGANConfig:
+    num_mels: int
+    upsample_rates: tuple[int, ...]
+    upsample_kernel_sizes: tuple[int, ...]
+    upsample_initial_channel: int
+    resblock_kernel_sizes: tuple[int, ...]
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...]
+    snake_logscale: bool = True
+    use_tanh_at_final: bool = True
+    use_bias_at_final: bool = True
+
+    @classmethod
+    def read(cls, path: Path) -> "BigVGANConfig":
+        with path.open(encoding="utf-8") as f:
+            h: dict[str, Any] = json.load(f)
+        if h.get("resblock") != "1" or h.get("activation") != "snakebeta":
+            raise ValueError(f"{path}: BigVGAN v2 with resblock '1' and snakebeta expected, got "
+                             f"resblock {h.get('resblock')!r}, activation {h.get('activation')!r}")
+        return cls(h["num_mels"], tuple(h["upsample_rates"]), tuple(h["upsample_kernel_sizes"]),
+                   h["upsample_initial_channel"], tuple(h["resblock_kernel_sizes"]),
+                   tuple(tuple(d) for d in h["resblock_dilation_sizes"]), h.get("snake_logscale", True),
+                   h.get("use_tanh_at_final", True), h.get("use_bias_at_final", True))
+
+    @property
+    def hop(self) -> int:
+        return int(torch.tensor(self.upsample_rates).prod())
+
+
+class SnakeBeta(nn.Module):
+    def __init__(self, channels: int, logscale: bool) -> None:
+        super().__init__()
+        self.logscale = logscale
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha, beta = self.alpha[None, :, None], self.beta[None, :, None]
+        if self.logscale:
+            alpha, beta = torch.exp(alpha), torch.exp(beta)
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+class Upsample2(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("filter", torch.zeros(1, 1, FILTER_TAPS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = FILTER_TAPS // 2 - 1
+        crop_left = pad * 2 + (FILTER_TAPS - 2) // 2
+        crop_right = pad * 2 + (FILTER_TAPS - 2 + 1) // 2
+        y = 2 * F.conv_transpose1d(F.pad(x, (pad, pad), mode="replicate"),
+                                   self.filter.expand(x.shape[1], -1, -1), stride=2, groups=x.shape[1])
+        return y[..., crop_left:-crop_right]
+
+
+class LowPass(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("filter", torch.zeros(1, 1, FILTER_TAPS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.pad(x, (FILTER_TAPS // 2 - 1, FILTER_TAPS // 2), mode="replicate")
+        return F.conv1d(x, self.filter.expand(x.shape[1], -1, -1), stride=2, groups=x.shape[1])
+
+
+class Downsample2(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowpass = LowPass()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lowpass(x)
+
+
+class AntiAliasedSnake(nn.Module):
+    def __init__(self, channels: int, logscale: bool) -> None:
+        super().__init__()
+        self.act = SnakeBeta(channels, logscale)
+        self.upsample = Upsample2()
+        self.downsample = Downsample2()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.downsample(self.act(self.upsample(x)))
+
+
+def _same(kernel: int, dilation: int) -> int:
+    return (kernel * dilation - dilation) // 2
+
+
+class AMPBlock(nn.Module):
+    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], logscale: bool) -> None:
+        super().__init__()
+        self.convs1 = nn.ModuleList(nn.Conv1d(channels, channels, kernel, dilation=d, padding=_same(kernel, d))
+                                    for d in dilations)
+        self.convs2 = nn.ModuleList(nn.Conv1d(channels, channels, kernel, padding=_same(kernel, 1))
+                                    for _ in dilations)
+        self.activations = nn.ModuleList(AntiAliasedSnake(channels, logscale) for _ in range(2 * len(dilations)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, (c1, c2) in enumerate(zip(self.convs1, self.convs2)):
+            x = x + c2(self.activations[2 * i + 1](c1(self.activations[2 * i](x))))
+        return x
+
+
+class BigVGAN(nn.Module):
+    def __init__(self, h: BigVGANConfig) -> None:
+        super().__init__()
+        self.h = h
+        ch = h.upsample_initial_channel
+        self.conv_pre = nn.Conv1d(h.num_mels, ch, 7, 1, padding=3)
+        self.ups = nn.ModuleList(
+            nn.ModuleList([nn.ConvTranspose1d(ch // 2 ** i, ch // 2 ** (i + 1), k, u, padding=(k - u) // 2)])
+            for i, (u, k) in enumerate(zip(h.upsample_rates, h.upsample_kernel_sizes)))
+        self.resblocks = nn.ModuleList(
+            AMPBlock(ch // 2 ** (i + 1), k, d, h.snake_logscale)
+            for i in range(len(h.upsample_rates))
+            for k, d in zip(h.resblock_kernel_sizes, h.resblock_dilation_sizes))
+        last = ch // 2 ** len(h.upsample_rates)
+        self.activation_post = AntiAliasedSnake(last, h.snake_logscale)
+        self.conv_post = nn.Conv1d(last, 1, 7, 1, padding=3, bias=h.use_bias_at_final)
+
+    def memory_units(self) -> list[nn.Module]:
+        """M11: each upsampling conv and each AMP block moves on its own."""
+        return [*self.ups, *self.resblocks]
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = self.conv_pre(mel)
+        kernels = len(self.h.resblock_kernel_sizes)
+        for i, up in enumerate(self.ups):
+            x = up[0](x)
+            blocks = self.resblocks[i * kernels:(i + 1) * kernels]
+            acc = blocks[0](x)
+            for block in blocks[1:]:
+                acc = acc + block(x)
+            x = acc / kernels
+        x = self.conv_post(self.activation_post(x))
+        return torch.tanh(x) if self.h.use_tanh_at_final else torch.clamp(x, min=-1.0, max=1.0)

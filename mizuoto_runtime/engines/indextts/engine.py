@@ -1,0 +1,388 @@
+"""IndexTTS-2 (bilibili) in our own model code, run in phases by the memory runtime.
+
+Components (M1), each a handle:
+* voice prompt — ``w2v_bert`` (w2v-BERT 2.0, 17 layers), ``semantic_codec`` (its encoder and
+  quantizer), ``campplus`` (CAM++), ``conditioning`` (the GPT's speaker and emotion encoders);
+  placed once per reference voice and cached (M4): a second request with the same voice places
+  none of them. An emotion reference audio is prompted the same way (w2v-BERT + conditioning),
+  cached too.
+* talker — ``talker``, a `sequence` handle whose units are the GPT-2 blocks (M11; transformers'
+  `Conv1D` leaves, declared streamable, M13). Beam search runs the beams as rows of one batch,
+  so each streamed unit is copied once per step whatever the beam count (M18). The phase also
+  runs the full GPT forward for the latents and draws the flow's noise right after the codes,
+  so the random draws come in upstream's order.
+* flow — ``flow``, s2mel (`oneshot`): the CFG halves are one batch-2 estimator call per step,
+  so they share each copy (M18).
+* emotion text — ``emotion_text``, the checkpoint's Qwen3 emotion model (`sequence`), placed
+  only when a request gives the emotion as text (`instruct`); cached per text.
+* vocoder — ``vocoder``, BigVGAN v2 (`oneshot`). No `tiled_1d` fallback: it does not tile
+  exactly (on the tiny checkpoint the tiles differ from the whole decode by 3.5e-4 of full scale
+  away from the crossfades, and by far more inside them).
+
+KV cache (M45, M46): estimated at 24 codes per text token, times the beams, capped by
+`max_new_tokens`, plus the prompt.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...audio import Audio
+from ...errors import ArgumentError, CheckpointError, MizuotoError
+from ...nn.features import kaldi_fbank
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from . import pipeline
+from .components import CodecEncoder, Conditioning, Flow, Talker
+from .decoding import DecodeSettings
+from .emotion_text import MAX_NEW_TOKENS, EmotionModel, parse
+from .emotion import EMOTIONS, Emotion
+from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
+from .text import TextTokenizer
+from .w2v import W2VBert
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 22050
+PROMPT_SECONDS = 15  # upstream cuts reference audio to 15 s
+CODES_PER_TEXT_TOKEN = 24  # M46
+NUM_BEAMS = 3
+SILENCE_MS = 200  # between segments, as upstream
+REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
+
+
+def import_upstream() -> None:
+    """Import what the engine needs beside torch (no upstream package: the model code is ours);
+    the harness of the real-ComfyUI tests calls it to skip where an environment lacks one."""
+    import librosa  # noqa: F401
+    import sentencepiece  # noqa: F401
+    import torchaudio  # noqa: F401
+    import transformers  # noqa: F401
+    import yaml  # noqa: F401
+
+
+def check_layout(folder: Path) -> None:
+    if not folder.is_dir():
+        raise CheckpointError(f"IndexTTS-2 checkpoint folder not found: {folder}")
+    missing = [n for n in REQUIRED if not (folder / n).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: not an IndexTTS-2 folder, missing {', '.join(missing)} "
+                              "(expected the layout of IndexTeam/IndexTTS-2)")
+
+
+def _mono(audio: Audio) -> torch.Tensor:
+    return audio.waveform.float().mean(0, keepdim=True)
+
+
+def load_rate(wav: torch.Tensor, rate: int, target: int) -> torch.Tensor:
+    """What upstream's `librosa.load(path, sr=target)` makes of a file: librosa's soxr_hq resampler."""
+    if rate == target:
+        return wav
+    import librosa
+
+    return torch.from_numpy(librosa.resample(wav.numpy(), orig_sr=rate, target_sr=target, res_type="soxr_hq"))
+
+
+def resample(wav: torch.Tensor, rate: int, target: int) -> torch.Tensor:
+    """Upstream's `torchaudio.transforms.Resample(rate, target)` (22.05 kHz -> 16 kHz)."""
+    import torchaudio
+
+    return torchaudio.transforms.Resample(rate, target)(wav)  # its kernel is not functional.resample's to the bit
+
+
+class IndexTTS2Engine(Engine):
+    """IndexTTS-2: zero-shot cloning of a reference voice, with emotion from a second reference
+    audio or an emotion vector; 22.05 kHz output."""
+
+    id = "indextts2"
+    title = "IndexTTS-2"
+    sample_rate = SAMPLE_RATE
+    VOICE_OPTIONS = ("emotion",)
+
+    @classmethod
+    def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
+        try:
+            check_layout(folder)
+        except CheckpointError:
+            return None
+        return CheckpointInfo("IndexTTS-2", [], ["auto"])
+
+    def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None) -> None:
+        super().__init__(manager, model_dir, dtype, device)
+        if self.model_dir is None:
+            raise MizuotoError("indextts2 needs a checkpoint folder (the layout of IndexTeam/IndexTTS-2)")
+        if dtype != torch.float32:
+            raise MizuotoError(f"indextts2 runs in float32 here, not {dtype}")
+        check_layout(self.model_dir)
+        layout = Layout.open(self.model_dir)
+        self.config = layout.config
+        self.tokenizer = TextTokenizer(self.model_dir / "bpe.model")
+        self.tables = load_tables(layout)
+        self.gpt = load_gpt(layout)
+        codec = load_codec(layout)
+        self.s2mel = load_s2mel(layout)
+        self.w2v = W2VBert(layout.aux("w2v_bert"), self.tables.w2v_mean, self.tables.w2v_std)
+        self.emotions: dict[str, torch.Tensor] = {}
+        self.text_emotions: dict[str, tuple[float, ...]] = {}
+        self.emotion_dir = layout.qwen_emotion_dir
+        self.emotion_model = (EmotionModel(self.emotion_dir)
+                              if (self.emotion_dir / "config.json").is_file() else None)
+        self.flow_module = Flow(self.s2mel, codec)  # copies the code embedding: before any handle holds it
+        self.bigvgan = load_bigvgan(layout)
+        self.w2v_bert = self.register(self.w2v, "w2v_bert")
+        self.semantic_codec = self.register(CodecEncoder(codec), "semantic_codec")
+        self.campplus = self.register(load_campplus(layout), "campplus")
+        self.conditioning = self.register(Conditioning(self.gpt), "conditioning")
+        self.talker = self.register(Talker(self.gpt), "talker", kind="sequence")
+        self.flow = self.register(self.flow_module, "flow")
+        self.vocoder = self.register(self.bigvgan, "vocoder")
+        self.emotion_text = (self.register(self.emotion_model, "emotion_text", kind="sequence")
+                             if self.emotion_model is not None else None)
+        self.num_beams = NUM_BEAMS
+
+    def handles(self) -> list[Any]:
+        extra = [self.emotion_text] if self.emotion_text is not None else []
+        return [self.w2v_bert, self.semantic_codec, self.campplus, self.conditioning, self.talker, self.flow,
+                self.vocoder, *extra]
+
+    # ---- voice prompt ----------------------------------------------------------------------
+    def prompt_audio(self, reference: Audio) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> the reference at 22.05 kHz (as upstream loads it, cut to 15 s) and at 16 kHz (as upstream
+        resamples that)."""
+        wav = load_rate(_mono(reference), reference.sample_rate, SAMPLE_RATE)[:, :PROMPT_SECONDS * SAMPLE_RATE]
+        if wav.shape[-1] < SAMPLE_RATE // 10:
+            raise MizuotoError(f"indextts2: reference audio of {reference.seconds:.2f} s is too short (0.1 s at least)")
+        return wav, resample(wav, SAMPLE_RATE, 16000)
+
+    def features(self, wav_16k: torch.Tensor) -> torch.Tensor:
+        feats, mask = self.w2v.inputs(wav_16k)
+        return self.w2v(feats.to(self.device), mask.to(self.device))
+
+    def encode_voice(self, ctx: Any, reference: Audio | None, transcript: str | None, speaker: str | None,
+                     instruct: str | None = None) -> dict[str, Any]:
+        if reference is None:
+            raise MizuotoError("indextts2 clones a voice: give reference audio")
+        if speaker:
+            raise MizuotoError("indextts2 has no built-in speakers; give reference audio")
+        wav_22k, wav_16k = self.prompt_audio(reference)
+        fbank = kaldi_fbank(wav_16k, num_mel_bins=80, sample_frequency=16000.0)
+        handles = [self.w2v_bert, self.semantic_codec, self.campplus, self.conditioning]
+
+        @torch.inference_mode()
+        def run() -> dict[str, Any]:
+            spk = self.features(wav_16k)
+            _, quantized = self.semantic_codec.module.quantizer.quantizers[0].encode(
+                self.semantic_codec.module.encoder(spk.transpose(1, 2)).transpose(1, 2))
+            style = pipeline.speaker_style(self.campplus.module, fbank.to(self.device))
+            lengths = pipeline.feature_lengths(spk)
+            return {"spk_latent": self.gpt.speaker_latent(spk, lengths).cpu(),
+                    "base_emotion": self.gpt.emotion_vector(spk, lengths).cpu(),
+                    "style": style.cpu(), "semantic": quantized.transpose(1, 2).cpu(),
+                    "ref_mel": pipeline.reference_mel(wav_22k, self.config["s2mel"]).cpu()}
+
+        return ctx.run("voice prompt", handles, run, self.prompt_memory(wav_16k.shape[-1]))
+
+    def prompt_memory(self, samples_16k: int) -> int:
+        """M45: the voice prompt's working memory (float32), the larger of its two big parts:
+        w2v-BERT over the prompt's frames (50 per second: the hidden state of every layer is kept,
+        plus the attention scores and feed-forward of one layer and the 160-wide input features),
+        and CAM++'s 2-D front end over the fbank frames (100 per second: its channels x 80 bands,
+        a few maps alive at once)."""
+        frames = samples_16k // 320 + 1
+        cfg = self.w2v.model.config
+        hidden = 4 * frames * cfg.hidden_size
+        scores = 4 * cfg.num_attention_heads * frames * frames
+        w2v = (len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores + 4 * frames * (cfg.intermediate_size + 160)
+        head = self.campplus.module.head
+        campplus = 4 * 4 * head.conv1.out_channels * 80 * (samples_16k // 160 + 1)
+        return max(w2v, campplus)
+
+    # ---- emotion ---------------------------------------------------------------------------
+    def voice_prompt(self, ctx: Any, reference: Audio | None = None, transcript: str | None = None,
+                     speaker: str | None = None, instruct: str | None = None,
+                     emotion: Emotion | None = None) -> Voice:
+        """The cached voice (M4), with `emotion` applied when given (see `with_emotion`)."""
+        voice = super().voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
+        if instruct:
+            if emotion is not None:
+                raise ArgumentError("indextts2: give the emotion as text (instruct) or as audio / weights, not both")
+            emotion = Emotion(vector=self.emotion_from_text(ctx, instruct, voice.key))
+        return voice if emotion is None else self.with_emotion(ctx, voice, emotion)
+
+    def emotion_from_text(self, ctx: Any, text: str, seed_key: str) -> tuple[float, ...]:
+        """The eight emotion weights the checkpoint's emotion model reads in `text` (cached per
+        text). It samples as its folder's generation config says; seeded from the text, so the
+        same text gives the same weights."""
+        if self.emotion_model is None:
+            raise MizuotoError(f"indextts2: emotion from text needs the emotion model in "
+                               f"{self.emotion_dir} (qwen0.6bemo4-merge/ of IndexTeam/IndexTTS-2)")
+        if text not in self.text_emotions:
+            model = self.emotion_model
+            ids = model.prompt(text)
+
+            @torch.inference_mode()
+            def run() -> str:
+                with self.seeded(0):
+                    return model.answer(ids.to(self.device))
+
+            answer = ctx.run("emotion text", [self.emotion_text], run,
+                             model.kv_bytes(ids.shape[1] + MAX_NEW_TOKENS))
+            self.text_emotions[text] = parse(answer, text)
+            log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, self.text_emotions[text])))
+        return self.text_emotions[text]
+
+    def with_emotion(self, ctx: Any, voice: Voice, emotion: Emotion) -> Voice:
+        """`voice` speaking with `emotion`: its emotion vector is computed now (an emotion audio
+        places w2v-BERT and the conditioning encoders once, then comes from the cache)."""
+        vector = self.emotion_vector(ctx, voice, emotion)
+        return Voice(f"{voice.key}+{emotion.key()}", {**voice.data, "emotion_vector": vector}, self.id)
+
+    def emotion_vector(self, ctx: Any, voice: Voice, emotion: Emotion | None) -> torch.Tensor:
+        """The emotion vector a request uses (cached per emotion audio and voice): the voice's own
+        when no emotion is given."""
+        base = voice.data["base_emotion"]
+        if emotion is None or (emotion.audio is None and emotion.vector is None):
+            return voice.data.get("emotion_vector", base)
+        if emotion.vector is not None:
+            return pipeline.emotion_from_weights(self.tables, voice.data["style"], list(emotion.vector), base,
+                                                 emotion.alpha)
+        key = f"{voice.key}:{emotion.key()}"
+        if key not in self.emotions:
+            wav = load_rate(_mono(emotion.audio), emotion.audio.sample_rate, 16000)[:, :PROMPT_SECONDS * 16000]
+
+            @torch.inference_mode()
+            def run() -> torch.Tensor:
+                emo = self.features(wav)
+                vec = self.gpt.emotion_vector(emo, pipeline.feature_lengths(emo)).cpu()
+                return base + emotion.alpha * (vec - base)
+
+            self.emotions[key] = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run,
+                                         self.prompt_memory(wav.shape[-1]))
+        return self.emotions[key]
+
+    # ---- talker ----------------------------------------------------------------------------
+    def decode_settings(self, sampling: Sampling) -> DecodeSettings:
+        return DecodeSettings(do_sample=sampling.do_sample, top_p=sampling.top_p, top_k=sampling.top_k,
+                              temperature=sampling.temperature, num_beams=self.num_beams,
+                              repetition_penalty=sampling.repetition_penalty)
+
+    def kv_positions(self, text_tokens: int, max_new: int) -> int:
+        """M46: the prompt (32 latents, 2 speed, text + start/stop, start_mel) and the codes:
+        24 per text token, capped by `max_new_tokens` and the model's limit."""
+        codes = min(CODES_PER_TEXT_TOKEN * text_tokens, max_new, self.gpt.cfg.max_mel_tokens)
+        return 32 + 2 + text_tokens + 2 + 1 + codes
+
+    def talker_memory(self, text_tokens: int, max_new: int) -> dict[str, int]:
+        """M45: KV cache of every beam at the estimated positions, the prefill's activations and
+        the latent forward's (one row, the whole sequence)."""
+        cfg, elem = self.gpt.cfg, element_size(self.dtype)
+        positions = self.kv_positions(text_tokens, max_new)
+        kv = 2 * cfg.layers * positions * cfg.model_dim * elem * self.num_beams
+        act = elem * self.num_beams * positions * (8 * cfg.model_dim + cfg.heads * positions)
+        return {"kv_cache": kv, "activations": act}
+
+    def generate(self, ctx: Any, text: str, voice: Voice, sampling: Sampling, emotion: Emotion | None = None) -> Codes:
+        segments = self.tokenizer.segments(text)
+        if not segments:
+            raise MizuotoError("indextts2: the text gives no tokens to speak")
+        unknown = sum(ids.count(self.tokenizer.unk_id) for ids in segments)
+        if unknown:
+            log.warning("indextts2: %d text tokens are unknown to bpe.model and will be read as <unk>", unknown)
+        emovec = self.emotion_vector(ctx, voice, emotion)
+        max_new = min(sampling.max_new_tokens, self.gpt.cfg.max_mel_tokens)
+        settings = self.decode_settings(sampling)
+        longest = max(len(s) for s in segments)
+        parts = self.talker_memory(longest, max_new)
+        ctx.report.add_phase("talker", kv_positions=self.kv_positions(longest, max_new), beams=self.num_beams,
+                             segments=len(segments), **{f"{k}_mb": round(v / 2**20, 3) for k, v in parts.items()})
+        ref_frames = voice.data["ref_mel"].shape[-1]
+
+        @torch.inference_mode()
+        def run() -> list[dict[str, torch.Tensor]]:
+            out = []
+            spk_latent, vec = voice.data["spk_latent"].to(self.device), emovec.to(self.device)
+            # progress and interrupt once per GPT call: prefill, one per code, the latent forward
+            calls = len(segments) * (max_new + 1)
+            with self.seeded(sampling.seed), self.progress_per_call(ctx, self.gpt.gpt, calls):
+                for ids in segments:
+                    text_ids = torch.tensor([ids], dtype=torch.int32, device=self.device)
+                    raw = pipeline.decode_codes(self.gpt, spk_latent, text_ids, vec, settings, max_new)
+                    codes = pipeline.cut_at_stop(raw, self.gpt.cfg.stop_mel_token)
+                    if codes.shape[1] == 0:
+                        raise MizuotoError("indextts2: the model stopped before speaking a segment; try another seed")
+                    if int(codes.max()) >= self.gpt.cfg.start_mel_token:
+                        raise MizuotoError(f"indextts2: the model produced code {int(codes.max())} (its start code), "
+                                           "which has no sound; try another seed")
+                    latent = self.gpt.latent(spk_latent, text_ids, codes, vec)
+                    frames = ref_frames + pipeline.target_frames(codes.shape[1])
+                    noise = torch.randn([1, self.s2mel.cfm.in_channels, frames], device=self.device)
+                    out.append({"codes": codes.cpu(), "latent": latent.cpu(), "noise": noise.cpu()})
+            return out
+
+        done = ctx.run("talker", [self.talker], run, sum(parts.values()))
+        tokens = torch.cat([d["codes"] for d in done], dim=1)
+        return Codes(tokens, self.id, {"segments": done, "voice": voice.key, "voice_data": voice.data})
+
+    # ---- flow and vocoder ------------------------------------------------------------------
+    def flow_memory(self, frames: int) -> int:
+        """M45: the estimator's batch-2 (CFG) activations over every frame, x and its update."""
+        est = self.s2mel.cfm.estimator
+        hidden = est.cond_x_merge_linear.out_features
+        heads = est.transformer.heads
+        return 4 * 2 * frames * (16 * hidden + heads * frames) + 4 * 8 * 80 * frames
+
+    def vocoder_memory(self, frames: int) -> int:
+        h = self.bigvgan.h
+        widest, channels, length = 0, h.upsample_initial_channel, frames
+        for rate in h.upsample_rates:
+            channels //= 2
+            length *= rate
+            widest = max(widest, channels * length)
+        return 4 * 8 * widest  # the AMP blocks' 2x-rate activations and their temporaries
+
+    def decode(self, ctx: Any, codes: Codes, allow_fallback: bool | None = None) -> Audio:
+        voice = codes.extra.get("voice_data")
+        segments = codes.extra.get("segments")
+        if voice is None or segments is None:
+            raise MizuotoError("indextts2 decode: codes must come from this engine's generate")
+        ref_frames = voice["ref_mel"].shape[-1]
+        frames = max(ref_frames + pipeline.target_frames(s["codes"].shape[1]) for s in segments)
+
+        @torch.inference_mode()
+        def run_flow() -> list[torch.Tensor]:
+            # progress and interrupt once per Euler step
+            with self.progress_per_call(ctx, self.s2mel.cfm.estimator, len(segments) * pipeline.DIFFUSION_STEPS):
+                return [self._flow_segment(segment, voice) for segment in segments]
+
+        mels = ctx.run("flow", [self.flow], run_flow, self.flow_memory(frames))
+
+        @torch.inference_mode()
+        def run_vocoder() -> torch.Tensor:
+            silence = torch.zeros(1, SAMPLE_RATE * SILENCE_MS // 1000)
+            pieces: list[torch.Tensor] = []
+            for i, mel in enumerate(mels):
+                if i:
+                    pieces.append(silence)
+                pieces.append(pipeline.vocode(self.bigvgan, mel.to(self.device)).cpu())
+            return torch.cat(pieces, dim=1)
+
+        longest = max(m.shape[-1] for m in mels)
+        wav = ctx.run("vocoder", [self.vocoder], run_vocoder, self.vocoder_memory(longest))
+        return Audio(wav, SAMPLE_RATE)
+
+    def _flow_segment(self, segment: dict[str, torch.Tensor], voice: dict[str, Any]) -> torch.Tensor:
+        """One segment's mel: the prompt's content, then the codes' stretched to 1.72 frames per
+        code; 25 Euler steps from the noise the talker drew; the prompt's frames cut off."""
+        flow, s2m, dev = self.flow_module, self.s2mel, self.device
+        ref_mel = voice["ref_mel"].to(dev)
+        prompt = s2m.length_regulator(voice["semantic"].to(dev), torch.tensor([ref_mel.shape[-1]], device=dev))
+        projected = s2m.gpt_layer(segment["latent"].to(dev))
+        embedded = flow.embed(segment["codes"].to(dev))
+        target = torch.tensor([pipeline.target_frames(embedded.shape[1])], device=dev)
+        cond = torch.cat([prompt, s2m.length_regulator(embedded + projected, target)], dim=1)
+        full = s2m.cfm.solve(segment["noise"].to(dev), torch.tensor([cond.shape[1]], device=dev), ref_mel, cond,
+                             voice["style"].to(dev), pipeline.DIFFUSION_STEPS, pipeline.CFG_RATE)
+        return full[:, :, ref_mel.shape[-1]:].cpu()

@@ -1,0 +1,107 @@
+"""MaskGCT's semantic codec (RepCodec) as IndexTTS-2 uses it: w2v-BERT features -> codes and
+their quantized embedding, and codes -> embeddings (`vq2emb`).
+
+Read from upstream's RepCodec as a specification: a Vocos ConvNeXt encoder + Linear, then one
+factorized VQ (weight-normed 1x1 projection to the small codebook dimension, nearest
+L2-normalised codebook entry, the RAW entry projected back). The decoder half is stored but not
+used by inference; it is built so the file loads strictly.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int, inner: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv1d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, inner)
+        self.pwconv2 = nn.Linear(inner, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x).transpose(1, 2)))))
+        return x + (self.gamma * y).transpose(1, 2)
+
+
+class VocosBackbone(nn.Module):
+    """(B, C_in, T) -> (B, T, dim)."""
+
+    def __init__(self, cin: int, dim: int, inner: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Conv1d(cin, dim, kernel_size=7, padding=3)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.convnext = nn.ModuleList(ConvNeXtBlock(dim, inner) for _ in range(layers))
+        self.final_layer_norm = nn.LayerNorm(dim, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.embed(x).transpose(1, 2)).transpose(1, 2)
+        for block in self.convnext:
+            x = block(x)
+        return self.final_layer_norm(x.transpose(1, 2))
+
+
+class FactorizedVQ(nn.Module):
+    def __init__(self, dim: int, codebook_size: int, codebook_dim: int) -> None:
+        super().__init__()
+        self.in_project = nn.Conv1d(dim, codebook_dim, 1)
+        self.out_project = nn.Conv1d(codebook_dim, dim, 1)
+        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+
+    def encode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """z (B, D, T) -> indices (B, T) and the quantized (B, D, T)."""
+        z_e = self.in_project(z)
+        b = z_e.shape[0]
+        enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))
+        book = F.normalize(self.codebook.weight)
+        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
+        indices = (-dist).max(1)[1].view(b, -1)
+        z_q = self.codebook(indices).transpose(1, 2)
+        return indices, self.out_project(z_e + (z_q - z_e))
+
+    def embed(self, indices: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, D, T)."""
+        return self.out_project(self.codebook(indices).transpose(1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class CodecConfig:
+    codebook_size: int = 8192
+    hidden_size: int = 1024
+    codebook_dim: int = 8
+    vocos_dim: int = 384
+    vocos_intermediate_dim: int = 2048
+    vocos_num_layers: int = 12
+
+    @classmethod
+    def from_yaml(cls, cfg: dict[str, Any]) -> "CodecConfig":
+        for key in ("num_quantizers", "downsample_scale"):
+            if cfg.get(key, 1) != 1:
+                raise ValueError(f"config.yaml semantic_codec.{key}={cfg[key]}: IndexTTS-2 uses 1")
+        return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg})
+
+
+class SemanticCodec(nn.Module):
+    def __init__(self, c: CodecConfig) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(VocosBackbone(c.hidden_size, c.vocos_dim, c.vocos_intermediate_dim,
+                                                   c.vocos_num_layers), nn.Linear(c.vocos_dim, c.hidden_size))
+        self.decoder = nn.Sequential(VocosBackbone(c.hidden_size, c.vocos_dim, c.vocos_intermediate_dim,
+                                                   c.vocos_num_layers), nn.Linear(c.vocos_dim, c.hidden_size))
+        self.quantizer = nn.Module()
+        self.quantizer.quantizers = nn.ModuleList([FactorizedVQ(c.hidden_size, c.codebook_size, c.codebook_dim)])
+
+    def quantize(self, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """feat (B, T, hidden) -> codes (B, T) and quantized (B, T, hidden)."""
+        codes, quantized = self.quantizer.quantizers[0].encode(self.encoder(feat.transpose(1, 2)).transpose(1, 2))
+        return codes, quantized.transpose(1, 2)
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes (B, T) -> (B, hidden, T) (upstream's vq2emb)."""
+        return self.quantizer.quantizers[0].embed(codes)

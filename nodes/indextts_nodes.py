@@ -1,0 +1,79 @@
+"""IndexTTS-2's emotion control as a step-by-step node: a voice from Voice Clone, made to speak
+with the emotion of another recording, or with a mix of eight emotions."""
+from __future__ import annotations
+
+from typing import Any
+
+from comfy_api.latest import io, ui
+
+from mizuoto_runtime import Audio, MizuotoError
+from mizuoto_runtime.comfy_bridge import node_request
+from mizuoto_runtime.engines.indextts.emotion import EMOTIONS, Emotion
+from mizuoto_runtime.engines import Voice
+from mizuoto_runtime.host import PROCESS, EngineRef
+
+from .common import STEPS_CATEGORY, EngineSocket, VoiceSocket, audio_in, check_made_by, memory_text, schema
+
+EMOTION_TOOLTIP = ("IndexTTS-2: emotions as name=weight, e.g. 'sad=0.8, calm=0.2' (happy, angry, sad, afraid, "
+                   "disgusted, melancholic, surprised, calm; weights 0 to 1.2); empty = the voice's own")
+
+
+def emotion_inputs() -> list[io.Input]:
+    """The Text to Speech node's emotion inputs (IndexTTS-2; optional, last)."""
+    return [
+        io.Audio.Input("emotion_audio", optional=True,
+                       tooltip="IndexTTS-2: speech whose emotion to take (its voice is not cloned)"),
+        io.String.Input("emotion", optional=True, default="", tooltip=EMOTION_TOOLTIP),
+        io.Float.Input("emotion_strength", optional=True, default=1.0, min=0.0, max=1.0, step=0.05,
+                       tooltip="IndexTTS-2: how much of the emotion; 0 keeps the voice's own"),
+    ]
+
+
+def emotion_options(audio: Audio | None, text: str, strength: float) -> dict[str, Any]:
+    """The voice option of a request with emotion inputs; none when they are unset."""
+    emotion = Emotion.from_inputs(audio, text, strength)
+    return {} if emotion is None else {"emotion": emotion}
+
+
+class MizuotoEmotion(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return schema(
+            node_id="MizuotoEmotion",
+            display_name="Emotion (IndexTTS-2)",
+            category=STEPS_CATEGORY,
+            search_aliases=["emotion", "indextts", "index-tts", "mood", "expressive"],
+            description="Makes an IndexTTS-2 voice speak with an emotion: the emotion of a second recording "
+                        "(its voice is not cloned), or a mix of eight emotions set below. Between Voice Clone "
+                        "and Text → Speech Codes.",
+            inputs=[
+                EngineSocket.Input("engine"),
+                VoiceSocket.Input("voice", tooltip="From Voice Clone, with an IndexTTS-2 engine"),
+                io.Audio.Input("emotion_audio", optional=True,
+                               tooltip="Speech whose emotion to take; when connected the sliders are not used"),
+                io.Float.Input("strength", default=1.0, min=0.0, max=1.0, step=0.05,
+                               tooltip="How much of the emotion: 0 keeps the voice's own"),
+                *(io.Float.Input(name, default=0.0, min=0.0, max=1.2, step=0.05, tooltip=f"Weight of {name}")
+                  for name in EMOTIONS),
+            ],
+            outputs=[VoiceSocket.Output(display_name="voice")],
+        )
+
+    @classmethod
+    @PROCESS.around_node
+    def execute(cls, engine: EngineRef, voice: Voice, strength: float, emotion_audio: dict[str, Any] | None = None,
+                **weights: float) -> io.NodeOutput:
+        tts = engine.engine
+        if not hasattr(tts, "with_emotion"):
+            raise MizuotoError(f"Emotion (IndexTTS-2): engine {tts.id!r} has no emotion control; use indextts2")
+        check_made_by(voice, tts, "voice")
+        audio = audio_in(emotion_audio, "emotion_audio")
+        vector = None if audio is not None else tuple(float(weights.get(name, 0.0)) for name in EMOTIONS)
+        if vector is not None and not any(vector):
+            raise MizuotoError("Emotion (IndexTTS-2): connect an emotion_audio or set at least one emotion weight")
+        ctx = node_request(engine.runtime)
+        out = tts.with_emotion(ctx, voice, Emotion(audio=audio, vector=vector, alpha=strength))
+        return io.NodeOutput(out, ui=ui.PreviewText(memory_text(ctx.meta)))
+
+
+NODES: list[type[io.ComfyNode]] = [MizuotoEmotion]

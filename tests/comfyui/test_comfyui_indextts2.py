@@ -1,0 +1,81 @@
+"""IndexTTS-2 in a running ComfyUI server (issue 25): a tiny checkpoint (random weights, the
+published layout) under the server's `models/mizuoto/`, and the example workflow "Voice Clone -
+IndexTTS-2, step by step (with an emotion)" — Load TTS Engine (with Memory Settings for a small
+simulated GPU) → LoadAudio → Voice Clone → Emotion (IndexTTS-2) → Text → Speech Codes → Speech
+Codes → Audio → Save Audio (WAV) — that saves audio; and the one-node Text to Speech with an emotion.
+The checkpoint is written by ComfyUI's Python into the server's temporary base folder."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import json
+
+from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
+                             ui_to_api)
+from test_comfyui_qwen3tts import messages, wav_stream_info
+from test_comfyui_server import memory_settings
+
+pytestmark = requires_comfyui
+
+CHECKPOINT = "IndexTTS-2"  # under models/mizuoto: the folder the template names
+WORKFLOW = REPO / "example_workflows" / "Voice Clone - IndexTTS-2, step by step (with an emotion).json"
+SAMPLE_RATE = 22050
+SIMULATED_MB = 8  # the talker and the flow do not fit: they stream
+RUN_TIMEOUT_S = 300.0
+WRITER = "from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint; write_tiny_checkpoint(sys.argv[1])"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ComfyServer]:
+    def prepare(root: Path) -> None:
+        run_with_comfyui_python(WRITER, str(root / "models" / "mizuoto" / CHECKPOINT), needs="indextts")
+
+    with running_server("mizuoto-comfyui-indextts2-", prepare) as running:
+        yield running
+
+
+def node(server: ComfyServer, kind: str, **given: Any) -> dict[str, Any]:
+    """A node with `given` inputs and every other required input at its default."""
+    info = server.get("/object_info")[kind]["input"]
+    inputs = {name: spec[1].get("default") for name, spec in info.get("required", {}).items()
+              if len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]}
+    return {"class_type": kind, "inputs": {**inputs, **given}}
+
+
+def saved_audio(server: ComfyServer, prompt: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    history = server.wait_history(server.queue(prompt), RUN_TIMEOUT_S)
+    assert history["status"]["status_str"] == "success", messages(history)
+    saved = [server.output / item["subfolder"] / item["filename"]
+             for output in history["outputs"].values() for item in output.get("audio", [])]
+    assert len(saved) == 1, history["outputs"]
+    rate, samples = wav_stream_info(saved[0])
+    assert rate == SAMPLE_RATE and samples > 0
+    return history, saved[0]
+
+
+def test_the_example_workflow_clones_with_an_emotion_and_saves_audio(server: ComfyServer) -> None:
+    prompt = ui_to_api(json.loads(WORKFLOW.read_text()), server.get("/object_info"))
+    prompt["80"] = memory_settings(SIMULATED_MB)
+    nodes = {n["class_type"]: n["inputs"] for n in prompt.values()}
+    nodes["MizuotoEngineLoader"].update(memory=["80", 0])
+    nodes["LoadAudio"]["audio"] = REFERENCE_WAV
+    nodes["MizuotoTalker"].update(text="hello tiny model. this is a test!", seed=3, max_new_tokens=12)
+    history, _ = saved_audio(server, prompt)
+    by_type = {prompt[node]["class_type"]: output for node, output in history["outputs"].items()}
+    talker = by_type["MizuotoTalker"]["text"][0]
+    assert "talker" in talker and "streamed" in talker, talker
+    names = {m["name"] for m in server.get("/mizuoto/runtime")["models"]}
+    assert {"w2v_bert", "talker", "flow", "vocoder"} <= names
+
+
+def test_text_to_speech_takes_an_emotion(server: ComfyServer) -> None:
+    prompt = {
+        "2": node(server, "LoadAudio", audio=REFERENCE_WAV),
+        "3": node(server, "MizuotoTTS", text="hello tiny model.", seed=3, max_new_tokens=12, reference=["2", 0],
+                  engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", emotion="sad=0.8"),
+        "4": node(server, "MizuotoSaveWav", audio=["3", 0], filename_prefix="audio/indextts2_tts"),
+    }
+    saved_audio(server, prompt)

