@@ -76,9 +76,7 @@ def _start_comfyui(args: argparse.Namespace, aimdo: bool) -> tuple[Any, str]:
     wanted = aimdo and enables is not None and enables()
     if wanted:
         _load_aimdo(comfy.cli_args.args)
-    import comfy.memory_management
     import comfy.model_management as mm
-    import comfy.model_patcher
 
     if not aimdo:
         return mm, "off"
@@ -86,6 +84,9 @@ def _start_comfyui(args: argparse.Namespace, aimdo: bool) -> tuple[Any, str]:
         return mm, "unavailable (this ComfyUI has no dynamic VRAM, or its flags turn it off)"
     if not _init_aimdo_devices(comfy.cli_args.args, mm):
         return mm, "unavailable (comfy-aimdo did not initialize)"
+    import comfy.memory_management  # releases with dynamic VRAM only
+    import comfy.model_patcher
+
     comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
     comfy.memory_management.aimdo_enabled = True
     return mm, "on"

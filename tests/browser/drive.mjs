@@ -199,23 +199,32 @@ async function searchNodes(page, query, shotName) {
   await command(page, "Comfy.NewBlankWorkflow"); // an empty canvas, so the double-click hits no node
   await page.waitForTimeout(1000);
   const canvas = await page.locator("#graph-canvas").boundingBox();
+  await page.mouse.move(canvas.x + canvas.width / 2, canvas.y + canvas.height / 2);
   await page.mouse.dblclick(canvas.x + canvas.width / 2, canvas.y + canvas.height / 2);
-  await page.waitForFunction(() => document.activeElement?.tagName === "INPUT", null, { timeout: 15000 });
+  const typing = () => page.waitForFunction(() => document.activeElement?.tagName === "INPUT", null, { timeout: 5000 });
+  let opened = "double-click on the canvas";
+  if (!(await typing().then(() => true, () => false))) {
+    // Frontend 1.35 opens no search on a fresh tab's first double-click: its own command, the
+    // one the menu's "Toggle Search Box" runs.
+    await command(page, "Workspace.SearchBox.Toggle");
+    await typing();
+    opened = "Toggle Search Box";
+  }
   await page.keyboard.type(query, { delay: 40 });
   let results = [];
   for (let i = 0; i < 30; i += 1) { // the list follows the typing after a short debounce
     await page.waitForTimeout(500);
     const now = await page.evaluate(() => [...document.querySelectorAll("[role=option]")]
       .filter((o) => o.offsetWidth || o.offsetHeight)
-      .map((o) => ({
+      .map((o) => ({ // 1.27-1.35 follow the name with a no-break space and the category
         name: (o.querySelector(".option-display-name, .option-container span.truncate")?.textContent
-               ?? o.innerText.split("\n")[0]).trim(),
+               ?? o.innerText.split("\n")[0]).split("\u00a0")[0].trim(),
         text: o.innerText.replace(/\s+/g, " ").trim(),
-      })));
+      })).filter((o) => o.name));
     if (now.length && JSON.stringify(now) === JSON.stringify(results)) break;
     results = now;
   }
-  await shot(page, shotName, `Node search: "${query}" typed; the results it lists`);
+  await shot(page, shotName, `Node search (opened by ${opened}): "${query}" typed; the results it lists`);
   await page.keyboard.press("Escape");
   return results;
 }
