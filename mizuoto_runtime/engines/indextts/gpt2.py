@@ -7,20 +7,35 @@ the plain class would leave every GPT weight in the fixed part.
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]
 
 
-class StreamingConv1D(Conv1D):
-    """transformers' GPT-2 `Conv1D`, declared streamable (M13)."""
+@functools.cache
+def _streaming_conv1d() -> type[nn.Module]:
+    """The class, made on first use: transformers loads when a GPT is built, not when the engine
+    table imports this engine (start-up stays free of engine packages)."""
+    from transformers.pytorch_utils import Conv1D
 
-    STREAMABLE = True
+    class StreamingConv1D(Conv1D):  # type: ignore[misc]
+        """transformers' GPT-2 `Conv1D`, declared streamable (M13)."""
+
+        STREAMABLE = True
+
+    return StreamingConv1D
+
+
+def __getattr__(name: str) -> Any:  # `from .gpt2 import StreamingConv1D` (PEP 562)
+    if name == "StreamingConv1D":
+        return _streaming_conv1d()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -32,8 +47,8 @@ class GPT2Attention(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
-        self.c_attn = StreamingConv1D(3 * dim, dim)
-        self.c_proj = StreamingConv1D(dim, dim)
+        self.c_attn = _streaming_conv1d()(3 * dim, dim)
+        self.c_proj = _streaming_conv1d()(dim, dim)
 
     def forward(self, x: torch.Tensor, past: LayerCache | None) -> tuple[torch.Tensor, LayerCache]:
         b, t, d = x.shape
@@ -57,8 +72,8 @@ class GPT2Attention(nn.Module):
 class GPT2MLP(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.c_fc = StreamingConv1D(4 * dim, dim)
-        self.c_proj = StreamingConv1D(dim, 4 * dim)
+        self.c_fc = _streaming_conv1d()(4 * dim, dim)
+        self.c_proj = _streaming_conv1d()(dim, 4 * dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(gelu_tanh(self.c_fc(x)))
