@@ -23,14 +23,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import regex
-
 from ...errors import MizuotoError
 
 log = logging.getLogger(__name__)
 
 _CHINESE = re.compile(r"[\u4e00-\u9fff]+")
-_ONLY_PUNCTUATION = regex.compile(r"[\p{P}\p{S}]*")
 # upstream's front end: split_paragraph(token_max_n=80, token_min_n=60, merge_len=20, comma_split=False)
 TOKEN_MAX, TOKEN_MIN, MERGE_LEN = 80, 60, 20
 SENTENCE_MARKS = {"zh": "。？！；：、.?!;", "en": ".?!;:"}
@@ -41,9 +38,16 @@ def contains_chinese(text: str) -> bool:
     return bool(_CHINESE.search(text))
 
 
+@functools.cache
+def _only_punctuation() -> Any:
+    import regex  # an engine requirement: imported when CosyVoice speaks, not when the engine table loads
+
+    return regex.compile(r"[\p{P}\p{S}]*")
+
+
 def is_only_punctuation(text: str) -> bool:
     """Empty, or punctuation and symbols only (Unicode categories P and S)."""
-    return _ONLY_PUNCTUATION.fullmatch(text) is not None
+    return _only_punctuation().fullmatch(text) is not None
 
 
 @functools.lru_cache(maxsize=1)

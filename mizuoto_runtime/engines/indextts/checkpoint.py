@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
 from ...errors import MizuotoError
@@ -26,6 +25,8 @@ def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.yaml"
     if not path.is_file():
         raise MizuotoError(f"IndexTTS-2 checkpoint folder {folder} has no config.yaml")
+    import yaml  # an engine requirement: imported when a checkpoint loads, not when the engine table does
+
     with path.open(encoding="utf-8") as f:
         cfg = yaml.safe_load(f)
     if not isinstance(cfg, dict) or "gpt" not in cfg:
