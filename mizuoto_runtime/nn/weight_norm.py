@@ -24,6 +24,15 @@ def fold(g: torch.Tensor, v: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return torch._weight_norm(v, g, dim)
 
 
+def unfold(key: str, weight: torch.Tensor, *, legacy: bool = False) -> dict[str, torch.Tensor]:
+    """``<m>.weight`` as weight norm stores it (g = per-row norm over every dim but 0, v = the
+    weight), in the parametrization's or the legacy key form: what tiny checkpoints write where
+    the published files carry weight norm, so that the loaders' `fold_state_dict` is exercised."""
+    base = key[: -len(".weight")]
+    g_suffix, v_suffix = LEGACY if legacy else PARAMETRIZED
+    return {base + g_suffix: torch.norm_except_dim(weight, 2, 0), base + v_suffix: weight}
+
+
 def fold_state_dict(state: Mapping[str, torch.Tensor], dim: int = 0) -> dict[str, torch.Tensor]:
     """A copy of `state` with every weight-norm pair replaced by ``<m>.weight``.
 

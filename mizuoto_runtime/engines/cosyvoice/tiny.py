@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ...nn.decoder import DecoderConfig
+from ...nn import weight_norm
 from ..tiny import byte_alphabet, fan_in_std, write_json
 from .engine import SPK2INFO
 from .model import BLANK_EN, YAMLS, load_model
@@ -237,12 +238,7 @@ def _weight_normed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Plain weights back to upstream's parametrization pair (g = per-row norm, v = weight)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        if WEIGHT_NORMED.match(key):
-            base = key[: -len(".weight")]
-            out[base + ".parametrizations.weight.original0"] = torch.norm_except_dim(value, 2, 0)
-            out[base + ".parametrizations.weight.original1"] = value
-        else:
-            out[key] = value
+        out.update(weight_norm.unfold(key, value) if WEIGHT_NORMED.match(key) else {key: value})
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ...nn import weight_norm
 from .codec import CodecConfig, CodecDecoder, CodecEncoder, TransformerConfig
 from .config import DualARConfig
 from .dual_ar import FastTransformer, SlowTransformer
@@ -87,15 +88,6 @@ def _dual_ar(cfg: DualARConfig, g: torch.Generator) -> dict[str, Tensor]:
     return {**slow.state_dict(), **{k: v for k, v in fast.state_dict().items()}}
 
 
-def _unfold(key: str, weight: Tensor, legacy: bool) -> dict[str, Tensor]:
-    """A conv weight as weight norm stores it: g = |w| per output (dim 0), v = w."""
-    g = weight.flatten(1).norm(dim=1).view(-1, *([1] * (weight.dim() - 1)))
-    base = key[: -len(".weight")]
-    if legacy:
-        return {f"{base}.weight_g": g, f"{base}.weight_v": weight}
-    return {f"{base}.parametrizations.weight.original0": g, f"{base}.parametrizations.weight.original1": weight}
-
-
 def _codec_state(g: torch.Generator) -> dict[str, Tensor]:
     encoder, decoder = CodecEncoder(CODEC), CodecDecoder(CODEC)
     _randomize(encoder, g)
@@ -116,7 +108,7 @@ def _codec_state(g: torch.Generator) -> dict[str, Tensor]:
             continue
         is_conv = key.endswith("conv.weight") and not key.startswith("quantizer.")
         is_proj = key.endswith(("in_proj.weight", "out_proj.weight")) and value.dim() == 3
-        state.update(_unfold(key, value, legacy=is_proj) if is_conv or is_proj else {key: value})
+        state.update(weight_norm.unfold(key, value, legacy=is_proj) if is_conv or is_proj else {key: value})
     return {k: v.contiguous() for k, v in state.items()}
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ...nn import weight_norm
 from .bert import BERT_FOLDER
 from .sv import ERes2NetV2, SVConfig
 from .t2s import T2SConfig, Text2Semantic
@@ -58,10 +59,10 @@ def _legacy_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     out = {}
     for key, value in state.items():
         if WEIGHT_NORMED.match(key):
-            stem = key[: -len("weight")]
-            norm = torch.norm_except_dim(value, 2, 0)
-            out[stem + "weight_g"] = (norm * torch.empty_like(norm).uniform_(0.9, 1.3)).half()
-            out[stem + "weight_v"] = value.half()
+            pair = weight_norm.unfold(key, value, legacy=True)
+            g_key, v_key = pair
+            out[g_key] = (pair[g_key] * torch.empty_like(pair[g_key]).uniform_(0.9, 1.3)).half()
+            out[v_key] = value.half()
         else:
             out[key] = value.half()
     return out

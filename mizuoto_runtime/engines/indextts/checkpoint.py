@@ -43,15 +43,6 @@ def load_torch(path: Path) -> Any:
         raise MizuotoError(f"{path}: cannot be read as a weights-only torch file ({exc})") from exc
 
 
-def state_dict_of(obj: Any, path: Path, wrappers: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    for key in wrappers:
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise MizuotoError(f"{path}: expected a state_dict of tensors")
-    return obj
-
-
 def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,
               ignore: re.Pattern[str] | None = None) -> None:
     """Strict load with one clear error naming missing, unexpected and mis-shaped tensors.

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from ...errors import MizuotoError
+from ...nn.checkpoint import load_state_dict
 from .bigvgan import BigVGAN, BigVGANConfig
 from .campplus import CAMPPlus, CAMPPlusSizes
-from .checkpoint import IGNORED_GPT_KEYS, load_into, load_torch, read_config, state_dict_of
+from .checkpoint import IGNORED_GPT_KEYS, load_into, load_torch, read_config
 from .s2mel import S2Mel, gpt_projection
 from .semantic_codec import CodecConfig, SemanticCodec
 from .unified_voice import GPTConfig, UnifiedVoice
@@ -64,7 +65,7 @@ def feature_width(layout: Layout) -> int:
 def load_gpt(layout: Layout) -> UnifiedVoice:
     path = layout.file("gpt_checkpoint", "gpt.pth")
     model = UnifiedVoice(GPTConfig.from_yaml(layout.config["gpt"]), feature_width(layout))
-    load_into(model, state_dict_of(load_torch(path), path, ("model",)), str(path), IGNORED_GPT_KEYS)
+    load_into(model, load_state_dict(path, wrappers=("model",)), str(path), IGNORED_GPT_KEYS)
     return model.eval()
 
 
@@ -93,7 +94,7 @@ def load_codec(layout: Layout) -> SemanticCodec:
 
 def load_campplus(layout: Layout) -> CAMPPlus:
     path = layout.aux("campplus")
-    state = state_dict_of(load_torch(path), path, ())
+    state = load_state_dict(path, wrappers=())
     model = CAMPPlus(CAMPPlusSizes.from_state(state))
     load_into(model, state, str(path))
     return model.eval()
@@ -105,7 +106,7 @@ def load_bigvgan(layout: Layout) -> BigVGAN:
         raise MizuotoError(f"IndexTTS-2 BigVGAN folder lacks config.json: {folder}")
     path = folder / "bigvgan_generator.pt"
     model = BigVGAN(BigVGANConfig.read(folder / "config.json"))
-    load_into(model, state_dict_of(load_torch(path), path, ("generator",)), str(path))
+    load_into(model, load_state_dict(path, wrappers=("generator",)), str(path))
     return model.eval()
 
 

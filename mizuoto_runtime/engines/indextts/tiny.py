@@ -16,6 +16,7 @@ import torch
 import yaml
 from torch import nn
 
+from ...nn import weight_norm
 from ..tiny import fan_in_std, write_json
 from .bigvgan import BigVGAN, BigVGANConfig
 from .campplus import CAMPPlus, CAMPPlusSizes
@@ -103,12 +104,8 @@ def weight_normed(state: dict[str, torch.Tensor], pattern: re.Pattern[str]) -> d
     """Plain weights of the layers `pattern` names as the weight_g / weight_v pairs they are stored as."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        if pattern.match(key):
-            base = key[: -len("weight")]
-            out[base + "weight_g"] = value.flatten(1).norm(dim=1).view(-1, *([1] * (value.ndim - 1))).clone()
-            out[base + "weight_v"] = value.clone()
-        else:
-            out[key] = value.clone()
+        pairs = weight_norm.unfold(key, value, legacy=True) if pattern.match(key) else {key: value}
+        out.update({k: v.clone() for k, v in pairs.items()})
     return out
 
 
