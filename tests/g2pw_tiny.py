@@ -33,7 +33,7 @@ PINYIN = {"ㄒㄧㄥ": "xing", "ㄏㄤ": "hang", "ㄔㄤ": "chang", "ㄓㄤ": "z
           "ㄨㄟ": "wei", "ㄉㄧ": "di", "ㄉㄚ": "da", "ㄉㄞ": "dai", "ㄏㄜ": "he", "ㄋㄧ": "ni", "ㄇㄣ": "men",
           "ㄊㄧㄢ": "tian", "ㄕ": "shi", "ㄨㄛ": "wo"}
 VOCAB = 256  # at least every tokenizer vocabulary the tests give it
-HIDDEN, LAYERS, HEADS, INTERMEDIATE, POSITIONS = 128, 2, 2, 256, 128  # 64 KB matrices: they stream
+HIDDEN, LAYERS, HEADS, INTERMEDIATE, POSITIONS = 128, 2, 2, 256, 512  # 64 KB matrices: they stream
 
 
 def labels() -> list[str]:

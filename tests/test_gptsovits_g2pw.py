@@ -27,7 +27,7 @@ SENTENCES = ["我们在银行长大了，还得好好学习。", "他长得很�
              "为了你，我着急地走在地上。", "中国队打中了，我和你相似。"]
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(48000) / 6.0).unsqueeze(0), 16000)
 SAMPLING = Sampling(seed=5, top_k=15, top_p=1.0, temperature=1.0, repetition_penalty=1.35, max_new_tokens=12)
-TARGET = "大家都来了，还得重新长大。"  # 都, 了, 还, 长: g2pW (seed 1) and pypinyin differ
+TARGET = "大家都来了，还得长大。他长得很重，行不行？音乐让我很快乐。"  # g2pW (seed 1) and pypinyin differ
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_polyphones_are_read_by_the_network(made: Path) -> None:
     tables = g2pw.read_tables(made / "seed1" / g2pw.FOLDER)
     changed = 0
     for sentence, a, b in zip(SENTENCES, first, second):
-        taiwan = g2pw._to_taiwan().convert(sentence)
+        taiwan = g2pw.to_taiwan(sentence)
         assert len(a) == len(b) == len(sentence)
         for char, ra, rb in zip(taiwan, a, b):
             if char in tables.polyphonic:
@@ -89,7 +89,7 @@ def test_the_converted_graph_equals_onnxruntime(made: Path) -> None:
     session = ort.InferenceSession(str(folder / "g2pW.onnx"), providers=["CPUExecutionProvider"])
     tokenizer = AutoTokenizer.from_pretrained(str(made / "tokenizer"))
     for sentence in SENTENCES:
-        taiwan = g2pw._to_taiwan().convert(sentence)
+        taiwan = g2pw.to_taiwan(sentence)
         asked = [i for i, c in enumerate(taiwan) if c in tables.polyphonic]
         for batch in g2pw.inputs(tokenizer, tables, taiwan, asked):
             expected = session.run(None, {k: v.numpy() for k, v in batch.items()})[0]
@@ -97,6 +97,21 @@ def test_the_converted_graph_equals_onnxruntime(made: Path) -> None:
                 found = net(batch).numpy()
             assert abs(found - expected).max() < 1e-5, sentence
             assert (found.argmax(1) == expected.argmax(1)).all(), sentence
+
+
+def test_a_text_over_512_tokens_is_cut_around_each_query(made: Path) -> None:
+    """Upstream's cut: 510 tokens around each query, kept inside the text; each query's position
+    points at its own character."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(made / "tokenizer"))
+    tables = g2pw.read_tables(made / "seed1" / g2pw.FOLDER)
+    text = "行" + "我們" * 400 + "長"
+    batches = g2pw.inputs(tokenizer, tables, text, [0, len(text) - 1])
+    assert [tuple(b["input_ids"].shape) for b in batches] == [(1, g2pw.MAX_TOKENS)] * 2
+    for batch, char in zip(batches, "行長"):
+        assert batch["input_ids"][0, batch["position_ids"][0]] == tokenizer.convert_tokens_to_ids(char)
+    assert batches[0]["position_ids"].tolist() == [1] and batches[1]["position_ids"].tolist() == [510]
 
 
 def test_fixed_readings_are_put_over_the_network() -> None:

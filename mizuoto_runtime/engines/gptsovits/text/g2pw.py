@@ -27,9 +27,12 @@ own phase per request, so its memory is counted, placed and streamed like every 
 weight streams (M13): those layers are the units (M12), the embeddings and norms the fixed part.
 Run in float32 whatever the engine's dtype: the file's precision, the readings upstream gets.
 
-Differences from upstream: upstream runs texts that repeat in one padded batch and else each
-text alone; here each distinct text runs alone with all its queries (the same numbers up to
-float rounding). ``char_bopomofo_dict.json`` is not read (upstream loads it and reads the same
+Differences from upstream: upstream runs the texts of a call in one padded batch, or, when one
+repeats (its ``g2pw_sentence_dedup``, on by default), each distinct text alone with all its
+queries; here each distinct text always runs alone with its queries (the same numbers up to float
+rounding). For a sentence over 510 tokens with several polyphones that dedup runs every query on
+the first query's cut, each query's position then pointing into the wrong cut; here each query
+gets its own cut, as upstream does with dedup off. ``char_bopomofo_dict.json`` is not read (upstream loads it and reads the same
 pypinyin reading whether a character is in it or not), and ``config.py`` is read as literals
 (``use_mask``, ``use_char_phoneme``), never executed. A reading whose bopomofo has no pinyin in
 the table (upstream would stop on it) takes pypinyin's.
@@ -72,7 +75,7 @@ MAX_TOKENS = 512
 POLYPHONIC_FILE = Path(__file__).with_name("polyphonic.tsv")
 TRADITIONAL_FILE = Path(__file__).with_name("traditional.tsv")
 HEAD_SIZE = 64  # BERT's attention head width, to size the scores from the hidden width (M45)
-ACTIVATION_COPIES = 6  # hidden-wide tensors of one layer in flight, measured on the tiny graph
+ACTIVATION_COPIES = 6  # hidden-wide tensors of one layer in flight (an estimate, not fitted)
 
 Predict = Callable[[list[dict[str, torch.Tensor]]], list[torch.Tensor]]
 
@@ -312,10 +315,10 @@ def memory(net: G2PWNet, tokens: int, queries: int, n_labels: int) -> int:
 _WORD = re.compile(r" +|[a-zA-Z0-9]+|.", re.S)
 
 
-def tokenize(tokenizer: Any, text: str) -> tuple[list[str], list[int | None], list[tuple[int, int]]]:
+def tokenize(tokenizer: Any, text: str) -> tuple[list[str], list[int | None]]:
     """Tokens of `text` as upstream makes them (spaces dropped, an ASCII letter/digit run one
     word, any other character one word, each word tokenized alone, a word of no token or only
-    unknowns one ``[UNK]``), each character's token index, and each token's character span."""
+    unknowns one ``[UNK]``) and each character's token index (None for a space)."""
     tokens: list[str] = []
     spans: list[tuple[int, int]] = []
     char_token: list[int | None] = []
@@ -341,7 +344,7 @@ def tokenize(tokenizer: Any, text: str) -> tuple[list[str], list[int | None], li
     for index, (start, end) in enumerate(spans):
         for position in range(start, end):
             char_token[position] = index
-    return tokens, char_token, spans
+    return tokens, char_token
 
 
 def _window(tokens: list[str], at: int) -> tuple[list[str], int]:
@@ -356,7 +359,7 @@ def inputs(tokenizer: Any, tables: Tables, text: str, queries: Sequence[int]) ->
     """The network's inputs for the polyphones at `queries` of `text`: one batch for a text that
     fits (its queries share the encoder row), else one per query with its own cut."""
     text = text.lower()
-    tokens, char_token, _ = tokenize(tokenizer, text)
+    tokens, char_token = tokenize(tokenizer, text)
     at = [char_token[q] for q in queries]
     if any(a is None for a in at):
         raise ValueError(f"g2pW: a polyphone of {text!r} has no token")
@@ -380,15 +383,23 @@ def inputs(tokenizer: Any, tables: Tables, text: str, queries: Sequence[int]) ->
 
 # ---- readings --------------------------------------------------------------------------------------
 @cache
-def _to_taiwan() -> Any:
+def _taiwan_converter() -> Any:
     import opencc
 
     return opencc.OpenCC("s2tw")
 
 
+def to_taiwan(text: str) -> str:
+    """`text` in Taiwan's traditional characters (OpenCC ``s2tw``), as g2pW reads it."""
+    taiwan = _taiwan_converter().convert(text)
+    if len(taiwan) != len(text):
+        raise ValueError(f"OpenCC changed the length of {text!r} to {taiwan!r}")
+    return taiwan
+
+
 class Polyphones:
-    """Per character of each sentence, its pinyin (``TONE3``, neutral tone 5; a mark: itself). `predict` runs the network on a list of inputs (the engine runs
-    it in the ``g2pw`` phase)."""
+    """Per character of each sentence, its pinyin (``TONE3``, neutral tone 5; a mark: itself).
+    `predict` runs the network on a list of inputs (the engine runs it in the ``g2pw`` phase)."""
 
     def __init__(self, tables: Tables, tokenizer: Any, predict: Predict) -> None:
         self.tables = tables
@@ -417,13 +428,10 @@ class Polyphones:
         return readings, asked
 
     def __call__(self, sentences: Sequence[str]) -> list[list[str]]:
-        convert = _to_taiwan()
         results: list[list[str]] = []
         jobs: list[tuple[int, list[int], list[dict[str, torch.Tensor]], int]] = []
         for n, sentence in enumerate(sentences):
-            taiwan = convert.convert(sentence)
-            if len(taiwan) != len(sentence):
-                raise ValueError(f"OpenCC changed the length of {sentence!r} to {taiwan!r}")
+            taiwan = to_taiwan(sentence)
             readings, asked = self._known(taiwan, self._pypinyin(taiwan))
             results.append(readings)
             if asked:
