@@ -32,10 +32,10 @@ repeats (its ``g2pw_sentence_dedup``, on by default), each distinct text alone w
 queries; here each distinct text always runs alone with its queries (the same numbers up to float
 rounding). For a sentence over 510 tokens with several polyphones that dedup runs every query on
 the first query's cut, each query's position then pointing into the wrong cut; here each query
-gets its own cut, as upstream does with dedup off. ``char_bopomofo_dict.json`` is not read (upstream loads it and reads the same
-pypinyin reading whether a character is in it or not), and ``config.py`` is read as literals
-(``use_mask``, ``use_char_phoneme``), never executed. A reading whose bopomofo has no pinyin in
-the table (upstream would stop on it) takes pypinyin's.
+gets its own cut, as upstream does with dedup off. ``char_bopomofo_dict.json`` is not read
+(upstream loads it and reads the same pypinyin reading whether a character is in it or not), and
+``config.py`` is read as literals (``use_mask``, ``use_char_phoneme``), never executed. A reading
+whose bopomofo has no pinyin in the table (upstream would stop on it) takes pypinyin's.
 """
 from __future__ import annotations
 
