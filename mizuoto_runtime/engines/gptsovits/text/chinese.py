@@ -161,12 +161,17 @@ def _tools() -> tuple[Any, Any, Any]:
 
 
 def _erhua(initials: list[str], finals: list[str], word: str, pos: str) -> tuple[list[str], list[str]]:
-    """儿 after a syllable takes its tone (花儿 hua1 er1), except in adjectives, abbreviations and names."""
-    if finals and word[-1] == "儿" and finals[-1] == "er1":
+    """儿 after a syllable takes its tone (小孩儿 hai2 er2, 点儿 dian3 er3), except in adjectives,
+    abbreviations, names and the lexicon's ``not_erhua`` words (女儿, 花儿), unless ``must_erhua``
+    lists the word (媳妇儿)."""
+    if finals and word[len(finals) - 1] == "儿" and finals[-1] == "er1":
         finals[-1] = "er2"
-    if pos in {"a", "j", "nr"} or len(finals) != len(word):
+    not_erhua = sandhi.word_list("not_erhua")
+    if word not in sandhi.word_list("must_erhua") and (word in not_erhua or pos in {"a", "j", "nr"}):
         return initials, finals
-    if len(word) >= 2 and word[-1] == "儿" and finals[-1] in {"er2", "er5"}:
+    if len(finals) != len(word):
+        return initials, finals
+    if len(word) >= 2 and word[-1] == "儿" and finals[-1] in {"er2", "er5"} and word[-2:] not in not_erhua:
         finals[-1] = "er" + finals[-2][-1]
     return initials, finals
 
