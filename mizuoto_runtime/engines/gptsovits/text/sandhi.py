@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
+
+from . import lexicon
 
 Word = list[str]  # [word, part of speech]
 Finals = Callable[[str], list[str]]
@@ -33,38 +34,14 @@ DIRECTION = "来去"
 DIRECTION_BEFORE = "上下进出回过起开"
 MEASURE_BEFORE = "几有两半多各整每做是"
 YI_PUNCTUATION = "：，；。？！“”‘’':,;.?!"
-WORDS_FILE = Path(__file__).resolve().parent / "data" / "zh_tone_words.txt"
-WORD_LISTS = ("must_neutral", "must_not_neutral", "must_erhua", "not_erhua")
+WORDS_FILE = "zh_tone_words.txt"
 
 
 @cache
-def _word_lists() -> dict[str, frozenset[str]]:
-    """The lists of `WORDS_FILE`: a line ``[name]`` starts one, one word a line, ``#`` a comment."""
-    try:
-        lines = WORDS_FILE.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise FileNotFoundError(f"the Chinese tone lexicon {WORDS_FILE} cannot be read: {exc}") from exc
-    lists: dict[str, set[str]] = {}
-    current: set[str] | None = None
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = lists.setdefault(line[1:-1], set())
-        elif current is None:
-            raise ValueError(f"{WORDS_FILE}:{number}: a word before any [list] line")
-        else:
-            current.add(line)
-    missing = [name for name in WORD_LISTS if name not in lists]
-    if missing:
-        raise ValueError(f"{WORDS_FILE} lacks the lists {missing}")
-    return {name: frozenset(words) for name, words in lists.items()}
-
-
 def word_list(name: str) -> frozenset[str]:
-    """One of `WORD_LISTS`: ``must_neutral``, ``must_not_neutral``, ``must_erhua``, ``not_erhua``."""
-    return _word_lists()[name]
+    """A list of the lexicon `WORDS_FILE`: ``must_neutral``, ``must_not_neutral``, ``must_erhua``
+    or ``not_erhua``."""
+    return frozenset(lexicon.entries(WORDS_FILE, name))
 
 
 def _tone(final: str, tone: str) -> str:
