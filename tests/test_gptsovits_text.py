@@ -50,12 +50,6 @@ def test_pypinyin_strict_finals_make_whole_syllables() -> None:
                                                                             "yuan"]
 
 
-@pytest.mark.parametrize(("number", "read"), [(0, "零"), (10, "十"), (15, "十五"), (101, "一百零一"), (110, "一百一十"),
-                                              (1005, "一千零五"), (20000, "二万"), (123456, "十二万三千四百五十六")])
-def test_chinese_cardinals(number: int, read: str) -> None:
-    assert chinese.cardinal(number) == read
-
-
 def test_chinese_normalisation_reads_numbers_and_keeps_six_marks() -> None:
     assert chinese.normalize("2024年有3.5%的人，说“好！”") == "二零二四年有百分之三点五的人,说好!"
     assert chinese.normalize("ＡＢ：你好～～") == ",你好…"

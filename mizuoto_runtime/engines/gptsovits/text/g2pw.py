@@ -8,14 +8,14 @@ traditional characters (OpenCC ``s2tw``, what g2pW was trained on). A character 
 polyphonic table (``POLYPHONIC_CHARS.txt``, less a fixed list upstream reads with pypinyin) is
 asked of the network; one of its monophonic table (``MONOPHONIC_CHARS.txt``, less two) takes
 that reading; any other takes pypinyin's ``TONE3`` reading of the sentence turned back to
-simplified characters (`TRADITIONAL_FILE`, upstream's character table). The network's input is
+simplified characters (`zh_normalizer.to_simplified`, upstream's character table). The network's input is
 the sentence from 16 characters before its first polyphone to 16 after its last, tokenized by
 the chinese-roberta tokenizer (upstream passes its BERT folder as the tokenizer), ``[CLS]`` and
 ``[SEP]`` around it (texts over 512 tokens are cut around each query as upstream cuts them); a
 query is the polyphone's token position, its character id and a mask of its own readings. The
 most probable reading (bopomofo, tone digit last) becomes pinyin through
 ``bopomofo_to_pinyin_wo_tune_dict.json``. Then each word of jieba's cut takes GPT-SoVITS's fixed
-readings where it has them (`POLYPHONIC_FILE`: a whole word, else per character) — upstream's
+readings where it has them (`DATA_FILE`: a whole word, else per character) — upstream's
 ``correct_pronunciation`` — before tone sandhi.
 
 Memory (M1, M45): the network is ``g2pW.onnx`` converted to a torch module (``onnx2torch``), its
@@ -53,6 +53,8 @@ import torch
 from torch import nn
 
 from ....errors import CheckpointError
+from . import lexicon
+from .zh_normalizer import to_simplified
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,7 @@ NOT_POLYPHONIC = frozenset("一不和咋嗲剖差攢倒難奔勁拗肖瘙誒泊�
 NOT_MONOPHONIC = frozenset("似攢")
 CONTEXT_CHARS = 16  # characters kept on each side of a sentence's polyphones
 MAX_TOKENS = 512
-POLYPHONIC_FILE = Path(__file__).with_name("polyphonic.tsv")
-TRADITIONAL_FILE = Path(__file__).with_name("traditional.tsv")
+DATA_FILE = "g2pw.txt"  # data/g2pw.txt (`lexicon`): GPT-SoVITS's fixed readings
 HEAD_SIZE = 64  # BERT's attention head width, to size the scores from the hidden width (M45)
 ACTIVATION_COPIES = 6  # hidden-wide tensors of one layer in flight (an estimate, not fitted)
 
@@ -101,25 +102,14 @@ def missing(folder: Path) -> str | None:
 
 
 # ---- data ------------------------------------------------------------------------------------------
-def _data_lines(path: Path) -> list[list[str]]:
-    return [line.rstrip("\n").split("\t") for line in path.read_text(encoding="utf-8").splitlines()
-            if line and not line.startswith("#")]
-
-
 @cache
 def fixed_readings() -> dict[str, tuple[str, ...]]:
-    """GPT-SoVITS's fixed readings of words and characters (`POLYPHONIC_FILE`)."""
-    return {word: tuple(syllables.split(" ")) for word, syllables in _data_lines(POLYPHONIC_FILE)}
-
-
-@cache
-def _simplified() -> dict[str, str]:
-    return {traditional: simplified for traditional, simplified in _data_lines(TRADITIONAL_FILE)}
-
-
-def to_simplified(text: str) -> str:
-    table = _simplified()
-    return "".join(table.get(c, c) for c in text)
+    """GPT-SoVITS's fixed readings of words and characters (`DATA_FILE`)."""
+    found = {}
+    for entry in lexicon.entries(DATA_FILE, "fixed_readings"):
+        word, *syllables = entry.split()
+        found[word] = tuple(syllables)
+    return found
 
 
 def correct(word: str, readings: Sequence[str]) -> list[str]:
