@@ -86,6 +86,7 @@ def test_the_converted_graph_equals_onnxruntime(made: Path) -> None:
     folder = made / "seed1" / g2pw.FOLDER
     tables, net = g2pw.read_tables(folder), g2pw.load_net(folder)
     assert len(net.memory_units()) == g2pw_tiny.LAYERS * 6  # q, k, v, out, up, down: each its own layer
+    assert net.hidden_size == g2pw_tiny.HIDDEN
     session = ort.InferenceSession(str(folder / "g2pW.onnx"), providers=["CPUExecutionProvider"])
     tokenizer = AutoTokenizer.from_pretrained(str(made / "tokenizer"))
     for sentence in SENTENCES:
@@ -192,6 +193,9 @@ def test_the_engine_reads_polyphones_with_g2pw_and_names_the_fallback(
     assert caplog.text.count("no G2PWModel folder") == 1  # once, though three engines loaded
     shutil.copytree(voice / g2pw.FOLDER, alone / g2pw.FOLDER, ignore=shutil.ignore_patterns("*.onnx"))
     assert "has no g2pW.onnx" in _phonemes(alone, applied=True) and "has no g2pW.onnx" in caplog.text
+    (alone / g2pw.FOLDER / "g2pW.onnx").write_bytes(b"not a graph")
+    applied = _phonemes(alone, applied=True)
+    assert "g2pW.onnx: cannot be converted to a torch module" in applied and applied in caplog.text
 
 
 def _engine(folder: Path) -> tuple[Runtime, GptSovitsEngine]:

@@ -167,19 +167,22 @@ class GptSovitsEngine(Engine):
 
     def _optional_g2pw(self, pair: VoicePair) -> tuple[Any, g2pw.Tables | None, str]:
         """g2pW from the user's ``G2PWModel`` folder (`g2pw.PLACES`), with what reads Chinese
-        polyphones for `meta.applied`; without it pypinyin does, said once per reason in the log."""
+        polyphones for `meta.applied`; without it, or with a file missing or unreadable there,
+        pypinyin does, said once per reason in the log."""
         folder = g2pw.find_folder(pair.sovits.parent)
         lacking = g2pw.missing(folder) if folder is not None else \
             f"no {g2pw.FOLDER} folder beside the voice or up to two folders above it ({', '.join(g2pw.PLACES)})"
-        if lacking is not None:
-            source = f"{PINYIN_SOURCE}: {lacking}"
-            if source not in _SAID:
-                _SAID.add(source)
-                log.warning("GPT-SoVITS: Chinese polyphones are read with %s; upstream reads them with g2pW", source)
-            return None, None, source
-        assert folder is not None
-        tables = g2pw.read_tables(folder)
-        return self.register(g2pw.load_net(folder), "g2pw"), tables, f"g2pW ({folder})"
+        if lacking is None and folder is not None:
+            try:
+                tables, net = g2pw.read_tables(folder), g2pw.load_net(folder)
+                return self.register(net, "g2pw"), tables, f"g2pW ({folder})"
+            except CheckpointError as exc:  # a file the converter or the tables cannot read: the voice still speaks
+                lacking = str(exc)
+        source = f"{PINYIN_SOURCE}: {lacking}"
+        if source not in _SAID:
+            _SAID.add(source)
+            log.warning("GPT-SoVITS: Chinese polyphones are read with %s; upstream reads them with g2pW", source)
+        return None, None, source
 
     def polyphones(self, ctx: Any) -> g2pw.Polyphones | None:
         """g2pW's readings for the frontend, its network run in the ``g2pw`` phase (None: pypinyin)."""

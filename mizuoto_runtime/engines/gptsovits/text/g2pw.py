@@ -40,6 +40,7 @@ whose bopomofo has no pinyin in the table (upstream would stop on it) takes pypi
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import json
 import logging
@@ -76,7 +77,11 @@ CONTEXT_CHARS = 16  # characters kept on each side of a sentence's polyphones
 MAX_TOKENS = 512
 DATA_FILE = "g2pw.txt"  # data/g2pw.txt (`lexicon`): GPT-SoVITS's fixed readings
 HEAD_SIZE = 64  # BERT's attention head width, to size the scores from the hidden width (M45)
-ACTIVATION_COPIES = 6  # hidden-wide tensors of one layer in flight (an estimate, not fitted)
+# M45: hidden-wide tensors of a layer in flight, and copies of its attention scores (softmax's
+# input and output); 1.3-1.5x the peak of live activations walking the tiny graph's nodes (40 and
+# 400 tokens).
+ACTIVATION_COPIES = 4
+SCORE_COPIES = 2
 
 Predict = Callable[[list[dict[str, torch.Tensor]]], list[torch.Tensor]]
 
@@ -240,7 +245,9 @@ class G2PWNet(nn.Module):
 
     @property
     def hidden_size(self) -> int:
-        return max((u.weight.shape[0] for u in self._units), default=0)
+        """The encoder's width: the input width most of its matrices have (q, k, v, out, up)."""
+        widths = collections.Counter(int(u.weight.shape[0]) for u in self._units)
+        return widths.most_common(1)[0][0] if widths else 0
 
     def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         order = ("input_ids", "token_type_ids", "attention_mask", "phoneme_mask", "char_ids", "position_ids")
@@ -282,12 +289,14 @@ def _own_matmuls(graph: Any) -> list[ConstMatMul]:
 def load_net(folder: Path) -> G2PWNet:
     """``g2pW.onnx`` as a torch module in float32 (see the module doc)."""
     import onnx
+    from google.protobuf.message import DecodeError
     from onnx2torch import convert
 
     path = next(folder / name for name in GRAPH_FILES if (folder / name).is_file())
     try:
         graph = convert(onnx.load(str(path)))
-    except (OSError, ValueError, NotImplementedError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
+    except (OSError, ValueError, NotImplementedError, DecodeError,
+            onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
         raise CheckpointError(f"{path}: cannot be converted to a torch module ({exc})") from exc
     net = G2PWNet(graph, _own_matmuls(graph)).float().eval()
     return net
@@ -298,7 +307,8 @@ def memory(net: G2PWNet, tokens: int, queries: int, n_labels: int) -> int:
     attention scores of every head, and the queries' rows."""
     hidden = net.hidden_size
     heads = max(1, hidden // HEAD_SIZE)
-    return 4 * ((ACTIVATION_COPIES + 4) * tokens * hidden + heads * tokens * tokens + queries * (hidden + n_labels))
+    return 4 * ((ACTIVATION_COPIES + 4) * tokens * hidden + SCORE_COPIES * heads * tokens * tokens
+                + queries * (hidden + n_labels))
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
