@@ -2,7 +2,9 @@
 layout: phases place only their components and a cached voice places no prompt encoder (M1, M4);
 every placement equals the plain run with beams on (M57); an injected OOM reruns exactly (M40);
 the GPT-2 `Conv1D` leaves stream only because they declare it (M13); the beams share one copy of
-each streamed unit per step (M18); emotion inputs change the result and are cached."""
+each streamed unit per step (M18); emotion inputs change the result and are cached, and follow
+upstream's infer (the voice's own emotion, use_random, emotion text sampled before the decoding);
+the GPT in bfloat16 keeps every placement exact (M57)."""
 from __future__ import annotations
 
 import dataclasses

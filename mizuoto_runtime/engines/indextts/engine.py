@@ -4,13 +4,16 @@ Components (M1), each a handle:
 * voice prompt — ``w2v_bert`` (w2v-BERT 2.0, 17 layers), ``semantic_codec`` (its encoder and
   quantizer), ``campplus`` (CAM++), ``conditioning`` (the GPT's speaker and emotion encoders);
   placed once per reference voice and cached (M4): a second request with the same voice places
-  none of them. An emotion reference audio is prompted the same way (w2v-BERT + conditioning),
-  cached too.
+  none of them. w2v-BERT reads the reference twice, as upstream: resampled from 22.05 kHz for the
+  voice, and loaded at 16 kHz for its own emotion. An emotion reference audio is prompted the
+  same way (w2v-BERT + conditioning), cached too.
 * talker — ``talker``, a `sequence` handle whose units are the GPT-2 blocks (M11; transformers'
   `Conv1D` leaves, declared streamable, M13). Beam search runs the beams as rows of one batch,
   so each streamed unit is copied once per step whatever the beam count (M18). The phase also
   runs the full GPT forward for the latents and draws the flow's noise right after the codes,
-  so the random draws come in upstream's order.
+  so the random draws come in upstream's order. With float16 / bfloat16 the GPT (all of
+  UnifiedVoice) is in that dtype and its phases run under autocast, as upstream's use_fp16;
+  the rest stays float32.
 * flow — ``flow``, s2mel (`oneshot`): the CFG halves are one batch-2 estimator call per step,
   so they share each copy (M18).
 * emotion text — ``emotion_text``, the checkpoint's Qwen3 emotion model (`sequence`, float16 as
