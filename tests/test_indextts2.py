@@ -452,6 +452,23 @@ def test_random_emotion_rows_follow_the_seed(folder: Path) -> None:
     assert seeds, "some seed picks another row than the nearest"
 
 
+def test_the_console_flags_make_the_emotion() -> None:
+    """`mizuoto say`'s emotion flags: text for the emotion model, or the spoken text, with a random
+    variant; weights toned down with --emotion-balance; nothing set, no emotion."""
+    from mizuoto_runtime import cli
+    from mizuoto_runtime.engines.indextts.emotion import Emotion
+
+    def options(*flags: str) -> dict:
+        return cli._voice_options(cli._parser().parse_args(["say", "--engine", "indextts2", *flags, "hi"]))
+
+    assert options() == {}
+    assert options("--emotion-text", "so sad", "--emotion-strength", "0.5") == {
+        "emotion": Emotion(alpha=0.5, text="so sad", from_text=True)}
+    assert options("--emotion-from-text", "--emotion-random") == {
+        "emotion": Emotion(from_text=True, random=True)}
+    assert options("--emotion", "calm=1", "--emotion-balance") == {"emotion": Emotion(vector=(0,) * 7 + (0.5625,))}
+
+
 def test_balanced_weights_as_upstreams_web_ui() -> None:
     """normalize_emo_vec: biased per emotion, then scaled to a sum of at most 0.8."""
     from mizuoto_runtime.engines.indextts.emotion import Emotion, balanced

@@ -316,7 +316,8 @@ class IndexTTS2Engine(Engine):
                         seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> the emotion vector of one request, and the RNG state its decoding starts from (None:
         the seed's) when the emotion model sampled first. `emotion` (else the voice's) as
-        upstream's infer: text (None: the spoken text) through the emotion model, or weights,
+        upstream's infer: text (None: the spoken text, the chunk's when long text is cut) through
+        the emotion model, or weights,
         mixed from the emotion matrix; an audio's vector; or the voice's own."""
         emotion = emotion or voice.data.get("emotion")
         if emotion is None or not emotion.by_weights:
