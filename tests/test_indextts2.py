@@ -369,6 +369,76 @@ def test_emotion_text_runs_the_emotion_model_once_per_text_and_seed(folder: Path
     assert ("I am so sad today", SAMPLING.seed + 1) in engine.text_emotions
 
 
+def test_emotion_caches_keep_the_most_recent(folder: Path) -> None:
+    """The emotion text's readings (per text and seed) and the emotion audios' vectors are kept
+    for the last `EMOTIONS_KEPT` only: a reading past the limit drops the least recently used,
+    and a dropped one runs the emotion model again when asked for."""
+    from mizuoto_runtime.engines.indextts.engine import EMOTIONS_KEPT
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    assert engine.text_emotions.kept == engine.emotions.kept == EMOTIONS_KEPT
+    engine.text_emotions.kept = 2
+
+    def read(text: str) -> tuple[tuple[float, ...], bool]:
+        """The weights of `text` (seed 1), and whether the emotion model ran for them."""
+        ctx = rt.request(seed=1)
+        weights, _ = engine.emotion_from_text(ctx, text, 1)
+        return weights, "emotion text" in ctx.report.phases
+
+    first, ran = read("one")
+    assert ran and read("two")[1]
+    assert read("one") == (first, False)  # read again from the cache: now the newest
+    assert read("three")[1]
+    assert list(engine.text_emotions) == [("one", 1), ("three", 1)]  # "two" was the least recently used
+    weights, ran = read("two")
+    assert ran and list(engine.text_emotions) == [("three", 1), ("two", 1)]
+
+
+def test_the_emotion_models_answer_is_capped_with_a_warning(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The emotion model's answer stops at `max_answer_tokens` (256, upstream 32768) and its KV
+    estimate follows that cap (M46); a warning tells when an answer was cut there, none when the
+    answer ended before it."""
+    import logging
+
+    from mizuoto_runtime.engines.indextts.emotion_text import MAX_ANSWER_TOKENS
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    model = engine.emotion_model
+    assert model is not None and model.max_answer_tokens == MAX_ANSWER_TOKENS == 256
+    prompt = model.prompt("so sad").shape[1]
+
+    def cut() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "mizuoto_runtime.engines.indextts.emotion_text"]
+
+    model.max_answer_tokens = 5
+    config = model.model.generation_config
+    end, sampled = config.eos_token_id, config.do_sample
+    try:
+        with caplog.at_level(logging.WARNING, logger="mizuoto_runtime.engines.indextts.emotion_text"):
+            ctx = rt.request(seed=1)
+            engine.emotion_from_text(ctx, "so sad", 1)
+            assert ctx.report.phases["emotion text"]["kv_positions"] == prompt + 5
+            assert cut() == [
+                "indextts2: the emotion model's answer was cut at 5 tokens (the original IndexTTS-2 lets it run to "
+                "32768); the emotion is read from the part before the cut, so it and the speech may differ from "
+                "the original's"]
+            caplog.clear()
+            config.do_sample = False  # greedy: its first token is known, and made the end of the answer
+            with torch.inference_mode():
+                ids = model.prompt("so happy")
+                first = model.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1,
+                                             pad_token_id=model.tokenizer.eos_token_id)[0, -1].item()
+            config.eos_token_id = first
+            model.max_answer_tokens = 1  # an answer that ends right at the cap is not cut
+            engine.emotion_from_text(rt.request(seed=1), "so happy", 1)
+            assert cut() == []
+    finally:
+        model.max_answer_tokens, config.eos_token_id, config.do_sample = MAX_ANSWER_TOKENS, end, sampled
+        engine.text_emotions.clear()
+
+
 def test_the_decoding_draws_after_the_emotion_model(folder: Path) -> None:
     """Upstream seeds once, lets the emotion model sample, then decodes from the same random
     stream: with a greedy emotion model, text gives the codes of its weights given as a vector;

@@ -4,10 +4,21 @@ IndexTTS-2's eight weights, as upstream's QwenEmotion does: the chat prompt "文
 thinking off, the answer after the last </think>, JSON or else "name": value pairs, the
 melancholic-word swap of sad and melancholic, labels in English or Chinese, scores clamped to
 0..1.2, and calm = 1 when nothing is detected.
+
+One choice differs from upstream: the answer is cut at `MAX_ANSWER_TOKENS` (256) new tokens,
+where upstream lets it run to 32768. With thinking off the model answers a dict of eight scores
+(under 100 tokens), and the phase's KV cache is estimated at the cap (M46): at 32768 that
+estimate would be about 3.5 GiB for Qwen3 0.6B in float16 (28 layers x 2 x 8 KV heads x 128 x 2
+bytes a position) and would push the other models off the device for an answer of a few dozen
+tokens; an answer that runs past 256 has gone astray (upstream would spend minutes on it). When
+the cap is hit a warning says so: the weights are read from the first 256 tokens, and the
+decoding continues a random stream that is not upstream's. The tiny test model's random answers
+run to the cap.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +28,8 @@ from torch import nn
 
 from ...errors import MizuotoError
 
+log = logging.getLogger(__name__)
+
 PROMPT = "文本情感分类"
 ORDER = ("高兴", "愤怒", "悲伤", "恐惧", "反感", "低落", "惊讶", "自然")  # = emotion.EMOTIONS, in Chinese
 ENGLISH = dict(zip(ORDER, ("happy", "angry", "sad", "afraid", "disgusted", "melancholic", "surprised", "calm")))
@@ -25,7 +38,8 @@ ALIASES = ("emotion", "emotion_label", "label", "情感", "情绪")
 MAX_SCORE = 1.2
 END_THINK = "</think>"
 DTYPE = torch.float16  # upstream loads it so on every device (its answers depend on it)
-MAX_NEW_TOKENS = 256  # upstream allows 32768; eight scores in JSON take well under 100 tokens
+MAX_ANSWER_TOKENS = 256  # upstream: 32768; see the module docstring
+UPSTREAM_ANSWER_TOKENS = 32768
 
 
 def _label(value: Any) -> str | None:
@@ -72,8 +86,9 @@ def parse(answer: str, text: str) -> tuple[float, ...]:
 class EmotionModel(nn.Module):
     """The emotion LM as one component (its decoder layers are the units)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, max_answer_tokens: int = MAX_ANSWER_TOKENS) -> None:
         super().__init__()
+        self.max_answer_tokens = max_answer_tokens
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -93,13 +108,23 @@ class EmotionModel(nn.Module):
         return self.tokenizer([chat], return_tensors="pt").input_ids
 
     def answer(self, ids: torch.Tensor) -> str:
-        """Generate (the folder's generation config, as upstream) and decode after the last </think>."""
-        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS,
-                                  pad_token_id=self.tokenizer.eos_token_id)
+        """Generate (the folder's generation config, as upstream) and decode after the last </think>;
+        a warning when the answer reached `max_answer_tokens` without ending."""
+        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  max_new_tokens=self.max_answer_tokens, pad_token_id=self.tokenizer.eos_token_id)
         new = out[0, ids.shape[1]:].tolist()
+        if len(new) >= self.max_answer_tokens and new[-1] not in self.end_ids():
+            log.warning("indextts2: the emotion model's answer was cut at %d tokens (the original IndexTTS-2 lets "
+                        "it run to %d); the emotion is read from the part before the cut, so it and the speech "
+                        "may differ from the original's", self.max_answer_tokens, UPSTREAM_ANSWER_TOKENS)
         end = self.tokenizer.convert_tokens_to_ids(END_THINK)
         start = len(new) - new[::-1].index(end) if isinstance(end, int) and end in new else 0
         return self.tokenizer.decode(new[start:], skip_special_tokens=True)
+
+    def end_ids(self) -> set[int]:
+        """The tokens that end an answer (the generation config's, as generate stops at them)."""
+        end = self.model.generation_config.eos_token_id
+        return set(end) if isinstance(end, (list, tuple)) else {end} if end is not None else set()
 
     def kv_bytes(self, positions: int) -> int:
         cfg = self.model.config

@@ -6,7 +6,7 @@ Components (M1), each a handle:
   placed once per reference voice and cached (M4): a second request with the same voice places
   none of them. w2v-BERT reads the reference twice, as upstream: resampled from 22.05 kHz for the
   voice, and loaded at 16 kHz for its own emotion. An emotion reference audio is prompted the
-  same way (w2v-BERT + conditioning), cached too.
+  same way (w2v-BERT + conditioning), cached too (the last `EMOTIONS_KEPT` audios).
 * talker — ``talker``, a `sequence` handle whose units are the GPT-2 blocks (M11; transformers'
   `Conv1D` leaves, declared streamable, M13). Beam search runs the beams as rows of one batch,
   so each streamed unit is copied once per step whatever the beam count (M18). The phase also
@@ -19,7 +19,8 @@ Components (M1), each a handle:
 * emotion text — ``emotion_text``, the checkpoint's Qwen3 emotion model (`sequence`, float16 as
   upstream loads it), placed only when a request gives the emotion as text (`instruct`, or the
   spoken text); it samples from the request's seed and the decoding continues that random stream,
-  as upstream's; cached per text and seed.
+  as upstream's; cached per text and seed (the last `EMOTIONS_KEPT`). Its answer is cut at
+  `emotion_text.MAX_ANSWER_TOKENS` (upstream: 32768), and its KV cache estimated at that.
 * vocoder — ``vocoder``, BigVGAN v2 (`oneshot`). No `tiled_1d` fallback: it does not tile
   exactly with the runtime's tiles (256 mel frames, 32 crossfaded): never torch.equal; measured
   on a 700-frame mel, the tiles differ from the whole decode by up to 7.8e-1 of full scale inside
@@ -45,7 +46,8 @@ from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import pipeline
 from .components import CodecEncoder, Conditioning, Flow, Talker
 from .decoding import DecodeSettings
-from .emotion_text import MAX_NEW_TOKENS, EmotionModel, parse
+from ...lru import LruCache
+from .emotion_text import EmotionModel, parse
 from .emotion import EMOTIONS, Emotion
 from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .text import TextTokenizer
@@ -64,6 +66,10 @@ KV_TRANSIENT_LAYERS = 3  # per decoding step: one layer's old cache, its concate
 FLOW_HIDDEN_COPIES = 30  # the estimator's live activations per frame, in units of its hidden width
 VOCODER_STAGE_COPIES = 12  # BigVGAN's AMP blocks: 2x-rate activations and their temporaries
 SILENCE_MS = 200  # between segments, as upstream
+# Emotion vectors of emotion audios, and emotion text's readings (text, seed): the most recently
+# used kept, each about 5 KB (a 1280-wide vector; a CPU random state), so a session sweeping seeds
+# or audios holds a few hundred KB at most, while repeating a recent request skips its phase.
+EMOTIONS_KEPT = 64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
 
@@ -141,8 +147,8 @@ class IndexTTS2Engine(Engine):
         codec = load_codec(layout)
         self.s2mel = load_s2mel(layout)
         self.w2v = W2VBert(layout.aux("w2v_bert"), self.tables.w2v_mean, self.tables.w2v_std)
-        self.emotions: dict[str, torch.Tensor] = {}
-        self.text_emotions: dict[tuple[str, int], tuple[tuple[float, ...], torch.Tensor]] = {}
+        self.emotions: LruCache[str, torch.Tensor] = LruCache(EMOTIONS_KEPT)
+        self.text_emotions: LruCache[tuple[str, int], tuple[tuple[float, ...], torch.Tensor]] = LruCache(EMOTIONS_KEPT)
         self.emotion_dir = layout.qwen_emotion_dir
         self.emotion_model = (EmotionModel(self.emotion_dir)
                               if (self.emotion_dir / "config.json").is_file() else None)
@@ -268,16 +274,17 @@ class IndexTTS2Engine(Engine):
         if emotion is None or emotion.audio is None:
             return voice.data.get("emotion_vector", voice.data["own_emotion"])
         key = f"{voice.key}:{emotion.key()}"
-        if key not in self.emotions:
+        cached = self.emotions.get(key)
+        if cached is None:
             wav, base = self.emotion_audio(emotion.audio), voice.data["base_emotion"]
 
             @torch.inference_mode()
             def run() -> torch.Tensor:
                 return self.merged_emotion(base.to(self.device), wav, emotion.alpha).cpu()
 
-            self.emotions[key] = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run,
-                                         self.prompt_memory(wav.shape[-1]))
-        return self.emotions[key]
+            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run, self.prompt_memory(wav.shape[-1]))
+            self.emotions[key] = cached
+        return cached
 
     def emotion_from_text(self, ctx: Any, text: str, seed: int) -> tuple[tuple[float, ...], torch.Tensor]:
         """The eight emotion weights the checkpoint's emotion model reads in `text`, and the RNG
@@ -286,7 +293,8 @@ class IndexTTS2Engine(Engine):
         if self.emotion_model is None:
             raise MizuotoError(f"indextts2: emotion from text needs the emotion model in "
                                f"{self.emotion_dir} (qwen0.6bemo4-merge/ of IndexTeam/IndexTTS-2)")
-        if (text, seed) not in self.text_emotions:
+        cached = self.text_emotions.get((text, seed))
+        if cached is None:
             model = self.emotion_model
             ids = model.prompt(text)
 
@@ -296,11 +304,14 @@ class IndexTTS2Engine(Engine):
                     answer = model.answer(ids.to(self.device))
                     return answer, self.rng_state()
 
-            answer, state = ctx.run("emotion text", [self.emotion_text], run,
-                                    model.kv_bytes(ids.shape[1] + MAX_NEW_TOKENS))
-            self.text_emotions[(text, seed)] = parse(answer, text), state
-            log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, self.text_emotions[(text, seed)][0])))
-        return self.text_emotions[(text, seed)]
+            positions = ids.shape[1] + model.max_answer_tokens
+            ctx.report.add_phase("emotion text", kv_positions=positions,
+                                 kv_cache_mb=round(model.kv_bytes(positions) / 2**20, 3))
+            answer, state = ctx.run("emotion text", [self.emotion_text], run, model.kv_bytes(positions))
+            cached = parse(answer, text), state
+            self.text_emotions[(text, seed)] = cached
+            log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, cached[0])))
+        return cached
 
     def rng_state(self) -> torch.Tensor:
         """The state of the generator this engine's sampling draws from (its device's)."""
