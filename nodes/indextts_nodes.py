@@ -60,8 +60,9 @@ class MizuotoEmotion(io.ComfyNode):
                 *(io.Float.Input(name, default=0.0, min=0.0, max=1.2, step=0.05, tooltip=f"Weight of {name}")
                   for name in EMOTIONS),
                 io.String.Input("emotion_text", optional=True, default="",
-                                tooltip="A sentence whose emotion the model's emotion reader takes; used when no "
-                                        "emotion_audio is connected and every weight is 0"),
+                                tooltip="A sentence whose emotion the checkpoint's emotion model reads (its folder "
+                                        "qwen0.6bemo4-merge); used when no emotion_audio is connected and every "
+                                        "weight is 0"),
                 io.Boolean.Input("random", optional=True, default=False,
                                  tooltip="A random variant of each emotion (fixed by the seed) instead of the one "
                                          "closest to the voice"),

@@ -2,8 +2,11 @@
 published layout) under the server's `models/mizuoto/`, and the example workflow "Voice Clone -
 IndexTTS-2, step by step (with an emotion)" — Load TTS Engine (with Memory Settings for a small
 simulated GPU) → LoadAudio → Voice Clone → Emotion (IndexTTS-2) → Text → Speech Codes → Speech
-Codes → Audio → Save Audio (WAV) — that saves audio; and the one-node Text to Speech with an emotion.
-The checkpoint is written by ComfyUI's Python into the server's temporary base folder."""
+Codes → Audio → Save Audio (WAV) — that saves audio; the same graph with the Emotion node's
+other inputs (a sentence read by the checkpoint's tiny emotion model; weights with a random
+variant, toned down by `balance`); and the one-node Text to Speech with an emotion, weights or
+read from the spoken text. The checkpoint is written by ComfyUI's Python into the server's
+temporary base folder."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -56,26 +59,56 @@ def saved_audio(server: ComfyServer, prompt: dict[str, Any]) -> tuple[dict[str, 
     return history, saved[0]
 
 
-def test_the_example_workflow_clones_with_an_emotion_and_saves_audio(server: ComfyServer) -> None:
+def example_workflow(server: ComfyServer, **emotion: Any) -> dict[str, Any]:
+    """The example workflow as an API prompt on the small simulated GPU, its Emotion node's
+    inputs updated with `emotion`."""
     prompt = ui_to_api(json.loads(WORKFLOW.read_text()), server.get("/object_info"))
     prompt["80"] = memory_settings(SIMULATED_MB)
     nodes = {n["class_type"]: n["inputs"] for n in prompt.values()}
     nodes["MizuotoEngineLoader"].update(memory=["80", 0])
     nodes["LoadAudio"]["audio"] = REFERENCE_WAV
     nodes["MizuotoTalker"].update(text="hello tiny model. this is a test!", seed=3, max_new_tokens=12)
-    history, _ = saved_audio(server, prompt)
+    nodes["MizuotoEmotion"].update(emotion)
+    return prompt
+
+
+def talker_text(prompt: dict[str, Any], history: dict[str, Any]) -> str:
     by_type = {prompt[node]["class_type"]: output for node, output in history["outputs"].items()}
-    talker = by_type["MizuotoTalker"]["text"][0]
+    return by_type["MizuotoTalker"]["text"][0]
+
+
+def test_the_example_workflow_clones_with_an_emotion_and_saves_audio(server: ComfyServer) -> None:
+    prompt = example_workflow(server)
+    history, _ = saved_audio(server, prompt)
+    talker = talker_text(prompt, history)
     assert "talker" in talker and "streamed" in talker, talker
     names = {m["name"] for m in server.get("/mizuoto/runtime")["models"]}
     assert {"w2v_bert", "talker", "flow", "vocoder"} <= names
 
 
-def test_text_to_speech_takes_an_emotion(server: ComfyServer) -> None:
+def test_the_emotion_node_reads_a_sentences_emotion(server: ComfyServer) -> None:
+    """Every weight 0 and an emotion_text: the checkpoint's emotion model reads it when the talker
+    runs (the request's seed), under its own handle, and the graph saves audio."""
+    prompt = example_workflow(server, happy=0.0, emotion_text="I am so sad today", random=True)
+    history, _ = saved_audio(server, prompt)
+    talker = talker_text(prompt, history)
+    assert "emotion_text" in talker, talker  # its line in the talker node's memory text
+    names = {m["name"] for m in server.get("/mizuoto/runtime")["models"]}
+    assert "emotion_text" in names
+
+
+def test_the_emotion_node_takes_random_balanced_weights(server: ComfyServer) -> None:
+    prompt = example_workflow(server, happy=0.6, surprised=0.9, random=True, balance=True)
+    history, _ = saved_audio(server, prompt)
+    assert "emotion_text" not in talker_text(prompt, history)
+
+
+@pytest.mark.parametrize("emotion", [{"emotion": "sad=0.8"}, {"emotion_from_text": True}], ids=["weights", "from_text"])
+def test_text_to_speech_takes_an_emotion(server: ComfyServer, emotion: dict[str, Any]) -> None:
     prompt = {
         "2": node(server, "LoadAudio", audio=REFERENCE_WAV),
         "3": node(server, "MizuotoTTS", text="hello tiny model.", seed=3, max_new_tokens=12, reference=["2", 0],
-                  engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", emotion="sad=0.8"),
+                  engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", **emotion),
         "4": node(server, "MizuotoSaveWav", audio=["3", 0], filename_prefix="audio/indextts2_tts"),
     }
     saved_audio(server, prompt)
