@@ -397,7 +397,7 @@ def test_emotion_caches_keep_the_most_recent(folder: Path) -> None:
 
 def test_the_emotion_models_answer_is_capped_with_a_warning(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The emotion model's answer stops at `max_answer_tokens` (256, upstream 32768) and its KV
-    estimate follows that cap (M46); a warning tells when an answer was cut there, none when the
+    estimate follows that cap, a growing cache's peak (M46); a warning tells when an answer was cut there, none when the
     answer ended before it."""
     import logging
 
@@ -420,6 +420,8 @@ def test_the_emotion_models_answer_is_capped_with_a_warning(folder: Path, caplog
             ctx = rt.request(seed=1)
             engine.emotion_from_text(ctx, "so sad", 1)
             assert ctx.report.phases["emotion text"]["kv_positions"] == prompt + 5
+            # the tiny model's cache: 2 layers and one layer's concatenation, 2 KV heads of 16, float16
+            assert model.kv_bytes(prompt + 5) == (2 + 1) * (prompt + 5) * 2 * 2 * 16 * 2
             assert cut() == [
                 "indextts2: the emotion model's answer was cut at 5 tokens (the original IndexTTS-2 lets it run to "
                 "32768); the emotion is read from the part before the cut, so it and the speech may differ from "

@@ -192,7 +192,8 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                     "it), with w2v-bert-2.0, the MaskGCT semantic codec, CAM++ and BigVGAN in its "
                                     "hf_cache/ folder (see the README), then press R to refresh the lists. Load 5-15 s "
                                     "of clear speech of the voice to clone. Emotion sets how it speaks: a mix of eight "
-                                    "emotions, or the emotion of a second recording connected to it."}),
+                                    "emotions, the emotion of a second recording connected to it, or the "
+                                    "emotion its emotion model reads in a sentence (emotion_text)."}),
             (2, "MizuotoEngineLoader", 0, {"engine": "indextts2", "checkpoint": "IndexTTS-2", "dtype": "float32"}),
             (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
             (4, "MizuotoVoicePrompt", 1, {}),

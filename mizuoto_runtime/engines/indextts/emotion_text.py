@@ -8,8 +8,8 @@ melancholic-word swap of sad and melancholic, labels in English or Chinese, scor
 One choice differs from upstream: the answer is cut at `MAX_ANSWER_TOKENS` (256) new tokens,
 where upstream lets it run to 32768. With thinking off the model answers a dict of eight scores
 (under 100 tokens), and the phase's KV cache is estimated at the cap (M46): at 32768 that
-estimate would be about 3.5 GiB for Qwen3 0.6B in float16 (28 layers x 2 x 8 KV heads x 128 x 2
-bytes a position) and would push the other models off the device for an answer of a few dozen
+estimate would be about 3.6 GiB for Qwen3 0.6B in float16 (28 layers, and one more during a
+step, x keys and values x 8 KV heads x 128 x 2 bytes a position) and would push the other models off the device for an answer of a few dozen
 tokens; an answer that runs past 256 has gone astray (upstream would spend minutes on it). When
 the cap is hit a warning says so: the weights are read from the first 256 tokens, and the
 decoding continues a random stream that is not upstream's. The tiny test model's random answers
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ...errors import MizuotoError
+from ...nn.kv_cache import peak_bytes
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class EmotionModel(nn.Module):
         return set(end) if isinstance(end, (list, tuple)) else {end} if end is not None else set()
 
     def kv_bytes(self, positions: int) -> int:
+        """M46: the peak of generate's growing cache (transformers' dynamic cache, every layer plus
+        one layer's concatenation) at `positions`, in float16 with the model's KV heads."""
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2 * cfg.num_hidden_layers * positions * cfg.num_key_value_heads * head_dim * DTYPE.itemsize
+        return peak_bytes(2 * cfg.num_key_value_heads * head_dim * DTYPE.itemsize, cfg.num_hidden_layers, positions)
