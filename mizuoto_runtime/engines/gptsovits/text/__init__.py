@@ -1,19 +1,22 @@
 """GPT-SoVITS's offline text frontend: text → v2 phoneme ids, per language run (issue 26, item 4).
 
-`phonemize` cuts the text into runs of one language (`segment`), normalises and converts each
-with that language's G2P (`chinese`, `english`, `japanese`), and gives the ids of the v2 table
-(`symbols`) with, for Chinese runs, the normalised text and ``word2ph`` that the BERT features
-are built from (the engine's ``bert`` phase). Edge punctuation follows upstream's TTS: a target
-text gets a leading mark when its first clause is short and an ending mark, a prompt transcript
-an ending mark, and a text of fewer than six phonemes is read again after a leading ``.``.
+`phonemize` cuts the text into runs of one language (`segment`, with the user's language model
+when the engine finds it), normalises and converts each with that language's G2P (`chinese`,
+`english`, `japanese`), and gives the ids of the v2 table (`symbols`) with, for Chinese runs,
+the normalised text and ``word2ph`` that the BERT features are built from (the engine's
+``bert`` phase). Edge punctuation follows upstream's TTS: a target text gets a leading mark
+when its first clause is short and an ending mark, a prompt transcript an ending mark, and a
+text of fewer than six phonemes is read again after a leading ``.``.
 
-Nothing downloads: every dictionary and model this reads ships in an installed package, and a
-missing one is an error naming the package or file (`install_hint`).
+Nothing downloads: every dictionary and model this reads ships in an installed package or in
+this one, or is the user's own file, and a missing one is an error naming the package or file
+(`install_hint`).
 """
 from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 from ....errors import ArgumentError
 from . import segment
@@ -73,15 +76,16 @@ def _edges(text: str, language: str | None, target: bool) -> str:
     return text
 
 
-def phonemize(text: str, language: str | None = None, target: bool = True) -> list[Run]:
+def phonemize(text: str, language: str | None = None, target: bool = True,
+              language_model: Path | None = None) -> list[Run]:
     """The runs of `text` (`language`: auto, zh, en or ja; `target`: the text to speak, else a
-    prompt's transcript)."""
+    prompt's transcript; `language_model`: the user's ``lid.176.bin`` for `segment`)."""
     if not re.sub(r"\W+", "", text):
         raise ArgumentError(f"GPT-SoVITS: {text!r} has no words to speak")
     edged = _edges(text, language, target)
-    runs = [_convert(lang, part) for lang, part in segment.split(edged, language)]
+    runs = [_convert(lang, part) for lang, part in segment.split(edged, language, language_model)]
     if sum(len(r.phones) for r in runs) < MIN_PHONES:
-        runs = [_convert(lang, part) for lang, part in segment.split("." + edged, language)]
+        runs = [_convert(lang, part) for lang, part in segment.split("." + edged, language, language_model)]
     if all(p in PUNCTUATION for r in runs for p in r.phones):
         raise ArgumentError(f"GPT-SoVITS: nothing in {text!r} can be read as {language or 'auto'} "
                             f"(this frontend speaks {', '.join(segment.LANGUAGES[1:])})")
