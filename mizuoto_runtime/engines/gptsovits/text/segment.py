@@ -178,8 +178,14 @@ def _detecting_with(model: Path) -> Iterator[None]:
 
 @cache
 def _splitter() -> Any:
-    splitter = _require("split_lang").LangSplitter(lang_map=LANGUAGE_MAP)
-    splitter.merge_across_digit = False
+    """split-lang's splitter as upstream sets it up (numbers stay pieces of their own)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    splitter = _require("split_lang").LangSplitter(lang_map=LANGUAGE_MAP, merge_across_digit=False, debug=False)
+    # Its constructor calls logging.basicConfig: the application's root logger is put back as it was.
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
     return splitter
 
 
