@@ -6,7 +6,6 @@ download anywhere. Expected phonemes were checked against upstream's frontend ou
 repository where it runs offline (see the engine's README section)."""
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 import os
@@ -52,12 +51,6 @@ def test_pypinyin_strict_finals_make_whole_syllables() -> None:
     assert [pinyin.syllable(i, f) for i, f in (("", "v"), ("", "iou"), ("d", "uei"), ("", "ing"), ("", "uo"),
                                               ("l", "v"), ("", "van"))] == ["yu", "you", "dui", "ying", "wo", "lv",
                                                                             "yuan"]
-
-
-@pytest.mark.parametrize(("number", "read"), [(0, "零"), (10, "十"), (15, "十五"), (101, "一百零一"), (110, "一百一十"),
-                                              (1005, "一千零五"), (20000, "二万"), (123456, "十二万三千四百五十六")])
-def test_chinese_cardinals(number: int, read: str) -> None:
-    assert chinese.cardinal(number) == read
 
 
 def test_chinese_normalisation_reads_numbers_and_keeps_six_marks() -> None:
@@ -123,20 +116,20 @@ def test_english_dictionary_is_upstreams() -> None:
 
 
 def write_lexicon(path: Path, sections: dict[str, str]) -> Path:
-    path.write_bytes(gzip.compress("".join(f"## {k}\n{v}" for k, v in sections.items()).encode()))
+    path.write_text("".join(f"[{k}]\n{v}" for k, v in sections.items()), encoding="utf-8")
     return path
 
 
 def test_lexicon_sections_apply_in_upstreams_order(tmp_path: Path) -> None:
-    found = english.read_lexicon(write_lexicon(tmp_path / "l.gz", {
+    found = english.read_lexicon(write_lexicon(tmp_path / "l.txt", {
         "base": "# a comment\ncat K AE1 T\nai EY1 AY1\n", "fast": "cat K AA1 T\ndog D AO1 G\njson J\n",
         "hot": "json JH EY1 S AH0 N\n", "names": "ada EY1 D AH0\n"}))
     assert found.words == {"cat": ["K", "AE1", "T"], "dog": ["D", "AO1", "G"], "json": ["JH", "EY1", "S", "AH0", "N"]}
     assert found.names == {"ada": ["EY1", "D", "AH0"]}
     with pytest.raises(ValueError, match="no section hot, names"):
-        english.read_lexicon(write_lexicon(tmp_path / "m.gz", {"base": "", "fast": ""}))
-    with pytest.raises(FileNotFoundError, match="nope.gz"):
-        english.read_lexicon(tmp_path / "nope.gz")
+        english.read_lexicon(write_lexicon(tmp_path / "m.txt", {"base": "", "fast": ""}))
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        english.read_lexicon(tmp_path / "nope.txt")
 
 
 @pytest.mark.parametrize(("tag", "reading"), [

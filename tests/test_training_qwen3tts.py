@@ -400,12 +400,21 @@ def test_ctrl_c_on_mizuoto_train_ends_the_training_process(base: Path, data: Pat
 def wait_for_child(proc: subprocess.Popen[str], timeout: float = 120.0) -> psutil.Process:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = psutil.Process(proc.pid).children()
+        # Only the worker counts: start-up imports may run short-lived helpers of their own
+        # (ctypes' library lookup), and a SIGINT sent then lands before `main` can catch it.
+        found = [c for c in psutil.Process(proc.pid).children() if _is_training_worker(c)]
         if found:
             return found[0]
         assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
         time.sleep(0.1)
     raise AssertionError("mizuoto train started no training process")
+
+
+def _is_training_worker(child: psutil.Process) -> bool:
+    try:
+        return "mizuoto_runtime.training.worker" in child.cmdline()
+    except psutil.NoSuchProcess:  # a helper that ended between listing and reading
+        return False
 
 
 def test_every_method_module_has_the_method_interface() -> None:

@@ -19,7 +19,6 @@ times, money, units, fractions and ordinals are read as upstream's normaliser re
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import importlib.util
 import logging
 import re
@@ -30,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from .lexicon import DATA, read_lists
 from .symbols import PUNCTUATION, SYMBOL_ID, UNK
 
 log = logging.getLogger(__name__)
 
-LEXICON = Path(__file__).with_name("english_lexicon.txt.gz")
+LEXICON = DATA / "english_lexicon.txt"
 SECTIONS = ("base", "fast", "hot", "names")
 
 # Abbreviations whose dictionary reading upstream drops, so they are read letter by letter.
@@ -267,20 +267,11 @@ class Lexicon:
 def read_lexicon(path: Path) -> Lexicon:
     """`LEXICON`: the base (CMUdict 0.7b), then the newer CMUdict's words the base lacks, then
     upstream's hot words over both, less the abbreviations it spells; names apart."""
-    if not path.is_file():
-        raise FileNotFoundError(f"the English frontend needs its lexicon {path}, which is missing")
-    sections: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] | None = None
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("## "):
-                current = sections.setdefault(line[3:].strip(), {})
-            elif not line.startswith("#") and current is not None:
-                word, *phones = line.split()
-                current[word] = phones
-    missing = [name for name in SECTIONS if name not in sections]
+    found = read_lists(path)
+    missing = [name for name in SECTIONS if name not in found]
     if missing:
         raise ValueError(f"{path}: no section {', '.join(missing)}; is it the lexicon this frontend ships?")
+    sections = {name: dict(_entry(line) for line in found[name]) for name in SECTIONS}
     words = dict(sections["base"])
     for word, phones in sections["fast"].items():
         words.setdefault(word, phones)
@@ -288,6 +279,11 @@ def read_lexicon(path: Path) -> Lexicon:
     for word in SPELLED:
         words.pop(word, None)
     return Lexicon(words, sections["names"])
+
+
+def _entry(line: str) -> tuple[str, list[str]]:
+    word, *phones = line.split()
+    return word, phones
 
 
 Homograph = tuple[list[str], list[str], str]

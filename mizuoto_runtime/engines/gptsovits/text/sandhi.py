@@ -8,13 +8,17 @@ word's finals (pypinyin ``FINALS_TONE3``, neutral tone as 5) change (`modify`): 
 tone after them, the neutral tone of particles, suffixes and repeated nouns and verbs, and the
 third-tone rule inside the word.
 
-Not carried: upstream's neutral-tone lexicon (PaddleSpeech's list of ~420 words such as 朋友 or
-喜欢 whose last syllable is neutral, and a list of exceptions to it): those words keep the
-tone pypinyin's dictionary gives them.
+The neutral tone also comes from upstream's lexicon (`word_list`, read from
+``data/zh_tone_words.txt``): a word, or either half of it, in ``must_neutral`` (朋友, 喜欢, 意思)
+ends in the neutral tone, and a word in ``must_not_neutral`` (男子, 想想) keeps the tone of its
+repeated syllable or 子/们 suffix. The same file holds the 儿 lists the Chinese frontend reads.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
+
+from . import lexicon
 
 Word = list[str]  # [word, part of speech]
 Finals = Callable[[str], list[str]]
@@ -30,6 +34,14 @@ DIRECTION = "来去"
 DIRECTION_BEFORE = "上下进出回过起开"
 MEASURE_BEFORE = "几有两半多各整每做是"
 YI_PUNCTUATION = "：，；。？！“”‘’':,;.?!"
+WORDS_FILE = "zh_tone_words.txt"
+
+
+@cache
+def word_list(name: str) -> frozenset[str]:
+    """A list of the lexicon `WORDS_FILE`: ``must_neutral``, ``must_not_neutral``, ``must_erhua``
+    or ``not_erhua``."""
+    return frozenset(lexicon.entries(WORDS_FILE, name))
 
 
 def _tone(final: str, tone: str) -> str:
@@ -75,9 +87,15 @@ def _yi(word: str, finals: list[str]) -> list[str]:
     return finals
 
 
-def _neutral(word: str, pos: str, finals: list[str]) -> list[str]:
+def _in_must_neutral(word: str) -> bool:
+    must = word_list("must_neutral")
+    return word in must or word[-2:] in must
+
+
+def _neutral(word: str, pos: str, finals: list[str], cut_for_search: Callable[[str], list[str]]) -> list[str]:
+    kept = word in word_list("must_not_neutral")
     for j in range(1, len(word)):
-        if word[j] == word[j - 1] and pos[0] in "nva":  # 奶奶, 试试
+        if word[j] == word[j - 1] and pos[0] in "nva" and not kept:  # 奶奶, 试试
             finals[j] = _tone(finals[j], "5")
     ge = word.find("个")
     last = word[-1]
@@ -85,7 +103,7 @@ def _neutral(word: str, pos: str, finals: list[str]) -> list[str]:
         finals[-1] = _tone(finals[-1], "5")
     elif len(word) == 1 and word in ASPECT and pos in ASPECT_POS:  # 走了, 看着
         finals[-1] = _tone(finals[-1], "5")
-    elif len(word) > 1 and last in PLURAL and pos in {"r", "n"}:
+    elif len(word) > 1 and last in PLURAL and pos in {"r", "n"} and not kept:
         finals[-1] = _tone(finals[-1], "5")
     elif len(word) > 1 and last in PLACE and pos in PLACE_POS:  # 桌上, 家里
         finals[-1] = _tone(finals[-1], "5")
@@ -93,7 +111,14 @@ def _neutral(word: str, pos: str, finals: list[str]) -> list[str]:
         finals[-1] = _tone(finals[-1], "5")
     elif (ge >= 1 and (word[ge - 1].isnumeric() or word[ge - 1] in MEASURE_BEFORE)) or word == "个":
         finals[ge] = _tone(finals[ge], "5")
-    return finals
+    elif _in_must_neutral(word):  # 朋友
+        finals[-1] = _tone(finals[-1], "5")
+    parts = split_word(word, cut_for_search)
+    halves = [finals[: len(parts[0])], finals[len(parts[0]):]]
+    for half, part in zip(halves, parts):
+        if _in_must_neutral(part):  # 好/朋友: the lexicon word inside a longer one
+            half[-1] = _tone(half[-1], "5")
+    return halves[0] + halves[1]
 
 
 def _third(word: str, finals: list[str], cut_for_search: Callable[[str], list[str]]) -> list[str]:
@@ -126,7 +151,7 @@ def _third_pair(finals: list[str]) -> list[str]:
 def modify(word: str, pos: str, finals: list[str], cut_for_search: Callable[[str], list[str]]) -> list[str]:
     finals = _bu(word, list(finals))
     finals = _yi(word, finals)
-    finals = _neutral(word, pos, finals)
+    finals = _neutral(word, pos, finals, cut_for_search)
     return _third(word, finals, cut_for_search)
 
 
