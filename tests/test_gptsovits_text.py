@@ -226,6 +226,8 @@ def test_japanese_phones_with_pitch_marks() -> None:
     ([("ja", "漢字とかな")], [["ja", "漢字とかな"]]),
     ([("zh", "カタカナ")], [["zh", "カタカナ"]]),  # all kana: one piece keeps the model's language
     ([("x", "カタカナ")], [["zh", "カタカナ"]]),
+    ([("en", "Tokyoとかcafé")], [["en", "Tokyo"], ["ja", "とか"], ["en", "café"]]),  # not plain English: cut too
+    ([("en", "café"), ("digit", "3"), ("ja", "ですね")], [["en", "café3"], ["ja", "ですね"]]),
 ])
 def test_pieces_settle_as_upstream_settles_them(pieces: list[tuple[str, str]], runs: list[list[str]]) -> None:
     """split-lang's pieces (language, text) → runs, each as upstream's segmenter gives for the

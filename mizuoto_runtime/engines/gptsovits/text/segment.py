@@ -42,7 +42,7 @@ NUMBER = "digit"
 SENTENCE_MARKS = frozenset(",.!?，。！？")
 # Plain English: an ASCII letter, and nothing but ASCII, spaces, general punctuation, CJK
 # punctuation and full-width forms.
-_ENGLISH = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9\s\u0020-\u007e\u2000-\u206f\u3000-\u303f\uff00-\uffef]+\n?")
+_ENGLISH = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9\s\u0020-\u007e\u2000-\u206f\u3000-\u303f\uff00-\uffef]+")
 _KANA = "\u3041-\u3096\u3099\u309a\u30a1-\u30fa\u30fc"
 _KANA_JOINERS = "0-9\u3001-\u301c\u3002\uff01\uff1f.!?\u2026 "  # digits, CJK marks, ASCII marks, …, space
 # A kana run, carried on across joiners that more kana may follow.
@@ -53,10 +53,10 @@ _HAN_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DB5), (0x20000, 0x2A6DD), (0x2A700,
 _HAN_KEEPS = re.compile("[0-9\u3001-\u301c\u3002\uff01\uff1f.!?\u2026 /]")
 _HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")
 
-Run = list[str]  # [language, text], the text growing as neighbours of one language join
+Span = list[str]  # [language, text], the text growing as neighbours of one language join
 
 
-def _join(runs: list[Run], language: str, text: str) -> None:
+def _join(runs: list[Span], language: str, text: str) -> None:
     if runs and runs[-1][0] == language:
         runs[-1][1] += text
     else:
@@ -80,7 +80,7 @@ def _han_only(text: str) -> str:
     return "".join(c for c in text if any(lo <= ord(c) <= hi for lo, hi in _HAN_RANGES) or _HAN_KEEPS.match(c))
 
 
-def _number_language(settled: list[Run], runs: list[Run], i: int) -> str:
+def _number_language(settled: list[Span], runs: list[Span], i: int) -> str:
     """A number's language from its neighbours, as upstream decides it: the language on both
     sides, else the side a sentence mark does not separate it from, else the one before a
     number that ends a sentence, else the longer side; a lone number is Chinese."""
@@ -100,25 +100,23 @@ def _number_language(settled: list[Run], runs: list[Run], i: int) -> str:
     return before[0] if len(before[1]) >= len(after[1]) else after[0]
 
 
-def settle(pieces: list[tuple[str, str]]) -> list[Run]:
+def settle(pieces: list[tuple[str, str]]) -> list[Span]:
     """Upstream's decisions over split-lang's pieces (see the module's docstring)."""
-    runs: list[Run] = []
+    runs: list[Span] = []
     for language, text in pieces:
-        if language != NUMBER and _ENGLISH.fullmatch(text):
-            language = "en"
-        if language in (NUMBER, "en"):
-            _join(runs, language, text)
+        if language == NUMBER or _ENGLISH.fullmatch(text):
+            _join(runs, language if language == NUMBER else "en", text)
             continue
         cut = _kana_pieces(language, text) if language != "ja" else []
         for part_language, part in cut if len(cut) > 1 else [(language, text)]:
             kept = _han_only(part) if part_language == UNDECIDED else ""
             _join(runs, "zh" if kept else part_language, kept or part)
     if any(language == NUMBER for language, _ in runs):
-        numbered: list[Run] = []
+        numbered: list[Span] = []
         for i, (language, text) in enumerate(runs):
             _join(numbered, _number_language(numbered, runs, i) if language == NUMBER else language, text)
         runs = numbered
-    settled: list[Run] = []
+    settled: list[Span] = []
     for i, (language, text) in enumerate(runs):
         if language == UNDECIDED:
             language = settled[-1][0] if settled else runs[1][0] if len(runs) > 1 else "zh"
@@ -214,7 +212,7 @@ def split(text: str, language: str | None = None, model: Path | None = None) -> 
                             f"it speaks {', '.join(LANGUAGES[1:])}")
     runs = settle(pieces(text, model))
     if language != "auto":
-        labelled: list[Run] = []
+        labelled: list[Span] = []
         for found, part in runs:
             _join(labelled, "en" if found == "en" else language, part)
         runs = labelled
