@@ -379,7 +379,7 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
 def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Chinese text without the BERT folder is one error naming it (English needs none); a voice
-    without a transcript is one error; a user's G2PWModel folder is named as not used."""
+    without a transcript is one error; a user's G2PWModel folder without its network is named."""
     _frontend_installed()
     folder = tmp_path / "alone"
     shutil.copytree(voices("v2"), folder)
@@ -387,7 +387,7 @@ def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], t
     (folder / "G2PWModel").mkdir()
     rt = Runtime({})
     engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
-    assert "G2PWModel is not used" in caplog.text
+    assert "G2PWModel has no g2pW.onnx" in caplog.text
     ctx = rt.request(seed=1)
     with pytest.raises(ArgumentError, match="transcript"):
         engine.generate(ctx, "Hello", engine.voice_prompt(ctx, reference=REFERENCE), SAMPLING)

@@ -15,6 +15,9 @@ Components (each a handle) and phases (M1):
 * ``bert`` — ``bert`` (chinese-roberta, transformers ``BertModel``, `oneshot`), per request: the
   features of the Chinese runs of the prompt's transcript and the target text (`bert`); other
   languages get zeros, and a request without Chinese places nothing.
+* ``g2pw`` — ``g2pw`` (the user's ``G2PWModel/g2pW.onnx`` as a torch module, `oneshot`), per
+  request, before ``bert``: the Chinese polyphones of the texts (`text.g2pw`). Without the folder
+  pypinyin reads them, the log says so once, and ``meta.applied.chinese_polyphones`` names the reason.
 * ``decoder`` — ``vits`` (`oneshot`): codes → waveform with upstream's one noise draw.
 
 Randomness (M40): upstream draws its sampling noise (one Exp(1) tensor per step) and the VITS
@@ -50,13 +53,14 @@ from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
-from .text import Run, phonemize
-from .text.chinese import G2PW_FOLDER, PINYIN_SOURCE
+from .text import Run, g2pw, phonemize
+from .text.chinese import PINYIN_SOURCE
 from .text.segment import LANGUAGES
 from .vits import Synthesizer
 from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
 log = logging.getLogger(__name__)
+_SAID: set[str] = set()  # the g2pW fallbacks already logged in this process
 
 SSL_RATE = 16000
 PROMPT_SILENCE_S = 0.3
@@ -130,7 +134,7 @@ class GptSovitsEngine(Engine):
         self.hubert = self._optional_hubert(pair)
         self.sv = self._optional_sv(pair) if vits.cfg.is_pro else None
         self.bert, self.tokenizer = self._optional_bert(pair)
-        self._note_g2pw(pair)
+        self.g2pw, self.g2pw_tables, self.polyphone_source = self._optional_g2pw(pair)
 
     # ---- loading ------------------------------------------------------------------------------
     def _read(self, pair: VoicePair) -> tuple[Text2Semantic, Synthesizer]:
@@ -161,17 +165,47 @@ class GptSovitsEngine(Engine):
         model, tokenizer = bert_features.load_bert(folder, self.dtype)
         return self.register(model, "bert"), tokenizer
 
-    @staticmethod
-    def _note_g2pw(pair: VoicePair) -> None:
-        """Upstream reads Chinese polyphones with g2pW from a ``G2PWModel`` folder; this engine does
-        not run g2pW yet, and says so where a user has the folder (its readings then differ)."""
-        folder = find_aux(pair.sovits.parent, G2PW_FOLDER)
-        if folder is not None:
-            log.warning("GPT-SoVITS: %s is not used (g2pW is not supported here yet); Chinese polyphones are "
-                        "read with %s", folder, PINYIN_SOURCE)
+    def _optional_g2pw(self, pair: VoicePair) -> tuple[Any, g2pw.Tables | None, str]:
+        """g2pW from the user's ``G2PWModel`` folder (`g2pw.PLACES`), with what reads Chinese
+        polyphones for `meta.applied`; without it, or with a file missing or unreadable there,
+        pypinyin does, said once per reason in the log."""
+        folder = g2pw.find_folder(pair.sovits.parent)
+        lacking = g2pw.missing(folder) if folder is not None else \
+            f"no {g2pw.FOLDER} folder beside the voice or up to two folders above it ({', '.join(g2pw.PLACES)})"
+        if lacking is None and folder is not None:
+            try:
+                tables, net = g2pw.read_tables(folder), g2pw.load_net(folder)
+                return self.register(net, "g2pw"), tables, f"g2pW ({folder})"
+            except CheckpointError as exc:  # a file the converter or the tables cannot read: the voice still speaks
+                lacking = str(exc)
+        source = f"{PINYIN_SOURCE}: {lacking}"
+        if source not in _SAID:
+            _SAID.add(source)
+            log.warning("GPT-SoVITS: Chinese polyphones are read with %s; upstream reads them with g2pW", source)
+        return None, None, source
+
+    def polyphones(self, ctx: Any) -> g2pw.Polyphones | None:
+        """g2pW's readings for the frontend, its network run in the ``g2pw`` phase (None: pypinyin)."""
+        ctx.applied["chinese_polyphones"] = self.polyphone_source
+        if self.g2pw is None or self.tokenizer is None:
+            return None  # without the BERT folder Chinese text stops at the BERT phase, naming it
+        net, tables = self.g2pw.module, self.g2pw_tables
+        assert tables is not None
+
+        def predict(batches: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+            tokens = max(b["input_ids"].shape[1] for b in batches)
+            queries = max(b["char_ids"].shape[0] for b in batches)
+
+            @torch.inference_mode()
+            def run() -> list[torch.Tensor]:
+                return [net({k: v.to(self.device) for k, v in b.items()}).float().cpu() for b in batches]
+
+            return ctx.run("g2pw", [self.g2pw], run, g2pw.memory(net, tokens, queries, len(tables.labels)))
+
+        return g2pw.Polyphones(tables, self.tokenizer, predict)
 
     def handles(self) -> list[Any]:
-        return [h for h in (self.t2s, self.vits, self.hubert, self.sv, self.bert) if h is not None]
+        return [h for h in (self.t2s, self.vits, self.hubert, self.sv, self.bert, self.g2pw) if h is not None]
 
     def use_pair(self, pair: VoicePair) -> None:
         """M28: switch to another voice pair between requests. The same architecture goes
@@ -268,8 +302,9 @@ class GptSovitsEngine(Engine):
         transcript = voice.data.get("text") or ""
         if prompt_text is None and not transcript.strip():
             raise ArgumentError("GPT-SoVITS needs the reference's transcript (what is said in it)")
-        wanted = [phonemize(transcript, None, target=False) if prompt_text is None else [],
-                  phonemize(text, language) if target is None else []]
+        polyphones = self.polyphones(ctx)
+        wanted = [phonemize(transcript, None, target=False, polyphones=polyphones) if prompt_text is None else [],
+                  phonemize(text, language, polyphones=polyphones) if target is None else []]
         made = self.text_features(ctx, wanted)
         return prompt_text or made[0], target or made[1]
 

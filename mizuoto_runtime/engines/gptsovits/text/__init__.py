@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 
 from ....errors import ArgumentError
 from . import segment
@@ -52,12 +53,15 @@ class Run:
         return phoneme_ids(list(self.phones))
 
 
-def _convert(language: str, text: str) -> Run:
+Polyphones = Callable[[list[str]], list[list[str]]]  # g2pW's readings of sentences (`g2pw.Polyphones`)
+
+
+def _convert(language: str, text: str, polyphones: Polyphones | None) -> Run:
     if language == "zh":
         from . import chinese
 
         norm = chinese.normalize(text)
-        phones, word2ph = chinese.g2p(norm)
+        phones, word2ph = chinese.g2p(norm, polyphones)
         return Run("zh", norm, tuple(phones), tuple(word2ph))
     if language == "ja":
         from . import japanese
@@ -128,19 +132,20 @@ def _pieces(text: str, language: str | None, target: bool) -> list[str]:
     return pieces
 
 
-def _piece_runs(piece: str, language: str | None) -> list[Run]:
-    runs = [_convert(lang, part) for lang, part in segment.split(piece, language)]
+def _piece_runs(piece: str, language: str | None, polyphones: Polyphones | None) -> list[Run]:
+    runs = [_convert(lang, part, polyphones) for lang, part in segment.split(piece, language)]
     if sum(len(r.phones) for r in runs) < MIN_PHONES:
-        runs = [_convert(lang, part) for lang, part in segment.split("." + piece, language)]
+        runs = [_convert(lang, part, polyphones) for lang, part in segment.split("." + piece, language)]
     return runs
 
 
-def phonemize(text: str, language: str | None = None, target: bool = True) -> list[Run]:
+def phonemize(text: str, language: str | None = None, target: bool = True,
+              polyphones: Polyphones | None = None) -> list[Run]:
     """The runs of `text` (`language`: auto, zh, en or ja; `target`: the text to speak, else a
-    prompt's transcript)."""
+    prompt's transcript; `polyphones`: g2pW for Chinese, else pypinyin)."""
     if not re.sub(r"\W+", "", text):
         raise ArgumentError(f"GPT-SoVITS: {text!r} has no words to speak")
-    runs = [run for piece in _pieces(text, language, target) for run in _piece_runs(piece, language)]
+    runs = [run for piece in _pieces(text, language, target) for run in _piece_runs(piece, language, polyphones)]
     if all(p in PUNCTUATION for r in runs for p in r.phones):
         raise ArgumentError(f"GPT-SoVITS: nothing in {text!r} can be read as {language or 'auto'} "
                             f"(this frontend speaks {', '.join(segment.LANGUAGES[1:])})")

@@ -7,24 +7,22 @@ that is not a Chinese one. `g2p` cuts each sentence with jieba's part-of-speech 
 and changes tones (`sandhi`), takes pypinyin's initials and finals, joins 儿 to the syllable
 before it, and spells each syllable in the table's symbols (`pinyin`).
 
-Polyphones: upstream reads them with g2pW (a BERT-based ONNX model) from its ``G2PWModel``
-folder; this frontend reads them from pypinyin's phrase dictionary (`PINYIN_SOURCE`), as
-upstream does without g2pW, and the engine logs a warning where a user has that folder.
+Polyphones: with the user's ``G2PWModel`` folder the engine gives `g2p` g2pW's readings
+(`g2pw`), as upstream reads them; without it they come from pypinyin's phrase dictionary
+(`PINYIN_SOURCE`), as upstream's frontend does without g2pW.
 """
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from . import pinyin, sandhi, zh_normalizer
+from . import g2pw, pinyin, sandhi, zh_normalizer
 from .symbols import PUNCTUATION
 
-log = logging.getLogger(__name__)
-
 PINYIN_SOURCE = "pypinyin's phrase dictionary (no g2pW)"
-G2PW_FOLDER = "G2PWModel"  # upstream's g2pW model folder (``GPT_SoVITS/text/G2PWModel``), not run here
 PUNCTUATION_MAP = {"：": ",", "；": ",", "，": ",", "。": ".", "！": "!", "？": "?", "\n": ".", "·": ",", "、": ",",
                    "...": "…", "$": ".", "/": ",", "—": "-", "~": "…", "～": "…"}
 _MARKS = "".join(PUNCTUATION)
@@ -61,7 +59,6 @@ def _tools() -> tuple[Any, Any, Any]:
 
         raise ImportError(f"the Chinese frontend needs jieba and pypinyin ({install_hint()}): {exc}") from exc
     jieba.setLogLevel(logging.WARNING)
-    log.info("GPT-SoVITS Chinese polyphones: %s", PINYIN_SOURCE)
 
     def style(word: str, kind: Any) -> list[str]:
         return lazy_pinyin(word, neutral_tone_with_five=True, style=kind)
@@ -95,19 +92,24 @@ def _symbols(initial: str, final: str) -> list[str]:
     return [head, tail + tone]
 
 
-def g2p(text: str) -> tuple[list[str], list[int]]:
-    """Phonemes and word2ph of `normalize`d text (one word2ph entry per character)."""
+def g2p(text: str, polyphones: Callable[[list[str]], list[list[str]]] | None = None) -> tuple[list[str], list[int]]:
+    """Phonemes and word2ph of `normalize`d text (one word2ph entry per character). `polyphones`
+    (g2pW, `g2pw.Polyphones`) reads each sentence's characters instead of pypinyin."""
     jieba, (initials_of, finals_of), posseg = _tools()
     phones: list[str] = []
     word2ph: list[int] = []
-    for sentence in (s for s in _SENTENCE_END.split(text) if s.strip()):
-        sentence = re.sub("[a-zA-Z]+", "", sentence)
+    sentences = [re.sub("[a-zA-Z]+", "", s) for s in _SENTENCE_END.split(text) if s.strip()]
+    readings: list[list[str] | None] = list(polyphones(sentences)) if polyphones else [None] * len(sentences)
+    for sentence, read in zip(sentences, readings):
         words = sandhi.merge_words([(w, p) for w, p in posseg.lcut(sentence)], finals_of)
+        end = 0
         for word, pos in words:
+            start, end = end, end + len(word)
             if pos == "eng":
                 continue
-            finals = sandhi.modify(word, pos, finals_of(word), jieba.lcut_for_search)
-            initials, finals = _erhua(initials_of(word), finals, word, pos)
+            initials, finals = g2pw.syllables(word, read[start:end]) if read else (initials_of(word), finals_of(word))
+            finals = sandhi.modify(word, pos, finals, jieba.lcut_for_search)
+            initials, finals = _erhua(initials, finals, word, pos)
             for initial, final in zip(initials, finals):
                 symbols = _symbols(initial, final)
                 phones += symbols

@@ -188,6 +188,11 @@ def _simplified() -> dict[int, str]:
     return {ord(traditional): simplified for traditional, simplified in pairs}
 
 
+def to_simplified(text: str) -> str:
+    """Traditional characters as simplified, character by character (upstream's table)."""
+    return text.translate(_simplified())
+
+
 def _replace_all(text: str, words: dict[str, str]) -> str:
     for written, said in words.items():
         text = text.replace(written, said)
@@ -203,7 +208,7 @@ def _arithmetic(text: str) -> str:
 
 def normalize_sentence(sentence: str) -> str:
     """One sentence with its numbers, units and symbols read as words (see the module's docstring)."""
-    text = sentence.translate(_simplified()).translate(_FULL_WIDTH)
+    text = to_simplified(sentence).translate(_FULL_WIDTH)
     text = _DATE.sub(_date, text)
     text = _DATE_NUMERIC.sub(_date_numeric, text)
     text = _TIME_RANGE.sub(_time_range, text)
