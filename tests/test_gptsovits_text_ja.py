@@ -128,3 +128,17 @@ def test_plain_pyopenjtalk_without_its_dictionary_names_the_folder(tmp_path: Pat
             japanese.g2p("こんにちは")
     finally:
         japanese._openjtalk.cache_clear()
+
+
+@pytest.mark.parametrize(("run", "phones"), [
+    ("价格是￥100元，很便宜。", "j ia4 g e2 sh ir4 SP2 y i4 b ai3 y van2 SP2 h en3 p ian2 y i5 ."),
+    ("你好^世界，再见。", "n i2 h ao3 SP3 sh ir4 j ie4 SP3 z ai4 j ian4 ."),
+    ("你好，世界。", "n i2 h ao3 , sh ir4 j ie4 ."),
+])
+def test_a_chinese_run_with_a_special_mark_reads_its_commas_as_that_pause(run: str, phones: str) -> None:
+    """Upstream's cleaner: ``￥`` makes the run's commas SP2, ``^`` SP3 (what upstream gives)."""
+    pytest.importorskip("jieba", reason="jieba is not installed")
+    pytest.importorskip("pypinyin", reason="pypinyin is not installed")
+    converted = text._convert("zh", run, None)
+    assert list(converted.phones) == phones.split()
+    assert converted.word2ph is not None and sum(converted.word2ph) == len(converted.phones)

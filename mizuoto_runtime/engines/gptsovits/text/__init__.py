@@ -54,15 +54,19 @@ class Run:
 
 
 Polyphones = Callable[[list[str]], list[list[str]]]  # g2pW's readings of sentences (`g2pw.Polyphones`)
+#: Upstream's cleaner: a Chinese run holding one of these marks reads it as a comma, and then
+#: every comma of the run as that pause phoneme (the first mark found decides).
+SPECIAL_PAUSES = (("￥", "SP2"), ("^", "SP3"))
 
 
 def _convert(language: str, text: str, polyphones: Polyphones | None) -> Run:
     if language == "zh":
         from . import chinese
 
-        norm = chinese.normalize(text)
+        mark, pause = next(((m, p) for m, p in SPECIAL_PAUSES if m in text), ("", ","))
+        norm = chinese.normalize(text.replace(mark, ",") if mark else text)
         phones, word2ph = chinese.g2p(norm, polyphones)
-        return Run("zh", norm, tuple(phones), tuple(word2ph))
+        return Run("zh", norm, tuple(pause if p == "," else p for p in phones), tuple(word2ph))
     if language == "ja":
         from . import japanese
 
