@@ -106,10 +106,11 @@ def _join_short(lines: list[str]) -> list[str]:
 
 
 def _cut_long(text: str) -> list[str]:
-    """A piece over `LONGEST_PIECE` characters cut after marks into pieces within it."""
+    """A piece over `LONGEST_PIECE` characters cut after marks into pieces within it (a clause
+    longer than that stays whole; upstream would give an empty piece before it and fail)."""
     pieces, part = [], ""
     for bit in re.split(f"({_SPLITS_CLASS})", text):
-        if len(part + bit) > LONGEST_PIECE:
+        if len(part + bit) > LONGEST_PIECE and part:
             pieces.append(part)
             part = bit
         else:
