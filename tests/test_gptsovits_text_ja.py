@@ -142,3 +142,9 @@ def test_a_chinese_run_with_a_special_mark_reads_its_commas_as_that_pause(run: s
     converted = text._convert("zh", run, None)
     assert list(converted.phones) == phones.split()
     assert converted.word2ph is not None and sum(converted.word2ph) == len(converted.phones)
+
+
+def test_a_clause_over_510_characters_stays_one_piece() -> None:
+    """Upstream puts an empty piece before such a clause and then fails on it; here it is left out."""
+    long_clause = "好" * 600
+    assert text._pieces(long_clause + "，" + "你" * 10 + "。", "zh", True) == [long_clause, "，" + "你" * 10 + "。"]
