@@ -9,7 +9,8 @@ leading mark, each line (short lines joined to the next, lines of marks only dro
 piece with an ending mark, and a piece over 510 characters is cut after marks; a prompt
 transcript only gets an ending mark. A piece of fewer than six phonemes is read again after a
 leading ``.``. The pieces' runs follow one another: upstream speaks each piece on its own, the
-host's chunking decides that here.
+host's chunking decides that here. A Chinese run holding ``￥`` or ``^`` reads its commas as the
+pause ``SP2`` or ``SP3`` (upstream's cleaner).
 
 Nothing downloads: every dictionary and model this reads ships in an installed package, and a
 missing one is an error naming the package or file (`install_hint`).
@@ -132,8 +133,8 @@ def _pieces(text: str, language: str | None, target: bool) -> list[str]:
     for line in lines:
         if not re.sub(r"\W+", "", line):
             continue
-        line = re.sub(r" {2,}", " ", _ending(line, language))
-        pieces += _cut_long(line) if len(line) > LONGEST_PIECE else [line]
+        line = _ending(line, language)
+        pieces += [re.sub(r" {2,}", " ", p) for p in (_cut_long(line) if len(line) > LONGEST_PIECE else [line])]
     return pieces
 
 
