@@ -78,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--emotion-voice", metavar="WAV", help="IndexTTS-2: speech whose emotion to take")
     say.add_argument("--emotion", default="", help="IndexTTS-2: emotions as name=weight, e.g. 'sad=0.8, calm=0.2'")
     say.add_argument("--emotion-strength", type=float, default=1.0, help="IndexTTS-2: how much of the emotion (0-1)")
+    say.add_argument("--emotion-text", help="IndexTTS-2: a sentence whose emotion its emotion model reads")
+    say.add_argument("--emotion-from-text", action="store_true",
+                     help="IndexTTS-2: its emotion model reads the emotion of the text being spoken")
+    say.add_argument("--emotion-random", action="store_true",
+                     help="IndexTTS-2: with --emotion or emotion text, a random variant of each emotion (seeded)")
+    say.add_argument("--emotion-balance", action="store_true",
+                     help="IndexTTS-2: tone --emotion down as IndexTTS-2's web UI does (total at most 0.8)")
     say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
@@ -188,12 +195,14 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
 
 def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
-    if not (args.emotion_voice or args.emotion.strip()):
+    if not (args.emotion_voice or args.emotion.strip() or args.emotion_text or args.emotion_from_text):
         return {}
     from .engines.indextts.emotion import Emotion
 
     audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
-    emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength)
+    emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength, text=args.emotion_text,
+                                  from_text=args.emotion_from_text, random=args.emotion_random,
+                                  balance=args.emotion_balance)
     return {} if emotion is None else {"emotion": emotion}
 
 

@@ -8,7 +8,7 @@ from comfy_api.latest import io, ui
 
 from mizuoto_runtime import Audio, MizuotoError
 from mizuoto_runtime.comfy_bridge import node_request
-from mizuoto_runtime.engines.indextts.emotion import EMOTIONS, Emotion
+from mizuoto_runtime.engines.indextts.emotion import EMOTIONS, Emotion, balanced
 from mizuoto_runtime.engines import Voice
 from mizuoto_runtime.host import PROCESS, EngineRef
 
@@ -26,12 +26,15 @@ def emotion_inputs() -> list[io.Input]:
         io.String.Input("emotion", optional=True, default="", tooltip=EMOTION_TOOLTIP),
         io.Float.Input("emotion_strength", optional=True, default=1.0, min=0.0, max=1.0, step=0.05,
                        tooltip="IndexTTS-2: how much of the emotion; 0 keeps the voice's own"),
+        io.Boolean.Input("emotion_from_text", optional=True, default=False,
+                         tooltip="IndexTTS-2: its emotion model reads the emotion of the text being spoken "
+                                 "(when no emotion audio or weights are given)"),
     ]
 
 
-def emotion_options(audio: Audio | None, text: str, strength: float) -> dict[str, Any]:
+def emotion_options(audio: Audio | None, text: str, strength: float, from_text: bool = False) -> dict[str, Any]:
     """The voice option of a request with emotion inputs; none when they are unset."""
-    emotion = Emotion.from_inputs(audio, text, strength)
+    emotion = Emotion.from_inputs(audio, text, strength, from_text=from_text)
     return {} if emotion is None else {"emotion": emotion}
 
 
@@ -44,7 +47,8 @@ class MizuotoEmotion(io.ComfyNode):
             category=STEPS_CATEGORY,
             search_aliases=["emotion", "indextts", "index-tts", "mood", "expressive"],
             description="Makes an IndexTTS-2 voice speak with an emotion: the emotion of a second recording "
-                        "(its voice is not cloned), or a mix of eight emotions set below. Between Voice Clone "
+                        "(its voice is not cloned), a mix of eight emotions set below, or the emotion of a "
+                        "sentence. Between Voice Clone "
                         "and Text → Speech Codes.",
             inputs=[
                 EngineSocket.Input("engine"),
@@ -55,6 +59,15 @@ class MizuotoEmotion(io.ComfyNode):
                                tooltip="How much of the emotion: 0 keeps the voice's own"),
                 *(io.Float.Input(name, default=0.0, min=0.0, max=1.2, step=0.05, tooltip=f"Weight of {name}")
                   for name in EMOTIONS),
+                io.String.Input("emotion_text", optional=True, default="",
+                                tooltip="A sentence whose emotion the model's emotion reader takes; used when no "
+                                        "emotion_audio is connected and every weight is 0"),
+                io.Boolean.Input("random", optional=True, default=False,
+                                 tooltip="A random variant of each emotion (fixed by the seed) instead of the one "
+                                         "closest to the voice"),
+                io.Boolean.Input("balance", optional=True, default=False,
+                                 tooltip="Tone the weights down as IndexTTS-2's web UI does: less of the emotions "
+                                         "that can sound strange, at most 0.8 in all"),
             ],
             outputs=[VoiceSocket.Output(display_name="voice")],
         )
@@ -62,17 +75,25 @@ class MizuotoEmotion(io.ComfyNode):
     @classmethod
     @PROCESS.around_node
     def execute(cls, engine: EngineRef, voice: Voice, strength: float, emotion_audio: dict[str, Any] | None = None,
+                emotion_text: str = "", random: bool = False, balance: bool = False,
                 **weights: float) -> io.NodeOutput:
         tts = engine.engine
         if not hasattr(tts, "with_emotion"):
             raise MizuotoError(f"Emotion (IndexTTS-2): engine {tts.id!r} has no emotion control; use indextts2")
         check_made_by(voice, tts, "voice")
         audio = audio_in(emotion_audio, "emotion_audio")
-        vector = None if audio is not None else tuple(float(weights.get(name, 0.0)) for name in EMOTIONS)
-        if vector is not None and not any(vector):
-            raise MizuotoError("Emotion (IndexTTS-2): connect an emotion_audio or set at least one emotion weight")
+        vector = tuple(float(weights.get(name, 0.0)) for name in EMOTIONS)
+        if audio is not None:
+            emotion = Emotion(audio=audio, alpha=strength)
+        elif any(vector):
+            emotion = Emotion(vector=balanced(vector) if balance else vector, alpha=strength, random=random)
+        elif emotion_text.strip():
+            emotion = Emotion(text=emotion_text.strip(), from_text=True, alpha=strength, random=random)
+        else:
+            raise MizuotoError("Emotion (IndexTTS-2): connect an emotion_audio, set an emotion weight or write "
+                               "an emotion_text")
         ctx = node_request(engine.runtime)
-        out = tts.with_emotion(ctx, voice, Emotion(audio=audio, vector=vector, alpha=strength))
+        out = tts.with_emotion(ctx, voice, emotion)
         return io.NodeOutput(out, ui=ui.PreviewText(memory_text(ctx.meta)))
 
 

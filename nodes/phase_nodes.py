@@ -220,7 +220,7 @@ class MizuotoTTS(io.ComfyNode):
                 speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_name: str = "demo",
                 checkpoint: str = "none", dtype: str = "float32", split_long_text: bool = True,
                 chunk_chars: int = DEFAULT_CHUNK_CHARS, emotion_audio: dict[str, Any] | None = None,
-                emotion: str = "", emotion_strength: float = 1.0) -> io.NodeOutput:
+                emotion: str = "", emotion_strength: float = 1.0, emotion_from_text: bool = False) -> io.NodeOutput:
         if engine is None:  # the node's own choice; the output keeps it loaded between runs
             engine = PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
@@ -230,7 +230,8 @@ class MizuotoTTS(io.ComfyNode):
             speaker=speaker_value(speaker), instruct=instruct or None, sampling=sampling,
             allow_fallback=fallback_switch(allow_fallback), cancel_check=interrupt_check,
             on_progress=ProgressReporter(), chunking=TextChunking(enabled=split_long_text, max_chars=chunk_chars),
-            voice_options=emotion_options(audio_in(emotion_audio, "emotion_audio"), emotion, emotion_strength),
+            voice_options=emotion_options(audio_in(emotion_audio, "emotion_audio"), emotion, emotion_strength,
+                                          emotion_from_text),
         )
         return io.NodeOutput(audio_out(audio), memory_json(meta), engine, ui=ui.PreviewText(memory_text(meta)))
 

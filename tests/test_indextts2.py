@@ -2,9 +2,12 @@
 layout: phases place only their components and a cached voice places no prompt encoder (M1, M4);
 every placement equals the plain run with beams on (M57); an injected OOM reruns exactly (M40);
 the GPT-2 `Conv1D` leaves stream only because they declare it (M13); the beams share one copy of
-each streamed unit per step (M18); emotion inputs change the result and are cached."""
+each streamed unit per step (M18); emotion inputs change the result and are cached, and follow
+upstream's infer (the voice's own emotion, use_random, emotion text sampled before the decoding);
+the GPT in bfloat16 keeps every placement exact (M57)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,9 +47,9 @@ def runtime(placement: str) -> Runtime:
     return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
 
 
-def say(rt: Runtime, folder: Path, placement: str = "plain", sampling: Sampling = SAMPLING,
+def say(rt: Runtime, folder: Path, placement: str = "plain", sampling: Sampling = SAMPLING, dtype: str = "float32",
         **emotion: object) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    engine = rt.engine("indextts2", folder)
+    engine = rt.engine("indextts2", folder, dtype=dtype)
     if placement == "half":
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
@@ -82,6 +85,38 @@ def test_every_placement_equals_the_plain_run(folder: Path, placement: str) -> N
     else:
         assert memory["streamed_mb"] > 0
         assert "indextts2:talker" in memory["partial"] and "indextts2:flow" in memory["partial"]
+
+
+@pytest.mark.parametrize("placement", ["none", "half", "whole"])
+def test_bfloat16_placements_equal_the_plain_run(folder: Path, placement: str) -> None:
+    """M57 with the GPT in bfloat16 (upstream's use_fp16 way: UnifiedVoice cast, its phases under
+    autocast, the rest float32): every placement torch.equal to the plain bfloat16 run."""
+    if "bf16" not in _plain:
+        _plain["bf16"] = say(Runtime(), folder, dtype="bfloat16")[:2]
+    expected_codes, expected_wav = _plain["bf16"]
+    codes, wav, meta = say(runtime(placement), folder, placement, dtype="bfloat16")
+    assert codes.shape[1] > 0 and wav.abs().max() > 0
+    assert torch.equal(codes, expected_codes) and torch.equal(wav, expected_wav)
+    assert (meta["memory"]["streamed_mb"] > 0) == (placement != "whole")
+
+
+def test_the_gpt_takes_the_engines_dtype(folder: Path) -> None:
+    """float16 / bfloat16 cast UnifiedVoice (conditioning and GPT, as upstream halves it) and
+    halve the talker's KV estimate (M45); w2v-BERT, CAM++, the codec, s2mel and BigVGAN stay
+    float32; other dtypes are refused by name."""
+    from mizuoto_runtime import MizuotoError
+
+    rt = Runtime()
+    full = rt.engine("indextts2", folder)
+    half = rt.engine("indextts2", folder, dtype="bfloat16")
+    assert {p.dtype for p in half.gpt.parameters()} == {torch.bfloat16}
+    for module in (half.w2v, half.campplus.module, half.semantic_codec.module, half.s2mel, half.bigvgan):
+        assert {p.dtype for p in module.parameters()} == {torch.float32}
+    assert half.talker.size_bytes * 2 == full.talker.size_bytes
+    assert half.talker_memory(9, 50)["kv_cache"] * 2 == full.talker_memory(9, 50)["kv_cache"]
+    assert half.flow_memory(100) == full.flow_memory(100)
+    with pytest.raises(MizuotoError, match="float32, float16 or bfloat16.*not torch.float64"):
+        rt.engine("indextts2", folder, dtype=torch.float64)
 
 
 def test_phases_and_a_cached_voice(folder: Path) -> None:
@@ -177,7 +212,10 @@ def test_oom_in_the_talker_reruns_exactly(folder: Path) -> None:
 
 def test_emotion_audio_and_vector(folder: Path) -> None:
     """An emotion reference audio (cached per voice and audio) and an emotion vector both change
-    the result; alpha 0 of an emotion audio is the voice's own emotion."""
+    the result; alpha 0 of an emotion audio is the vector of the voice's prompt features (upstream's
+    merge_emovec base: not the no-emotion vector, which reads the reference again at 16 kHz)."""
+    from mizuoto_runtime.engines.indextts.emotion import Emotion
+
     rt = Runtime()
     _, base, _ = say(rt, folder)
     _, with_audio, _ = say(rt, folder, audio=EMOTION_AUDIO, alpha=1.0)
@@ -188,12 +226,12 @@ def test_emotion_audio_and_vector(folder: Path) -> None:
     assert len(engine.emotions) == cached == 1 and torch.equal(again, with_audio)
     assert "indextts2:w2v_bert" not in {name for action, name, _ in rt.manager.events if action == "place"}
     _, with_vector, _ = say(rt, folder, vector=(0, 0, 0.8, 0, 0, 0, 0, 0), alpha=1.0)
-    _, none_audio, _ = say(rt, folder, audio=EMOTION_AUDIO, alpha=0.0)
+    say(rt, folder, audio=EMOTION_AUDIO, alpha=0.0)
     assert not torch.equal(with_audio, base) and not torch.equal(with_vector, base)
-    assert torch.equal(none_audio, base)
+    voice = next(v for v in engine.voices.values())
+    zero = next(vec for key, vec in engine.emotions.items() if key.endswith(Emotion(EMOTION_AUDIO, alpha=0.0).key()))
+    assert torch.equal(zero, voice.data["base_emotion"])
     # the same emotion carried by the voice (the Emotion node's way) gives the same audio
-    from mizuoto_runtime.engines.indextts.emotion import Emotion
-
     ctx = rt.request(seed=SAMPLING.seed)
     voice = engine.voice_prompt(ctx, REFERENCE, emotion=Emotion(audio=EMOTION_AUDIO, alpha=1.0))
     assert torch.equal(engine.decode(ctx, engine.generate(ctx, TEXT, voice, SAMPLING)).waveform, with_audio)
@@ -309,25 +347,140 @@ def test_say_takes_the_emotion_as_a_voice_option(folder: Path) -> None:
     assert parse_weights(" ") is None
 
 
-def test_emotion_text_runs_the_emotion_model_once_per_text(folder: Path) -> None:
+def test_emotion_text_runs_the_emotion_model_once_per_text_and_seed(folder: Path) -> None:
     """Emotion from text (`instruct`): the checkpoint's Qwen3 emotion model runs under its own
-    handle, once per text (cached), and its weights drive the emotion-vector path."""
+    handle, once per text and seed (cached; the voice itself stays cached, M4), and its weights
+    drive the emotion-vector path."""
     rt = runtime("none")
     engine = rt.engine("indextts2", folder)
     assert engine.emotion_text is not None and engine.emotion_text.kind == "sequence"
+    assert engine.emotion_model is not None and engine.emotion_model.model.dtype == torch.float16  # as upstream
     first, meta = rt.say(engine, TEXT, reference=REFERENCE, instruct="I am so sad today", sampling=SAMPLING)
     assert "indextts2:emotion_text" in meta["memory"]["components"]
-    weights = engine.text_emotions["I am so sad today"]
+    weights, _ = engine.text_emotions[("I am so sad today", SAMPLING.seed)]
     assert len(weights) == 8 and max(weights) > 0
     rt.manager.events.clear()
     again, _ = rt.say(engine, TEXT, reference=REFERENCE, instruct="I am so sad today", sampling=SAMPLING)
-    assert "indextts2:emotion_text" not in {name for action, name, _ in rt.manager.events if action == "place"}
+    placed = {name for action, name, _ in rt.manager.events if action == "place"}
+    assert "indextts2:emotion_text" not in placed and not placed & PROMPT_ENCODERS
     assert torch.equal(first.waveform, again.waveform)
+    rt.say(engine, TEXT, reference=REFERENCE, instruct="I am so sad today",
+           sampling=dataclasses.replace(SAMPLING, seed=SAMPLING.seed + 1))
+    assert ("I am so sad today", SAMPLING.seed + 1) in engine.text_emotions
+
+
+def test_the_decoding_draws_after_the_emotion_model(folder: Path) -> None:
+    """Upstream seeds once, lets the emotion model sample, then decodes from the same random
+    stream: with a greedy emotion model, text gives the codes of its weights given as a vector;
+    with a sampling one (Qwen3's generation config) the decoding's draws come after its own."""
     from mizuoto_runtime.engines.indextts.emotion import Emotion
 
-    by_vector, _ = rt.say(engine, TEXT, reference=REFERENCE, sampling=SAMPLING,
-                          voice_options={"emotion": Emotion(vector=weights)})
-    assert torch.equal(first.waveform, by_vector.waveform)
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    model = engine.emotion_model
+    assert model is not None and model.model.generation_config.do_sample
+    sampled, _, _ = say(rt, folder, from_text=True)
+    weights, _ = engine.text_emotions[(TEXT, SAMPLING.seed)]  # the spoken text, read by the emotion model
+    by_vector, _, _ = say(rt, folder, vector=weights)
+    assert not torch.equal(sampled, by_vector)
+    engine.text_emotions.clear()
+    model.model.generation_config.do_sample = False
+    try:
+        greedy, _, _ = say(rt, folder, from_text=True)
+        greedy_weights, _ = engine.text_emotions[(TEXT, SAMPLING.seed)]
+    finally:
+        model.model.generation_config.do_sample = True
+        engine.text_emotions.clear()
+    assert torch.equal(greedy, say(rt, folder, vector=greedy_weights)[0])
+    assert Emotion(text="x", from_text=True).key() != Emotion(text="y", from_text=True).key()
+
+
+def test_the_decoding_starts_after_upstreams_w2v_bert_draws(folder: Path) -> None:
+    """Upstream's w2v-BERT (transformers 4.52) draws one number per layer on each of its two calls
+    of a request (the voice, the emotion reference) between the seed and the decoding: the codes
+    are those of a decoding seeded, then advanced by those draws."""
+    from mizuoto_runtime.engines.indextts import pipeline
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    assert engine.w2v.upstream_draws == 18  # the tiny w2v-BERT's layers, though only 17 are kept
+    ctx = rt.request(seed=SAMPLING.seed)
+    voice = engine.voice_prompt(ctx, REFERENCE)
+    codes = engine.generate(ctx, TEXT, voice, SAMPLING).tokens
+    text = torch.tensor([engine.tokenizer.segments(TEXT)[0]], dtype=torch.int32)
+    with torch.inference_mode(), engine.seeded(SAMPLING.seed):
+        for _ in range(2 * 18):
+            torch.rand([])
+        raw = pipeline.decode_codes(engine.gpt, voice.data["spk_latent"], text, voice.data["own_emotion"],
+                                    engine.decode_settings(SAMPLING), CODES)
+    assert torch.equal(pipeline.cut_at_stop(raw, engine.gpt.cfg.stop_mel_token), codes)
+
+
+def test_no_emotion_is_the_reference_as_emotion_audio(folder: Path) -> None:
+    """Upstream without an emotion audio takes the reference itself as one (loaded at 16 kHz
+    directly): the same audio as with the reference given as the emotion audio, at strength 1."""
+    rt = Runtime()
+    _, base, _ = say(rt, folder)
+    _, same, _ = say(rt, folder, audio=REFERENCE, alpha=1.0)
+    assert torch.equal(base, same)
+    engine = rt.engine("indextts2", folder)
+    voice = next(iter(engine.voices.values()))
+    assert not torch.equal(voice.data["own_emotion"], voice.data["base_emotion"])
+
+
+def test_random_emotion_rows_follow_the_seed(folder: Path) -> None:
+    """`random`: each emotion's matrix row drawn by Python's randint from the request's seed, in
+    order (upstream's use_random after random.seed); otherwise the row nearest the voice."""
+    import random
+
+    from mizuoto_runtime.engines.indextts import pipeline
+
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    tables, style = engine.tables, torch.randn(1, 192, generator=torch.Generator().manual_seed(0))
+    rng = random.Random(7)
+    expected = [rng.randint(0, len(block) - 1) for block in tables.emo_matrix]
+    assert pipeline.emotion_rows(tables, style, random.Random(7)) == expected
+    nearest = pipeline.emotion_rows(tables, style)
+    for i, block in zip(nearest, tables.spk_matrix):
+        sims = torch.nn.functional.cosine_similarity(style, block, dim=1)
+        assert sims[i] == sims.max()
+    vector = (0.3, 0.6, 0, 0, 0, 0, 0.1, 0)  # the tiny matrix has two rows for angry and surprised
+    first = say(rt, folder, vector=vector, random=True)[1]
+    assert torch.equal(first, say(rt, folder, vector=vector, random=True)[1])
+    seeds = [s for s in range(20) if pipeline.emotion_rows(tables, style, random.Random(s)) != nearest]
+    assert seeds, "some seed picks another row than the nearest"
+
+
+def test_the_console_flags_make_the_emotion() -> None:
+    """`mizuoto say`'s emotion flags: text for the emotion model, or the spoken text, with a random
+    variant; weights toned down with --emotion-balance; nothing set, no emotion."""
+    from mizuoto_runtime import cli
+    from mizuoto_runtime.engines.indextts.emotion import Emotion
+
+    def options(*flags: str) -> dict:
+        return cli._voice_options(cli._parser().parse_args(["say", "--engine", "indextts2", *flags, "hi"]))
+
+    assert options() == {}
+    assert options("--emotion-text", "so sad", "--emotion-strength", "0.5") == {
+        "emotion": Emotion(alpha=0.5, text="so sad", from_text=True)}
+    assert options("--emotion-from-text", "--emotion-random") == {
+        "emotion": Emotion(from_text=True, random=True)}
+    assert options("--emotion", "calm=1", "--emotion-balance") == {"emotion": Emotion(vector=(0,) * 7 + (0.5625,))}
+
+
+def test_balanced_weights_as_upstreams_web_ui() -> None:
+    """normalize_emo_vec: biased per emotion, then scaled to a sum of at most 0.8."""
+    from mizuoto_runtime.engines.indextts.emotion import Emotion, balanced
+
+    assert balanced((0, 0, 0.5, 0, 0, 0, 0, 0)) == (0, 0, 0.5, 0, 0, 0, 0, 0)  # sad's bias is 1, sum under 0.8
+    assert balanced((0,) * 7 + (1.0,)) == (0,) * 7 + (0.5625,)
+    loud = balanced((1.0,) * 8)
+    assert sum(loud) == pytest.approx(0.8) and loud[0] / loud[7] == pytest.approx(0.9375 / 0.5625)
+    emotion = Emotion.from_inputs(None, "calm=1", 1.0, balance=True)
+    assert emotion is not None and emotion.vector == (0,) * 7 + (0.5625,)
+    by_text = Emotion.from_inputs(None, "", 0.5, from_text=True)
+    assert by_text == Emotion(alpha=0.5, from_text=True) and by_text.by_weights
 
 
 def test_emotion_answers_parse_as_upstream() -> None:

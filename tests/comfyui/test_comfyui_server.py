@@ -118,7 +118,7 @@ def test_widgets_saved_workflows_hold_keep_their_places(comfy_server: ComfyServe
                                                "max_new_tokens", "do_sample", "allow_fallback"]
     assert order["MizuotoTTS"]["optional"] == ["engine", "reference", "transcript", "speaker", "instruct", "language",
                                                "engine_name", "checkpoint", "dtype", "split_long_text", "chunk_chars",
-                                               "emotion_audio", "emotion", "emotion_strength"]
+                                               "emotion_audio", "emotion", "emotion_strength", "emotion_from_text"]
     assert comfy_server.get("/object_info/MizuotoTTS")["MizuotoTTS"]["output"] == ["AUDIO", "STRING", "MIZUOTO_ENGINE"]
 
 

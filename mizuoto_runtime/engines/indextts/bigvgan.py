@@ -1,7 +1,12 @@
 """BigVGAN v2 generator (nvidia/bigvgan_v2_22khz_80band_256x): mel (B, 80, T) -> wave (B, 1, 256 T).
 
-Our own module rather than the `bigvgan` package: that package imports matplotlib and librosa
-at import time, which the one environment does not carry for a vocoder. Read from upstream's
+Our own module rather than the `bigvgan` package. Checked on its latest release (2.4.1, the
+wheel downloaded and read, Dec 2026): its `BigVGAN.from_pretrained(folder)` would load the
+published generator (config.json + bigvgan_generator.pt, weight_g/weight_v keys), but the
+package does not fit the one environment. `import bigvgan` runs its `utils` module, which imports
+matplotlib (not installed: the import fails), and its meldataset (librosa, tqdm); its declared
+requirements add auraloss, matplotlib, ninja, nnaudio, pesq (published only as source, a C
+build) and tensorboard, none of which the environment has or needs. Read from upstream's
 copy as a specification: weight-normed convolutions (folded when loading, as upstream removes
 weight norm before inference), transposed-conv upsampling, AMP residual blocks whose SnakeBeta
 activations run at twice the rate between stored low-pass filters (replicate padding), and a

@@ -94,6 +94,7 @@ def generate(model: StepModel, prompt_ids: torch.Tensor, max_new: int, stop: int
 def _single(model: StepModel, ids: torch.Tensor, max_new: int, stop: int, s: DecodeSettings) -> torch.Tensor:
     prompt = ids.shape[1]
     logits = model.start(1)
+    ids = ids.to(logits.device)  # the ids and scores live where the logits do, as upstream's
     while True:
         scores = process(ids, logits.float(), s)
         if s.do_sample:
@@ -138,12 +139,13 @@ class _Hypotheses:
 def _beams(model: StepModel, ids: torch.Tensor, max_new: int, stop: int, s: DecodeSettings) -> torch.Tensor:
     beams, prompt = s.num_beams, ids.shape[1]
     max_len = prompt + max_new
-    ids = ids.repeat_interleave(beams, dim=0)
-    beam_scores = torch.zeros(beams)
-    beam_scores[1:] = -1e9
     hyps = _Hypotheses(beams, s.length_penalty)
     finished = False
     logits = model.start(beams)
+    device = logits.device  # the ids and beam scores live where the logits do, as upstream's
+    ids = ids.to(device).repeat_interleave(beams, dim=0)
+    beam_scores = torch.zeros(beams, device=device)
+    beam_scores[1:] = -1e9
     while True:
         scores = process(ids, F.log_softmax(logits.float(), dim=-1), s) + beam_scores[:, None]
         vocab = scores.shape[-1]
@@ -157,9 +159,9 @@ def _beams(model: StepModel, ids: torch.Tensor, max_new: int, stop: int, s: Deco
             picked, picks = torch.topk(flat, 2 * beams, dim=1, largest=True, sorted=True)
         sources, tokens = picks[0] // vocab, picks[0] % vocab
         cur = ids.shape[1] + 1  # the length these scores are for
-        next_scores = torch.zeros(beams, dtype=picked.dtype)
-        next_tokens = torch.zeros(beams, dtype=tokens.dtype)
-        next_rows = torch.zeros(beams, dtype=sources.dtype)
+        next_scores = torch.zeros(beams, dtype=picked.dtype, device=device)
+        next_tokens = torch.zeros(beams, dtype=tokens.dtype, device=device)
+        next_rows = torch.zeros(beams, dtype=sources.dtype, device=device)
         filled = 0
         for rank in range(2 * beams):
             if int(tokens[rank]) == stop:

@@ -24,6 +24,7 @@ MELANCHOLIC_WORDS = ("低落", "melancholy", "melancholic", "depression", "depre
 ALIASES = ("emotion", "emotion_label", "label", "情感", "情绪")
 MAX_SCORE = 1.2
 END_THINK = "</think>"
+DTYPE = torch.float16  # upstream loads it so on every device (its answers depend on it)
 MAX_NEW_TOKENS = 256  # upstream allows 32768; eight scores in JSON take well under 100 tokens
 
 
@@ -78,7 +79,7 @@ class EmotionModel(nn.Module):
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
             self.model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
-                                                              dtype=torch.float32).eval()
+                                                              dtype=DTYPE).eval()
         except (OSError, ValueError) as exc:
             raise MizuotoError(f"{folder}: cannot be loaded as the emotion model ({exc})") from exc
 
@@ -103,4 +104,4 @@ class EmotionModel(nn.Module):
     def kv_bytes(self, positions: int) -> int:
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2 * cfg.num_hidden_layers * positions * cfg.num_key_value_heads * head_dim * 4
+        return 2 * cfg.num_hidden_layers * positions * cfg.num_key_value_heads * head_dim * DTYPE.itemsize

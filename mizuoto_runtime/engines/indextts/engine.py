@@ -4,20 +4,27 @@ Components (M1), each a handle:
 * voice prompt — ``w2v_bert`` (w2v-BERT 2.0, 17 layers), ``semantic_codec`` (its encoder and
   quantizer), ``campplus`` (CAM++), ``conditioning`` (the GPT's speaker and emotion encoders);
   placed once per reference voice and cached (M4): a second request with the same voice places
-  none of them. An emotion reference audio is prompted the same way (w2v-BERT + conditioning),
-  cached too.
+  none of them. w2v-BERT reads the reference twice, as upstream: resampled from 22.05 kHz for the
+  voice, and loaded at 16 kHz for its own emotion. An emotion reference audio is prompted the
+  same way (w2v-BERT + conditioning), cached too.
 * talker — ``talker``, a `sequence` handle whose units are the GPT-2 blocks (M11; transformers'
   `Conv1D` leaves, declared streamable, M13). Beam search runs the beams as rows of one batch,
   so each streamed unit is copied once per step whatever the beam count (M18). The phase also
   runs the full GPT forward for the latents and draws the flow's noise right after the codes,
-  so the random draws come in upstream's order.
+  so the random draws come in upstream's order. With float16 / bfloat16 the GPT (all of
+  UnifiedVoice) is in that dtype and its phases run under autocast, as upstream's use_fp16;
+  the rest stays float32.
 * flow — ``flow``, s2mel (`oneshot`): the CFG halves are one batch-2 estimator call per step,
   so they share each copy (M18).
-* emotion text — ``emotion_text``, the checkpoint's Qwen3 emotion model (`sequence`), placed
-  only when a request gives the emotion as text (`instruct`); cached per text.
+* emotion text — ``emotion_text``, the checkpoint's Qwen3 emotion model (`sequence`, float16 as
+  upstream loads it), placed only when a request gives the emotion as text (`instruct`, or the
+  spoken text); it samples from the request's seed and the decoding continues that random stream,
+  as upstream's; cached per text and seed.
 * vocoder — ``vocoder``, BigVGAN v2 (`oneshot`). No `tiled_1d` fallback: it does not tile
-  exactly (on the tiny checkpoint the tiles differ from the whole decode by 3.5e-4 of full scale
-  away from the crossfades, and by far more inside them).
+  exactly with the runtime's tiles (256 mel frames, 32 crossfaded): never torch.equal; measured
+  on a 700-frame mel, the tiles differ from the whole decode by up to 7.8e-1 of full scale inside
+  the crossfades and 2.8e-4 outside them on the tiny checkpoint (4.2e-2 and 9e-6 on the fixture's
+  BigVGAN), and overlaps of 64 or 128 frames still leave 1e-2 to 4e-1.
 
 KV cache (M45, M46): estimated at 24 codes per text token, times the beams, capped by
 `max_new_tokens`, plus the prompt.
@@ -25,6 +32,7 @@ KV cache (M45, M46): estimated at 24 codes per text token, times the beams, capp
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +64,7 @@ KV_TRANSIENT_LAYERS = 3  # per decoding step: one layer's old cache, its concate
 FLOW_HIDDEN_COPIES = 30  # the estimator's live activations per frame, in units of its hidden width
 VOCODER_STAGE_COPIES = 12  # BigVGAN's AMP blocks: 2x-rate activations and their temporaries
 SILENCE_MS = 200  # between segments, as upstream
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
 
 
@@ -120,19 +129,20 @@ class IndexTTS2Engine(Engine):
         super().__init__(manager, model_dir, dtype, device)
         if self.model_dir is None:
             raise MizuotoError("indextts2 needs a checkpoint folder (the layout of IndexTeam/IndexTTS-2)")
-        if dtype != torch.float32:
-            raise MizuotoError(f"indextts2 runs in float32 here, not {dtype}")
+        if dtype not in DTYPES:
+            raise MizuotoError(f"indextts2 runs its GPT in float32, float16 or bfloat16 (the rest in float32), "
+                               f"not {dtype}")
         check_layout(self.model_dir)
         layout = Layout.open(self.model_dir)
         self.config = layout.config
         self.tokenizer = TextTokenizer(self.model_dir / "bpe.model")
         self.tables = load_tables(layout)
-        self.gpt = load_gpt(layout)
+        self.gpt = load_gpt(layout).to(dtype)  # all of UnifiedVoice, as upstream's use_fp16 halves it
         codec = load_codec(layout)
         self.s2mel = load_s2mel(layout)
         self.w2v = W2VBert(layout.aux("w2v_bert"), self.tables.w2v_mean, self.tables.w2v_std)
         self.emotions: dict[str, torch.Tensor] = {}
-        self.text_emotions: dict[str, tuple[float, ...]] = {}
+        self.text_emotions: dict[tuple[str, int], tuple[tuple[float, ...], torch.Tensor]] = {}
         self.emotion_dir = layout.qwen_emotion_dir
         self.emotion_model = (EmotionModel(self.emotion_dir)
                               if (self.emotion_dir / "config.json").is_file() else None)
@@ -174,6 +184,7 @@ class IndexTTS2Engine(Engine):
         if speaker:
             raise MizuotoError("indextts2 has no built-in speakers; give reference audio")
         wav_22k, wav_16k = self.prompt_audio(reference)
+        own_16k = self.emotion_audio(reference)
         fbank = kaldi_fbank(wav_16k, num_mel_bins=80, sample_frequency=16000.0)
         handles = [self.w2v_bert, self.semantic_codec, self.campplus, self.conditioning]
 
@@ -184,8 +195,13 @@ class IndexTTS2Engine(Engine):
                 self.semantic_codec.module.encoder(spk.transpose(1, 2)).transpose(1, 2))
             style = pipeline.speaker_style(self.campplus.module, fbank.to(self.device))
             lengths = pipeline.feature_lengths(spk)
-            return {"spk_latent": self.gpt.speaker_latent(spk, lengths).cpu(),
-                    "base_emotion": self.gpt.emotion_vector(spk, lengths).cpu(),
+            with self.gpt_autocast():
+                base = self.gpt.emotion_vector(spk, lengths)
+                spk_latent = self.gpt.speaker_latent(spk, lengths)
+            # Without an emotion audio upstream takes the reference itself as one: loaded straight
+            # at 16 kHz (not the 22.05 kHz copy resampled), so its features differ from `spk`.
+            return {"spk_latent": spk_latent.cpu(), "base_emotion": base.cpu(),
+                    "own_emotion": self.merged_emotion(base, own_16k, 1.0).cpu(),
                     "style": style.cpu(), "semantic": quantized.transpose(1, 2).cpu(),
                     "ref_mel": pipeline.reference_mel(wav_22k, self.config["s2mel"]).cpu()}
 
@@ -208,67 +224,111 @@ class IndexTTS2Engine(Engine):
         return w2v + campplus
 
     # ---- emotion ---------------------------------------------------------------------------
+    @staticmethod
+    def emotion_audio(audio: Audio) -> torch.Tensor:
+        """An audio as upstream loads an emotion reference: at 16 kHz directly, cut to 15 s."""
+        return load_rate(_mono(audio), audio.sample_rate, 16000)[:, :PROMPT_SECONDS * 16000]
+
+    def merged_emotion(self, base: torch.Tensor, wav_16k: torch.Tensor, alpha: float) -> torch.Tensor:
+        """merge_emovec: the voice's vector moved by `alpha` towards the emotion audio's."""
+        emo = self.features(wav_16k)
+        with self.gpt_autocast():
+            return base + alpha * (self.gpt.emotion_vector(emo, pipeline.feature_lengths(emo)) - base)
+
+    def gpt_autocast(self) -> torch.autocast:
+        """Upstream's GPT phases with use_fp16: autocast to the GPT's dtype (off in float32)."""
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
     def voice_prompt(self, ctx: Any, reference: Audio | None = None, transcript: str | None = None,
                      speaker: str | None = None, instruct: str | None = None,
                      emotion: Emotion | None = None) -> Voice:
-        """The cached voice (M4), with `emotion` applied when given (see `with_emotion`)."""
-        voice = super().voice_prompt(ctx, reference, transcript, speaker, instruct=instruct)
+        """The cached voice (M4; `instruct` is not part of it), with `emotion` applied when given
+        (see `with_emotion`); `instruct` is emotion text for the emotion model."""
+        voice = super().voice_prompt(ctx, reference, transcript, speaker)
         if instruct:
             if emotion is not None:
                 raise ArgumentError("indextts2: give the emotion as text (instruct) or as audio / weights, not both")
-            emotion = Emotion(vector=self.emotion_from_text(ctx, instruct, voice.key))
+            emotion = Emotion(text=instruct, from_text=True)
         return voice if emotion is None else self.with_emotion(ctx, voice, emotion)
 
-    def emotion_from_text(self, ctx: Any, text: str, seed_key: str) -> tuple[float, ...]:
-        """The eight emotion weights the checkpoint's emotion model reads in `text` (cached per
-        text). It samples as its folder's generation config says; seeded from the text, so the
-        same text gives the same weights."""
-        if self.emotion_model is None:
-            raise MizuotoError(f"indextts2: emotion from text needs the emotion model in "
-                               f"{self.emotion_dir} (qwen0.6bemo4-merge/ of IndexTeam/IndexTTS-2)")
-        if text not in self.text_emotions:
-            model = self.emotion_model
-            ids = model.prompt(text)
-
-            @torch.inference_mode()
-            def run() -> str:
-                with self.seeded(0):
-                    return model.answer(ids.to(self.device))
-
-            answer = ctx.run("emotion text", [self.emotion_text], run,
-                             model.kv_bytes(ids.shape[1] + MAX_NEW_TOKENS))
-            self.text_emotions[text] = parse(answer, text)
-            log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, self.text_emotions[text])))
-        return self.text_emotions[text]
-
     def with_emotion(self, ctx: Any, voice: Voice, emotion: Emotion) -> Voice:
-        """`voice` speaking with `emotion`: its emotion vector is computed now (an emotion audio
-        places w2v-BERT and the conditioning encoders once, then comes from the cache)."""
-        vector = self.emotion_vector(ctx, voice, emotion)
-        return Voice(f"{voice.key}+{emotion.key()}", {**voice.data, "emotion_vector": vector}, self.id)
+        """`voice` speaking with `emotion`. An emotion audio's vector is computed now (placing
+        w2v-BERT and the conditioning encoders once per audio, then cached); weights, and text for
+        the emotion model, are resolved by each request under its seed, as upstream draws them."""
+        if emotion.by_weights:
+            if emotion.vector is not None and not emotion.from_text:
+                pipeline.check_weights(self.tables, emotion.vector)
+            data = {**voice.data, "emotion": emotion}
+        else:
+            data = {**voice.data, "emotion_vector": self.emotion_vector(ctx, voice, emotion)}
+        return Voice(f"{voice.key}+{emotion.key()}", data, self.id)
 
     def emotion_vector(self, ctx: Any, voice: Voice, emotion: Emotion | None) -> torch.Tensor:
-        """The emotion vector a request uses (cached per emotion audio and voice): the voice's own
-        when no emotion is given."""
-        base = voice.data["base_emotion"]
-        if emotion is None or (emotion.audio is None and emotion.vector is None):
-            return voice.data.get("emotion_vector", base)
-        if emotion.vector is not None:
-            return pipeline.emotion_from_weights(self.tables, voice.data["style"], list(emotion.vector), base,
-                                                 emotion.alpha)
+        """The vector of an emotion audio (cached per voice and audio), or the voice's own."""
+        if emotion is None or emotion.audio is None:
+            return voice.data.get("emotion_vector", voice.data["own_emotion"])
         key = f"{voice.key}:{emotion.key()}"
         if key not in self.emotions:
-            wav = load_rate(_mono(emotion.audio), emotion.audio.sample_rate, 16000)[:, :PROMPT_SECONDS * 16000]
+            wav, base = self.emotion_audio(emotion.audio), voice.data["base_emotion"]
 
             @torch.inference_mode()
             def run() -> torch.Tensor:
-                emo = self.features(wav)
-                vec = self.gpt.emotion_vector(emo, pipeline.feature_lengths(emo)).cpu()
-                return base + emotion.alpha * (vec - base)
+                return self.merged_emotion(base.to(self.device), wav, emotion.alpha).cpu()
 
             self.emotions[key] = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run,
                                          self.prompt_memory(wav.shape[-1]))
         return self.emotions[key]
+
+    def emotion_from_text(self, ctx: Any, text: str, seed: int) -> tuple[tuple[float, ...], torch.Tensor]:
+        """The eight emotion weights the checkpoint's emotion model reads in `text`, and the RNG
+        state after it: it samples as its folder's generation config says, from the request's
+        seed, and upstream's decoding draws next from the same stream (cached per text and seed)."""
+        if self.emotion_model is None:
+            raise MizuotoError(f"indextts2: emotion from text needs the emotion model in "
+                               f"{self.emotion_dir} (qwen0.6bemo4-merge/ of IndexTeam/IndexTTS-2)")
+        if (text, seed) not in self.text_emotions:
+            model = self.emotion_model
+            ids = model.prompt(text)
+
+            @torch.inference_mode()
+            def run() -> tuple[str, torch.Tensor]:
+                with self.seeded(seed):
+                    answer = model.answer(ids.to(self.device))
+                    return answer, self.rng_state()
+
+            answer, state = ctx.run("emotion text", [self.emotion_text], run,
+                                    model.kv_bytes(ids.shape[1] + MAX_NEW_TOKENS))
+            self.text_emotions[(text, seed)] = parse(answer, text), state
+            log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, self.text_emotions[(text, seed)][0])))
+        return self.text_emotions[(text, seed)]
+
+    def rng_state(self) -> torch.Tensor:
+        """The state of the generator this engine's sampling draws from (its device's)."""
+        return torch.get_rng_state() if self.device.type == "cpu" else torch.cuda.get_rng_state(self.device)
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        if self.device.type == "cpu":
+            torch.set_rng_state(state)
+        else:
+            torch.cuda.set_rng_state(state, self.device)
+
+    def request_emotion(self, ctx: Any, text: str, voice: Voice, emotion: Emotion | None,
+                        seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> the emotion vector of one request, and the RNG state its decoding starts from (None:
+        the seed's) when the emotion model sampled first. `emotion` (else the voice's) as
+        upstream's infer: text (None: the spoken text, the chunk's when long text is cut) through
+        the emotion model, or weights,
+        mixed from the emotion matrix; an audio's vector; or the voice's own."""
+        emotion = emotion or voice.data.get("emotion")
+        if emotion is None or not emotion.by_weights:
+            return self.emotion_vector(ctx, voice, emotion), None
+        state, weights = None, emotion.vector
+        if emotion.from_text:  # upstream: emotion text wins over a vector
+            weights, state = self.emotion_from_text(ctx, emotion.text or text, seed)
+        rng = random.Random(seed) if emotion.random else None
+        vector = pipeline.emotion_from_weights(self.tables, voice.data["style"], list(weights),
+                                               voice.data["own_emotion"], emotion.alpha, rng)
+        return vector, state
 
     # ---- talker ----------------------------------------------------------------------------
     def decode_settings(self, sampling: Sampling) -> DecodeSettings:
@@ -306,7 +366,7 @@ class IndexTTS2Engine(Engine):
         unknown = sum(ids.count(self.tokenizer.unk_id) for ids in segments)
         if unknown:
             log.warning("indextts2: %d text tokens are unknown to bpe.model and will be read as <unk>", unknown)
-        emovec = self.emotion_vector(ctx, voice, emotion)
+        emovec, rng_state = self.request_emotion(ctx, text, voice, emotion, sampling.seed)
         max_new = min(sampling.max_new_tokens, self.gpt.cfg.max_mel_tokens)
         settings = self.decode_settings(sampling)
         longest = max(len(s) for s in segments)
@@ -322,19 +382,25 @@ class IndexTTS2Engine(Engine):
             # progress and interrupt once per GPT call: prefill, one per code, the latent forward
             calls = len(segments) * (max_new + 1)
             with self.seeded(sampling.seed), self.progress_per_call(ctx, self.gpt.gpt, calls):
+                if rng_state is not None:
+                    self.set_rng_state(rng_state)
+                pipeline.skip_prompt_draws(self.w2v.upstream_draws)
                 for ids in segments:
                     text_ids = torch.tensor([ids], dtype=torch.int32, device=self.device)
-                    raw = pipeline.decode_codes(self.gpt, spk_latent, text_ids, vec, settings, max_new)
+                    with self.gpt_autocast():
+                        raw = pipeline.decode_codes(self.gpt, spk_latent, text_ids, vec, settings, max_new)
                     codes = pipeline.cut_at_stop(raw, self.gpt.cfg.stop_mel_token)
                     if codes.shape[1] == 0:
                         raise MizuotoError("indextts2: the model stopped before speaking a segment; try another seed")
                     if int(codes.max()) >= self.gpt.cfg.start_mel_token:
                         raise MizuotoError(f"indextts2: the model produced code {int(codes.max())} (its start code), "
                                            "which has no sound; try another seed")
-                    latent = self.gpt.latent(spk_latent, text_ids, codes, vec)
+                    with self.gpt_autocast():
+                        latent = self.gpt.latent(spk_latent, text_ids, codes, vec)
                     frames = ref_frames + pipeline.target_frames(codes.shape[1])
                     noise = torch.randn([1, self.s2mel.cfm.in_channels, frames], device=self.device)
-                    out.append({"codes": codes.cpu(), "latent": latent.cpu(), "noise": noise.cpu()})
+                    # s2mel runs in float32 (a CPU autocast leaves the final norm's output in the GPT's dtype)
+                    out.append({"codes": codes.cpu(), "latent": latent.float().cpu(), "noise": noise.cpu()})
             return out
 
         done = ctx.run("talker", [self.talker], run, sum(parts.values()))

@@ -9,7 +9,8 @@ comes right after the decoding's draws (same generator, same order).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import random
+from typing import Any, Sequence
 
 import torch
 
@@ -84,23 +85,46 @@ def emotion_from_audio(gpt: UnifiedVoice, voice: VoicePrompt, emo_emb: torch.Ten
     return voice.base_emotion + alpha * (emo - voice.base_emotion)
 
 
-def emotion_from_weights(tables: Tables, style: torch.Tensor, weights: list[float], emovec: torch.Tensor,
-                         alpha: float) -> torch.Tensor:
-    """The 8-emotion vector path: per emotion, the matrix row whose speaker row is most similar
-    (cosine) to the voice's style, weighted; the voice's own emotion fills the remainder."""
+def emotion_rows(tables: Tables, style: torch.Tensor, rng: random.Random | None = None) -> list[int]:
+    """Per emotion, the row of its block of the emotion matrix to use: the one whose speaker row
+    is most similar (cosine) to the voice's style, or with `rng` one at random (upstream's
+    `use_random`: `randint` per emotion, in order)."""
+    if rng is not None:
+        return [rng.randint(0, len(rows) - 1) for rows in tables.emo_matrix]
+    cosine = torch.nn.functional.cosine_similarity
+    return [int(torch.argmax(cosine(style.float(), rows.float().to(style.device), dim=1))) for rows in tables.spk_matrix]
+
+
+def check_weights(tables: Tables, weights: Sequence[float]) -> None:
     if len(weights) != len(tables.emo_matrix):
         raise ArgumentError(f"indextts2: the emotion vector needs {len(tables.emo_matrix)} weights "
                             f"(happy, angry, sad, afraid, disgusted, melancholic, surprised, calm), got {len(weights)}")
+
+
+def emotion_from_weights(tables: Tables, style: torch.Tensor, weights: list[float], emovec: torch.Tensor,
+                         alpha: float, rng: random.Random | None = None) -> torch.Tensor:
+    """The 8-emotion vector path: weights scaled by alpha (clamped to 0..1, truncated to 4
+    decimals as upstream), times each emotion's chosen row (`emotion_rows`), summed; the voice's
+    own emotion `emovec` fills the remainder (1 - the weights' sum)."""
+    check_weights(tables, weights)
     scale = max(0.0, min(1.0, alpha))
     if scale != 1.0:
         weights = [int(w * scale * 10000) / 10000 for w in weights]
     w = torch.tensor(weights, device=style.device)
-    rows = []
-    for spk_rows, emo_rows in zip(tables.spk_matrix, tables.emo_matrix):
-        sims = torch.nn.functional.cosine_similarity(style.float(), spk_rows.float().to(style.device), dim=1)
-        rows.append(emo_rows[int(torch.argmax(sims))].unsqueeze(0))
+    rows = [block[i].unsqueeze(0) for i, block in zip(emotion_rows(tables, style, rng), tables.emo_matrix)]
     mixed = torch.sum(w.unsqueeze(1) * torch.cat(rows, 0).to(style.device), 0).unsqueeze(0)
     return mixed + (1 - torch.sum(w)) * emovec
+
+
+def skip_prompt_draws(w2v_draws: int) -> None:
+    """The draws upstream's infer makes from torch's CPU generator between its seed and its
+    decoding: its w2v-BERT draws `w2v_draws` numbers per call (see `W2VBert.upstream_draws`) and
+    a request with a voice not yet cached calls it twice (the voice, and the emotion reference,
+    which is the voice itself when none is given). So the codes are those of upstream's first
+    request for a voice (its later requests with the voice cached skip these draws). On a GPU
+    the decoding draws from the device's generator, which these leave alone, as upstream's."""
+    for _ in range(2 * w2v_draws):
+        torch.rand([])
 
 
 def decode_codes(gpt: UnifiedVoice, spk_latent: torch.Tensor, text: torch.Tensor, emovec: torch.Tensor,

@@ -7,6 +7,7 @@ Every GPT-2 block and DiT block is above the runtime's 64 KB unit floor, so they
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -135,7 +136,7 @@ def write_w2v_bert(folder: Path, seed: int) -> None:
 
 def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | torch.dtype = torch.float32) -> Path:
     if dtype not in ("float32", torch.float32):
-        raise ValueError("the tiny IndexTTS-2 checkpoint is float32 (the engine runs float32)")
+        raise ValueError("the tiny IndexTTS-2 checkpoint is float32, as the published files")
     out = Path(directory)
     (out / "hf_cache" / "bigvgan").mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
@@ -216,4 +217,10 @@ def write_emotion_model(folder: Path, seed: int) -> None:
     cfg = Qwen3Config(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                       eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, tie_word_embeddings=True)
-    Qwen3ForCausalLM(cfg).eval().save_pretrained(str(folder), safe_serialization=True)
+    model = Qwen3ForCausalLM(cfg).eval()
+    # sampling as Qwen3's published generation config; the tokenizer class named as Qwen's
+    model.generation_config.update(do_sample=True, temperature=0.6, top_k=20, top_p=0.95)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings.pop("backend", None)
+    write_json(folder / "tokenizer_config.json", {**settings, "tokenizer_class": "Qwen2Tokenizer"})

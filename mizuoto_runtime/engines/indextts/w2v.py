@@ -28,6 +28,11 @@ class W2VBert(nn.Module):
         model = Wav2Vec2BertModel.from_pretrained(str(folder), local_files_only=True)
         if len(model.encoder.layers) < LAYER:
             raise MizuotoError(f"{folder}: w2v-BERT has {len(model.encoder.layers)} layers, IndexTTS-2 reads layer {LAYER}")
+        cfg = model.config
+        # upstream's transformers (4.52) draws one torch.rand([]) per encoder and adapter layer on
+        # every call, in eval mode too (its LayerDrop check): the decoding's random stream on
+        # the CPU starts after those draws (see `pipeline.skip_prompt_draws`)
+        self.upstream_draws = cfg.num_hidden_layers + (cfg.num_adapter_layers if cfg.add_adapter else 0)
         model.encoder.layers = model.encoder.layers[:LAYER]
         model.config.num_hidden_layers = LAYER
         self.model = model.eval()
