@@ -257,8 +257,7 @@ def split(text: str, language: str | None = None, model: Path | None = None) -> 
         for found, part in runs:
             _join(labelled, "en" if found == "en" else language, part)
         runs = labelled
-    unknown = next((r for r in runs if r[0] not in LANGUAGES[1:]), None)
-    if unknown is not None:
-        raise ArgumentError(f"GPT-SoVITS: {unknown[1]!r} reads as {unknown[0]!r}, which this frontend does not "
-                            f"speak; it speaks {', '.join(LANGUAGES[1:])}")
-    return [(found, part) for found, part in runs]
+    # split-lang's own labels that no rule settles (a line of marks is 'newline') are read as
+    # English, as upstream's cleaner reads any language it has no module for; such a run stays
+    # its own run there too.
+    return [(found if found in LANGUAGES[1:] else "en", part) for found, part in runs]
