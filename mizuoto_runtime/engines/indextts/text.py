@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +74,7 @@ PINYIN = re.compile(f"(?<![A-Za-z])(?:(?:{_alternatives(PINYIN_INITIALS)})?(?:{_
                     f"|ng|er)[1-5]", re.IGNORECASE)
 # Stand-ins while the grammars run: ASCII letters only for annotations (they pass both grammars
 # untouched and read as Latin text), bracketed tags for the rest.
-ANNOTATION_MARK = "MZQANNOTE{}MZQANNOTE"
+ANNOTATION_MARK = "QZXANNOTQ{}QZXANNOTQ"
 ANNOTATION_MARKS = re.compile(ANNOTATION_MARK.format("[a-z]+"))
 HYPHEN_MARK = "<D>"
 HYPHEN_RESTORE = re.compile(r"\s*" + re.escape(HYPHEN_MARK) + r"\s*")
@@ -193,20 +195,14 @@ class Glossary:
 
 
 class Normalizer:
-    """The protections and the punctuation map, around WeTextProcessing's grammars (via wetext)
-    when installed; without wetext numbers and symbols are read as written."""
+    """The protections and the punctuation map around the number grammars: WeTextProcessing's own
+    (`tn`, on pynini) when it is installed, as upstream runs them on Linux; otherwise the same
+    grammars through wetext. Without either, numbers and symbols are read as written."""
 
     def __init__(self, glossary: Glossary | None = None) -> None:
         self.glossary = glossary
-        self._zh = self._en = None
-        try:
-            from wetext import Normalizer as WeText
-        except ImportError:
-            log.info("indextts2: the wetext package is not installed; numbers and symbols are read as written")
-        else:
-            self._zh = WeText(lang="zh", operator="tn", traditional_to_simple=True, full_to_half=True,
-                              remove_interjections=False, remove_erhua=False)
-            self._en = WeText(lang="en", operator="tn")
+        grammars = _wetextprocessing() or _wetext()
+        self._zh, self._en = grammars if grammars else (None, None)
 
     def __call__(self, text: str) -> str:
         annotations = Stash([m.group() for m in ANNOTATION.finditer(text)],
@@ -246,12 +242,67 @@ class Normalizer:
         return _replace(hidden, CHAR_MAP)
 
 
+def _wetextprocessing() -> tuple[Any, Any] | None:
+    """WeTextProcessing's normalisers as upstream builds them on Linux (interjections and erhua
+    kept). That Chinese grammar is not the one its wheel ships: it is compiled once (about a
+    minute) into a cache folder per version, written aside and moved in so that two processes
+    never read half a file."""
+    try:
+        from importlib.metadata import version
+
+        from tn.chinese.normalizer import Normalizer as Chinese
+        from tn.english.normalizer import Normalizer as English
+    except ImportError:
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
+    folder = cache / f"wetextprocessing-{version('WeTextProcessing')}-zh-tn"
+    files = ("zh_tn_tagger.fst", "zh_tn_verbalizer.fst")
+    if not all((folder / f).is_file() for f in files):
+        log.info("indextts2: compiling WeTextProcessing's Chinese grammar once into %s", folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as scratch:
+            Chinese(cache_dir=scratch, remove_interjections=False, remove_erhua=False)
+            for f in files:
+                os.replace(Path(scratch) / f, folder / f)
+    return (Chinese(cache_dir=str(folder), remove_interjections=False, remove_erhua=False),
+            English(overwrite_cache=False))
+
+
+class WeText:
+    """WeTextProcessing's grammars through wetext (its wheel ships the FSTs). wetext hands back a
+    double quote of the text escaped (a backslash before it) whenever its tagger ran; the
+    punctuation map turns every double quote into an apostrophe afterwards anyway, so the quote
+    is turned first and the grammar never sees one."""
+
+    def __init__(self, **settings: Any) -> None:
+        from wetext import Normalizer as WeTextNormalizer
+
+        self.model = WeTextNormalizer(operator="tn", **settings)
+
+    def normalize(self, text: str) -> str:
+        return str(self.model.normalize(text.replace('"', "'")))
+
+
+def _wetext() -> tuple[Any, Any] | None:
+    """wetext, with the Chinese settings WeTextProcessing's normaliser has (traditional to
+    simplified, full-width to half-width)."""
+    try:
+        import wetext  # noqa: F401
+    except ImportError:
+        log.info("indextts2: neither WeTextProcessing nor wetext is installed; numbers and symbols are read as written")
+        return None
+    return (WeText(lang="zh", traditional_to_simple=True, full_to_half=True, remove_interjections=False,
+                   remove_erhua=False),
+            WeText(lang="en"))
+
+
 def _grammar(model: Any, text: str) -> str:
-    """wetext's normaliser; its assertion failures (text its tagger makes nothing of) as one error."""
+    """The normaliser's output; wetext's assertion failures (text its tagger makes nothing of)
+    as one error."""
     try:
         return str(model.normalize(text))
     except AssertionError as exc:
-        raise MizuotoError(f"indextts2: the text normaliser (wetext) cannot read {text[:60]!r}") from exc
+        raise MizuotoError(f"indextts2: the text normaliser cannot read {text[:60]!r}") from exc
 
 
 def _outside_marks(text: str, rewrite: Callable[[str], str]) -> str:
