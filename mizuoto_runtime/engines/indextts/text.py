@@ -15,16 +15,20 @@ written anew and checked against upstream's output). The normaliser, in upstream
    otherwise read as a minus; the digits inside are still read), and in Chinese text also pinyin
    with tones (given back upper-cased, j/q/x + u written with v: "xu1" -> "XV1") and names joined
    by a middle dot or dash ("克里斯托弗·诺兰").
-5. The number grammars: WeTextProcessing's, run by ``wetext`` from the FSTs its wheel ships
-   (offline). For Chinese they are set as WeTextProcessing's Chinese normaliser sets them on
-   Linux (traditional to simplified, full-width to half-width; interjections and erhua kept),
-   which gives WeTextProcessing 1.2's output exactly on our comparison set.
+5. The number grammars, WeTextProcessing's: its own package (`tn`, on pynini) when installed,
+   built as upstream builds it on Linux, which gives upstream's Linux output exactly; otherwise
+   ``wetext`` (the same grammars as FSTs in its wheel, offline) with the Chinese settings
+   WeTextProcessing's normaliser has (traditional to simplified, full-width to half-width;
+   interjections and erhua kept). wetext equals WeTextProcessing 1.2 on ordinary text; it reads
+   some numbers differently from 1.0.4.1 (upstream's lock) and spaces English text that opens
+   with a quote or bracket differently.
 6. Upstream's punctuation map (full-width and bracket characters to ASCII ones).
 
 Then every CJK character becomes its own word and everything is upper-cased before SentencePiece.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -242,6 +246,7 @@ class Normalizer:
         return _replace(hidden, CHAR_MAP)
 
 
+@functools.lru_cache(maxsize=1)
 def _wetextprocessing() -> tuple[Any, Any] | None:
     """WeTextProcessing's normalisers as upstream builds them on Linux (interjections and erhua
     kept). That Chinese grammar is not the one its wheel ships: it is compiled once (about a
@@ -283,6 +288,7 @@ class WeText:
         return str(self.model.normalize(text.replace('"', "'")))
 
 
+@functools.lru_cache(maxsize=1)
 def _wetext() -> tuple[Any, Any] | None:
     """wetext, with the Chinese settings WeTextProcessing's normaliser has (traditional to
     simplified, full-width to half-width)."""
