@@ -70,6 +70,9 @@ PROTECTED = {
     # an e-mail address alone is read by the Chinese grammars, inside English text by the English
     "联系邮箱是abc@qq.com": "联系邮箱是abc@qq.com",
     "Email me at test@example.com": "Email me at test at example dot com",
+    # double quotes come back as apostrophes, never escaped with a backslash (wetext's own habit)
+    'He said "I have 3 cats".': "He said 'I have three cats'.",
+    '他说"你好"，然后走了3步': "他说'你好',然后走了三步",
 }
 
 GLOSSED = {
@@ -109,6 +112,16 @@ def test_the_glossary_reads_terms_per_language(glossary_file: Path, text: str) -
     assert Normalizer(glossary)(text) == GLOSSED[text]
 
 
+@pytest.mark.soak
+def test_wetextprocessing_runs_the_grammars_when_installed() -> None:
+    """With WeTextProcessing installed its own normalisers run, as upstream's on Linux (the
+    Chinese grammar is compiled on first use, about a minute: hence soak)."""
+    pytest.importorskip("tn.chinese.normalizer", reason="WeTextProcessing is not installed")
+    normalize = Normalizer()
+    assert type(normalize._zh).__module__ == "tn.chinese.normalizer"
+    assert normalize("GPT-5-Nano 是 GPT-5 模型") == "GPT-五-Nano 是 GPT-五 模型"
+
+
 def test_a_missing_or_empty_glossary_is_none(tmp_path: Path) -> None:
     assert Glossary.load(tmp_path / GLOSSARY_FILE) is None
     (tmp_path / GLOSSARY_FILE).write_text("# no terms yet\n", encoding="utf-8")
@@ -131,24 +144,32 @@ def test_a_bad_glossary_is_one_error_naming_file_and_key(tmp_path: Path, content
     assert str(path) in str(info.value) and named in str(info.value)
 
 
+# What the SentencePiece model below is trained on (fixed here, so adding a case elsewhere does
+# not change its ids): a few sentences after upstream's normaliser and CJK split.
+BPE_CORPUS = [
+    "这 个 <行|XING2> 业 很 好", "他 <长|ZHANG3> 大 了 , 有 <2|LIANG3> 个 孩 子", "XV1 QV4 JV3 LV4",
+    "GPT-五-NANO 是 GPT-五 模 型 家 族 中 最 小 且 速 度 最 快 的 变 体", "I USE C PLUS PLUS EVERY DAY",
+    "我 在 用 C 加 加 和 C SHARP 写 C MAKE 脚 本", "晕 XVAN4 是 一 种 GAN3 觉", "WHERE IS THE MONEY?",
+]
+
+
 def write_bpe(folder: Path) -> Path:
-    """A small BPE model trained on the CJK-split texts below (deterministic: one thread)."""
+    """A small BPE model (deterministic: one thread)."""
     spm = pytest.importorskip("sentencepiece", reason="IndexTTS-2's tokenizer is SentencePiece")
-    lines = [split_cjk(t) for t in (*PROTECTED.values(), *GLOSSED.values())]
-    (folder / "corpus.txt").write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
+    (folder / "corpus.txt").write_text("\n".join(BPE_CORPUS * 3) + "\n", encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"), model_prefix=str(folder / "bpe"),
-                                   vocab_size=300, model_type="bpe", character_coverage=1.0, bos_id=0,
+                                   vocab_size=200, model_type="bpe", character_coverage=1.0, bos_id=0,
                                    eos_id=1, unk_id=2, pad_id=-1, hard_vocab_limit=False, num_threads=1,
                                    minloglevel=2)
     return folder / "bpe.model"
 
 
 TOKEN_IDS = {
-    "这个<行|XING2>业很好": [87, 21, 11, 85, 43, 202, 89, 53, 132, 78, 76],
-    "xu1 qu4 ju3 lv4": [98, 236, 68, 179, 211, 40, 179, 190, 41, 179, 211],
-    "GPT-5-Nano 是 GPT-5 模型": [34, 185, 8, 66, 100, 14, 34, 185, 8, 164, 148],
-    "我在用C++和C#写CMake脚本": [80, 75, 46, 15, 74, 74, 32, 15, 13, 180, 56, 187, 140, 15, 18, 110, 172, 171, 287, 162],
-    "a": [171, 2],
+    "这个<行|XING2>业很好": [76, 15, 6, 124, 195, 124, 146, 94, 24, 46, 63, 57],
+    "xu1 qu4 ju3 lv4": [21, 156, 89, 138, 87, 132, 88, 138],
+    "GPT-5-Nano 是 GPT-5 模型": [22, 137, 124, 151, 124, 137, 92, 17, 22, 137, 124, 151, 70, 55],
+    "我在用C++和C#写CMake脚本": [65, 54, 71, 4, 16, 16, 53, 4, 106, 51, 4, 102, 74, 69],
+    "a": [124, 2],
 }
 
 

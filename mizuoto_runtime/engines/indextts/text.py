@@ -257,10 +257,12 @@ def _wetextprocessing() -> tuple[Any, Any] | None:
 
         from tn.chinese.normalizer import Normalizer as Chinese
         from tn.english.normalizer import Normalizer as English
-    except ImportError:
+
+        installed = version("WeTextProcessing")
+    except ImportError:  # PackageNotFoundError too: a `tn` that is not WeTextProcessing's
         return None
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
-    folder = cache / f"wetextprocessing-{version('WeTextProcessing')}-zh-tn"
+    folder = cache / f"wetextprocessing-{installed}-zh-tn"
     files = ("zh_tn_tagger.fst", "zh_tn_verbalizer.fst")
     if not all((folder / f).is_file() for f in files):
         log.info("indextts2: compiling WeTextProcessing's Chinese grammar once into %s", folder)
