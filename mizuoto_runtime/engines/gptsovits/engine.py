@@ -29,9 +29,12 @@ architecture (same T2S and SoVITS configs) goes through ``handle.replace`` — n
 re-registered and the host copies are the new ones; a different architecture or version
 re-registers the component.
 
-Text. `text.phonemize` (offline G2P for Chinese, English and Japanese, language runs by script)
-gives the phoneme ids of the reference's transcript and of the target; the ``bert`` phase adds
-their features. Callers may give ids and features themselves (`PhonemeText`).
+Text. `text.phonemize` (offline G2P for Chinese, English and Japanese; language runs decided
+with the user's ``pretrained_models/fast_langdetect/lid.176.bin`` where found, see
+`text.segment`) gives the phoneme ids of the reference's transcript and of the target; the
+``bert`` phase adds their features. Callers may give ids and features themselves (`PhonemeText`).
+``meta.applied.language_runs`` names the language model that cut the text, and
+``meta.applied.english_homographs`` how English homographs were read (`text.english`).
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
-from .text import Run, g2pw, phonemize
+from .text import Run, english, g2pw, phonemize, segment
 from .text.chinese import PINYIN_SOURCE
 from .text.segment import LANGUAGES
 from .vits import Synthesizer
@@ -303,8 +306,13 @@ class GptSovitsEngine(Engine):
         if prompt_text is None and not transcript.strip():
             raise ArgumentError("GPT-SoVITS needs the reference's transcript (what is said in it)")
         polyphones = self.polyphones(ctx)
-        wanted = [phonemize(transcript, None, target=False, polyphones=polyphones) if prompt_text is None else [],
-                  phonemize(text, language, polyphones=polyphones) if target is None else []]
+        model = find_aux(self.pair.sovits.parent, segment.LANGUAGE_MODEL)  # upstream's full language model
+        ctx.applied["language_runs"] = segment.model_source(model)
+        wanted = [phonemize(transcript, None, target=False, polyphones=polyphones, language_model=model)
+                  if prompt_text is None else [],
+                  phonemize(text, language, polyphones=polyphones, language_model=model) if target is None else []]
+        if any(r.language == "en" for runs in wanted for r in runs):
+            ctx.applied["english_homographs"] = english.homograph_source()
         made = self.text_features(ctx, wanted)
         return prompt_text or made[0], target or made[1]
 

@@ -50,7 +50,7 @@ from ...lru import LruCache
 from .emotion_text import EmotionModel, parse
 from .emotion import EMOTIONS, Emotion
 from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
-from .text import TextTokenizer
+from .text import GLOSSARY_FILE, TextTokenizer
 from .w2v import W2VBert
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class IndexTTS2Engine(Engine):
         check_layout(self.model_dir)
         layout = Layout.open(self.model_dir)
         self.config = layout.config
-        self.tokenizer = TextTokenizer(self.model_dir / "bpe.model")
+        self.tokenizer = TextTokenizer(self.model_dir / "bpe.model", self.model_dir / GLOSSARY_FILE)
         self.tables = load_tables(layout)
         self.gpt = load_gpt(layout).to(dtype)  # all of UnifiedVoice, as upstream's use_fp16 halves it
         codec = load_codec(layout)

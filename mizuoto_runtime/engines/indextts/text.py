@@ -1,20 +1,43 @@
 """IndexTTS-2's text front end: normalisation, CJK splitting, SentencePiece on bpe.model, and
-the split into segments the GPT takes one at a time.
+the split into segments the GPT takes one at a time (issue 25).
 
-Read from upstream's front end as a specification. Kept: the punctuation map (full-width and
-bracket characters to ASCII ones), "x's" -> "x is", the CJK split (each CJK character its own
-word, everything upper-cased), the single-character shortcut, and the segment splitting (on
-sentence punctuation, then commas, then dashes, then by length; short neighbours merged).
-Numbers and symbols are normalised by `wetext` (what upstream uses on macOS and Windows; on Linux
-it builds WeTextProcessing's grammars, which may differ in corner cases such as interjections).
-Not kept: upstream's protection of names, technical terms, pinyin with tones, e-mail addresses
-and <word|reading> annotations from the normaliser, and its glossary.
+Read from upstream's front end as a specification (its code may not be copied; every rule here is
+written anew and checked against upstream's output). The normaliser, in upstream's order:
+
+1. ``<word|reading>`` pronunciation annotations are set aside whole, so the number grammars never
+   see them, and come back unchanged at the very end.
+2. The language: Chinese when the text has a Han character, has no Latin letter, is one e-mail
+   address, or holds pinyin with a tone digit ("xuan4"); English otherwise.
+3. "what's", "it's", "she's"... become "what is"...; then the glossary (``glossary.yaml`` in the
+   model folder: a term's reading for the text's language) replaces its terms, longest first,
+   matching case-insensitively.
+4. Protected from the number grammars: the hyphens of technical terms ("GPT-5-nano", which would
+   otherwise read as a minus; the digits inside are still read), and in Chinese text also pinyin
+   with tones (given back upper-cased, j/q/x + u written with v: "xu1" -> "XV1") and names joined
+   by a middle dot or dash ("克里斯托弗·诺兰").
+5. The number grammars, WeTextProcessing's: its own package (`tn`, on pynini) when installed,
+   built as upstream builds it on Linux, which gives upstream's Linux output exactly; otherwise
+   ``wetext`` (the same grammars as FSTs in its wheel, offline) with the Chinese settings
+   WeTextProcessing's normaliser has (traditional to simplified, full-width to half-width;
+   interjections and erhua kept). wetext equals WeTextProcessing 1.2 on ordinary text; it reads
+   some numbers differently from 1.0.4.1 (upstream's lock) and spaces English text that opens
+   with a quote or bracket differently.
+6. Upstream's punctuation map (full-width and bracket characters to ASCII ones).
+
+Then every CJK character becomes its own word and everything is upper-cased before SentencePiece.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
+import os
 import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...errors import MizuotoError
 
@@ -29,12 +52,41 @@ CHAR_MAP = {
 ZH_CHAR_MAP = {"$": ".", **CHAR_MAP}
 CJK = re.compile(r"([\u1100-\u11ff\u2e80-\ua4cf\ua840-\uD7AF\uF900-\uFAFF\uFE30-\uFE4F\uFF65-\uFFDC"
                  r"\U00020000-\U0002FFFF])")
-CONTRACTION = re.compile(r"(what|where|who|which|how|t?here|it|s?he|that|this)'s", re.IGNORECASE)
-EMAIL = re.compile(r"^[a-zA-Z0-9]+@[a-zA-Z0-9]+\.[a-zA-Z]+$")
+HAN = "\u4e00-\u9fff"
+ALNUM = "0-9A-Za-z"
+# "<word|reading>": the word may not hold "|" or ">", the reading may hold "|" but not ">".
+ANNOTATION = re.compile(r"<(?P<word>[^\n|>]+)[|](?P<reading>[^\n>]+)>")
+# No word boundary on either side, as upstream ("visit's" -> "visit is").
+CONTRACTION = re.compile(r"(wh(?:at|ere|o|ich)|how|t?here|it|s?he|th(?:at|is))'s", re.IGNORECASE)
+EMAIL = re.compile(f"[{ALNUM}]+@[{ALNUM}]+[.][A-Za-z]+")
+# A letter first, then letters or digits, then one or more "-" + letters/digits groups: "F5-TTS".
+# Phone numbers ("135-4567-8900") start with a digit and stay the grammars' to read.
+TECH_TERM = re.compile(f"[A-Za-z][{ALNUM}]*(?:-[{ALNUM}]+)+")
+NAME = re.compile(f"[{HAN}]+(?:[·—-][{HAN}]+){{1,2}}")
+PINYIN_INITIALS = "zh ch sh b c d f g h j k l m n p q r s t w x y z".split()
+PINYIN_FINALS = ("a e i o u ü v ai ei ao ou an en in un vn ang eng ing ong ia ie iu ian iao iang iong "
+                 "ua ui uo uai uan uang ue üe ve üan üang van vang").split()
+
+
+def _alternatives(parts: list[str]) -> str:
+    return "|".join(sorted(parts, key=len, reverse=True))
+
+
+# A syllable (initial + final, or a bare "ng" / "er") right before a tone digit 1-5, starting where
+# no ASCII letter precedes it: "xuan4", "ZHONG4", "ng2"; not "beta1" nor "voice2".
+PINYIN = re.compile(f"(?<![A-Za-z])(?:(?:{_alternatives(PINYIN_INITIALS)})?(?:{_alternatives(PINYIN_FINALS)})"
+                    f"|ng|er)[1-5]", re.IGNORECASE)
+# Stand-ins while the grammars run: ASCII letters only for annotations (they pass both grammars
+# untouched and read as Latin text), bracketed tags for the rest.
+ANNOTATION_MARK = "QZXANNOTQ{}QZXANNOTQ"
+ANNOTATION_MARKS = re.compile(ANNOTATION_MARK.format("[a-z]+"))
+HYPHEN_MARK = "<D>"
+HYPHEN_RESTORE = re.compile(r"\s*" + re.escape(HYPHEN_MARK) + r"\s*")
 SENTENCE_END = (".", "!", "?", "▁.", "▁?", "▁...")
 COMMAS = (",", "▁,")
 QUOTES = ("'", "▁'")
 MAX_SEGMENT_TOKENS = 120
+GLOSSARY_FILE = "glossary.yaml"
 
 
 def _replace(text: str, table: dict[str, str]) -> str:
@@ -42,31 +94,239 @@ def _replace(text: str, table: dict[str, str]) -> str:
     return pattern.sub(lambda m: table[m.group()], text)
 
 
+def _letters(n: int) -> str:
+    """0 -> "a", 25 -> "z", 26 -> "aa": a tag of letters only for the n-th stand-in."""
+    tag = ""
+    n += 1
+    while n:
+        n, digit = divmod(n - 1, 26)
+        tag = chr(ord("a") + digit) + tag
+    return tag
+
+
+def is_email(text: str) -> bool:
+    """One address and nothing else (a single trailing newline allowed, as upstream's `$` does)."""
+    return EMAIL.fullmatch(text[:-1] if text.endswith("\n") else text) is not None
+
+
 def is_chinese(text: str) -> bool:
-    """Upstream's choice of the Chinese path: CJK present, or no Latin letters, or an e-mail."""
-    return bool(re.search(r"[\u4e00-\u9fff]", text)) or not re.search(r"[a-zA-Z]", text) or bool(EMAIL.match(text))
+    """Upstream's choice of the Chinese path: a Han character, no Latin letter, an e-mail address,
+    or pinyin with a tone digit."""
+    if re.search(f"[{HAN}]", text) or not re.search("[A-Za-z]", text) or is_email(text):
+        return True
+    return PINYIN.search(text) is not None
+
+
+def correct_pinyin(syllable: str) -> str:
+    """j/q/x + u (or ü) is written with v, upper-cased: "xuan4" -> "XVAN4", "ju3" -> "JV3";
+    other syllables come back as written."""
+    if syllable[0].lower() not in "jqx":
+        return syllable
+    rest = syllable[1:-1]
+    if rest[:1].lower() in ("u", "ü") and rest[1:].lower() in ("", "n", "e", "an"):
+        rest = "v" + rest[1:]
+    return (syllable[0] + rest + syllable[-1]).upper()
+
+
+class Stash:
+    """Found strings swapped for stand-ins and swapped back, longest first (so one found inside
+    another cannot split it). Every occurrence of a found string is replaced, as upstream does."""
+
+    def __init__(self, found: list[str], mark: Callable[[int], str]) -> None:
+        ordered = sorted(dict.fromkeys(found), key=len, reverse=True)  # first occurrence breaks ties
+        self.pairs = [(text, mark(i)) for i, text in enumerate(ordered)]
+
+    def hide(self, text: str) -> str:
+        for original, mark in self.pairs:
+            text = text.replace(original, mark)
+        return text
+
+    def show(self, text: str, fix: Callable[[str], str] = lambda s: s) -> str:
+        for original, mark in self.pairs:
+            text = text.replace(mark, fix(original))
+        return text
+
+
+@dataclass(frozen=True)
+class Glossary:
+    """The model folder's `glossary.yaml`: a term and its reading, the same for both languages
+    (``TTS: T T S``) or per language (``M.2: {en: M dot two, zh: M 二}``; a term without a reading
+    for the text's language stays as the glossary writes it). Applied first, longest term first,
+    matching case-insensitively; a later (shorter) term may rewrite an earlier one's reading, as
+    upstream's does. Readings are used literally."""
+
+    terms: tuple[tuple[str, str | dict[str, str]], ...]
+
+    @classmethod
+    def load(cls, path: Path) -> Glossary | None:
+        """None when the file is absent or empty; one error naming the file and the key otherwise."""
+        if not path.is_file():
+            return None
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise MizuotoError(f"indextts2: {path} is not readable YAML: {exc}") from exc
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise MizuotoError(f"indextts2: {path} must map each term to its reading, "
+                               f"not be a {type(data).__name__}")
+        terms = [(cls._term(path, key), cls._reading(path, key, value)) for key, value in data.items()]
+        return cls(tuple(sorted(terms, key=lambda t: len(t[0]), reverse=True)))
+
+    @staticmethod
+    def _term(path: Path, key: Any) -> str:
+        if not isinstance(key, str) or not key:
+            raise MizuotoError(f"indextts2: {path}: the term {key!r} is not text; quote it")
+        return key
+
+    @staticmethod
+    def _reading(path: Path, key: str, value: Any) -> str | dict[str, str]:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return dict(value)
+        raise MizuotoError(f"indextts2: {path}: the reading of {key!r} must be text or language: text "
+                           f"pairs (en: ..., zh: ...), not {value!r}")
+
+    def apply(self, text: str, lang: str) -> str:
+        for term, reading in self.terms:
+            spoken = reading if isinstance(reading, str) else reading.get(lang, term)
+            text = re.sub(re.escape(term), lambda _m, s=spoken: s, text, flags=re.IGNORECASE)
+        return text
 
 
 class Normalizer:
-    """The punctuation and contraction rules, plus wetext's number grammars when installed."""
+    """The protections and the punctuation map around the number grammars: WeTextProcessing's own
+    (`tn`, on pynini) when it is installed, as upstream runs them on Linux; otherwise the same
+    grammars through wetext. Without either, numbers and symbols are read as written."""
 
-    def __init__(self) -> None:
-        self._zh = self._en = None
-        try:
-            from wetext import Normalizer as WeText
-        except ImportError:
-            log.info("indextts2: the wetext package is not installed; numbers and symbols are read as written")
-        else:
-            self._zh = WeText(remove_erhua=False, lang="zh", operator="tn")
-            self._en = WeText(lang="en", operator="tn")
+    def __init__(self, glossary: Glossary | None = None) -> None:
+        self.glossary = glossary
+        grammars = _wetextprocessing() or _wetext()
+        self._zh, self._en = grammars if grammars else (None, None)
 
     def __call__(self, text: str) -> str:
+        annotations = Stash([m.group() for m in ANNOTATION.finditer(text)],
+                            lambda i: ANNOTATION_MARK.format(_letters(i)))
+        text = annotations.hide(text)
+        chinese = is_chinese(text)
         text = CONTRACTION.sub(r"\1 is", text)
-        if is_chinese(text):
-            text = self._zh.normalize(text.rstrip()) if self._zh else text.rstrip()
-            return _replace(text, ZH_CHAR_MAP)
-        text = self._en.normalize(text) if self._en else text
-        return _replace(text, CHAR_MAP)
+        if self.glossary is not None:
+            glossary, lang = self.glossary, "zh" if chinese else "en"
+            text = _outside_marks(text, lambda part: glossary.apply(part, lang))
+        text = self._chinese(text) if chinese else self._english(text)
+        return annotations.show(text)
+
+    def _chinese(self, text: str) -> str:
+        text, terms = _hide_hyphens(text.rstrip())
+        pinyin = Stash([m.group() for m in PINYIN.finditer(text)], lambda i: f"<py_{_letters(i)}>")
+        text = pinyin.hide(text)
+        names = Stash(NAME.findall(text), lambda i: f"<name_{_letters(i)}>")
+        text = names.hide(text)
+        if self._zh is not None:
+            text = _grammar(self._zh, text)
+        text = pinyin.show(names.show(text), correct_pinyin)
+        if terms:
+            text = HYPHEN_RESTORE.sub("-", text)
+        return _replace(text, ZH_CHAR_MAP)
+
+    def _english(self, text: str) -> str:
+        hidden, terms = _hide_hyphens(text)
+        if self._en is not None:
+            try:
+                hidden = _grammar(self._en, hidden)
+            except MizuotoError as exc:  # upstream reads such English text as written
+                log.warning("%s; read as written", exc)
+                return _replace(text, CHAR_MAP)
+        if terms:
+            hidden = HYPHEN_RESTORE.sub("-", hidden)
+        return _replace(hidden, CHAR_MAP)
+
+
+@functools.lru_cache(maxsize=1)
+def _wetextprocessing() -> tuple[Any, Any] | None:
+    """WeTextProcessing's normalisers as upstream builds them on Linux (interjections and erhua
+    kept). That Chinese grammar is not the one its wheel ships: it is compiled once (about a
+    minute) into a cache folder per version, written aside and moved in so that two processes
+    never read half a file."""
+    try:
+        from importlib.metadata import version
+
+        from tn.chinese.normalizer import Normalizer as Chinese
+        from tn.english.normalizer import Normalizer as English
+
+        installed = version("WeTextProcessing")
+    except ImportError:  # PackageNotFoundError too: a `tn` that is not WeTextProcessing's
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
+    folder = cache / f"wetextprocessing-{installed}-zh-tn"
+    files = ("zh_tn_tagger.fst", "zh_tn_verbalizer.fst")
+    if not all((folder / f).is_file() for f in files):
+        log.info("indextts2: compiling WeTextProcessing's Chinese grammar once into %s", folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as scratch:
+            Chinese(cache_dir=scratch, remove_interjections=False, remove_erhua=False)
+            for f in files:
+                os.replace(Path(scratch) / f, folder / f)
+    return (Chinese(cache_dir=str(folder), remove_interjections=False, remove_erhua=False),
+            English(overwrite_cache=False))
+
+
+class WeText:
+    """WeTextProcessing's grammars through wetext (its wheel ships the FSTs). wetext hands back a
+    double quote of the text escaped (a backslash before it) whenever its tagger ran; the
+    punctuation map turns every double quote into an apostrophe afterwards anyway, so the quote
+    is turned first and the grammar never sees one."""
+
+    def __init__(self, **settings: Any) -> None:
+        from wetext import Normalizer as WeTextNormalizer
+
+        self.model = WeTextNormalizer(operator="tn", **settings)
+
+    def normalize(self, text: str) -> str:
+        return str(self.model.normalize(text.replace('"', "'")))
+
+
+@functools.lru_cache(maxsize=1)
+def _wetext() -> tuple[Any, Any] | None:
+    """wetext, with the Chinese settings WeTextProcessing's normaliser has (traditional to
+    simplified, full-width to half-width)."""
+    try:
+        import wetext  # noqa: F401
+    except ImportError:
+        log.info("indextts2: neither WeTextProcessing nor wetext is installed; numbers and symbols are read as written")
+        return None
+    return (WeText(lang="zh", traditional_to_simple=True, full_to_half=True, remove_interjections=False,
+                   remove_erhua=False),
+            WeText(lang="en"))
+
+
+def _grammar(model: Any, text: str) -> str:
+    """The normaliser's output; wetext's assertion failures (text its tagger makes nothing of)
+    as one error."""
+    try:
+        return str(model.normalize(text))
+    except AssertionError as exc:
+        raise MizuotoError(f"indextts2: the text normaliser cannot read {text[:60]!r}") from exc
+
+
+def _outside_marks(text: str, rewrite: Callable[[str], str]) -> str:
+    """`rewrite` on the text between annotation stand-ins, never on the stand-ins themselves."""
+    parts = [rewrite(part) for part in ANNOTATION_MARKS.split(text)]
+    marks = ANNOTATION_MARKS.findall(text)
+    return "".join(itertools.chain.from_iterable(itertools.zip_longest(parts, marks, fillvalue="")))
+
+
+def _hide_hyphens(text: str) -> tuple[str, list[str]]:
+    """A technical term keeps its letters and digits for the grammars; only its hyphens hide
+    (longest term first, so a shorter one inside it cannot split it)."""
+    terms = sorted(dict.fromkeys(TECH_TERM.findall(text)), key=len, reverse=True)
+    for term in terms:
+        text = text.replace(term, term.replace("-", HYPHEN_MARK))
+    return text, terms
 
 
 def split_cjk(text: str) -> str:
@@ -74,13 +334,13 @@ def split_cjk(text: str) -> str:
 
 
 class TextTokenizer:
-    def __init__(self, bpe_model: Path) -> None:
+    def __init__(self, bpe_model: Path, glossary: Path | None = None) -> None:
         if not bpe_model.is_file():
             raise MizuotoError(f"IndexTTS-2 tokenizer missing: {bpe_model}")
         from sentencepiece import SentencePieceProcessor
 
         self.sp = SentencePieceProcessor(model_file=str(bpe_model))
-        self.normalize = Normalizer()
+        self.normalize = Normalizer(Glossary.load(glossary) if glossary is not None else None)
 
     def tokens(self, text: str) -> list[str]:
         if not text:

