@@ -9,11 +9,11 @@ One choice differs from upstream: the answer is cut at `MAX_ANSWER_TOKENS` (256)
 where upstream lets it run to 32768. With thinking off the model answers a dict of eight scores
 (under 100 tokens), and the phase's KV cache is estimated at the cap (M46): at 32768 that
 estimate would be about 3.6 GiB for Qwen3 0.6B in float16 (28 layers, and one more during a
-step, x keys and values x 8 KV heads x 128 x 2 bytes a position) and would push the other models off the device for an answer of a few dozen
-tokens; an answer that runs past 256 has gone astray (upstream would spend minutes on it). When
-the cap is hit a warning says so: the weights are read from the first 256 tokens, and the
-decoding continues a random stream that is not upstream's. The tiny test model's random answers
-run to the cap.
+step, x keys and values x 8 KV heads x 128 x 2 bytes a position) and would push the other
+models off the device for an answer of a few dozen tokens; an answer that runs past 256 has
+gone astray (upstream would spend minutes on it). When the cap is hit a warning says so: the
+weights are read from the first 256 tokens, and the decoding continues a random stream that is
+not upstream's. The tiny test model's random answers run to the cap.
 """
 from __future__ import annotations
 
