@@ -15,8 +15,9 @@ written anew and checked against upstream's output). The normaliser, in upstream
    otherwise read as a minus; the digits inside are still read), and in Chinese text also pinyin
    with tones (given back upper-cased, j/q/x + u written with v: "xu1" -> "XV1") and names joined
    by a middle dot or dash ("克里斯托弗·诺兰").
-5. The number grammars, WeTextProcessing's: its own package (`tn`, on pynini) when installed,
-   built as upstream builds it on Linux, which gives upstream's Linux output exactly; otherwise
+5. The number grammars, WeTextProcessing's: its own package (`tn`, on pynini; installed with the
+   engine on Linux x86_64 where pynini has wheels) built as upstream builds it on Linux, which
+   gives upstream's Linux output exactly, its Chinese grammar compiled once per machine; otherwise
    ``wetext`` (the same grammars as FSTs in its wheel, offline) with the Chinese settings
    WeTextProcessing's normaliser has (traditional to simplified, full-width to half-width;
    interjections and erhua kept). wetext equals WeTextProcessing 1.2 on ordinary text; it reads
