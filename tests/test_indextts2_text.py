@@ -25,7 +25,7 @@ pytest.importorskip("yaml", reason="the glossary is YAML")
 
 from mizuoto_runtime import MizuotoError  # noqa: E402
 from mizuoto_runtime.engines.indextts.text import (  # noqa: E402
-    GLOSSARY_FILE, Glossary, Normalizer, TextTokenizer, compiled_grammar_folder, split_cjk, wetext_grammars,
+    GLOSSARY_FILE, Glossary, Normalizer, TextTokenizer, compiled_grammar_folder, wetext_grammars,
     wetextprocessing_grammars)
 
 REPO = Path(__file__).resolve().parents[1]
