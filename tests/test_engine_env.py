@@ -68,29 +68,70 @@ def test_snapshot_round_trip(tmp_path: Path) -> None:
     assert engine_env.main(["snapshot"]) == 0  # this environment: runs and prints
 
 
+# Where the pack may be installed: every environment marker of the engine files is checked on each.
+PLATFORMS = [{"sys_platform": system, "platform_system": name, "platform_machine": machine,
+              "python_version": python, "python_full_version": f"{python}.0"}
+             for system, name, machines in (("linux", "Linux", ("x86_64", "aarch64")),
+                                            ("win32", "Windows", ("AMD64",)), ("darwin", "Darwin", ("arm64", "x86_64")))
+             for machine in machines for python in ("3.10", "3.11", "3.12", "3.13", "3.14")]
+
+
+def requirement_lines(path: Path) -> list[tuple[str, str]]:
+    """(normalized name, environment marker or "") of each requirement of a requirements file."""
+    lines = (raw.split("#", 1)[0].strip() for raw in path.read_text().splitlines())
+    return [(engine_env.normalize(re.split(r"[=<>!~\[ ;]", line, maxsplit=1)[0]), line.partition(";")[2].strip())
+            for line in lines if line]
+
+
+def applies(marker: str, platform: dict[str, str]) -> bool:
+    from packaging.markers import Marker  # pytest's own dependency
+
+    return not marker or Marker(marker).evaluate(platform)
+
+
 def test_every_requirement_has_a_tested_pin() -> None:
     """A package an engine file names but constraints-engines.txt does not pin would be installed
-    at whatever version pip finds newest on a machine that lacks it."""
-    pins = engine_env.read_pins(REPO / "constraints-engines.txt")
+    at whatever version pip finds newest on a machine that lacks it: wherever a requirement's
+    marker holds (``pynini==2.1.6; sys_platform == "linux" ...``), a pin of it holds too."""
+    pins = {name: [line.partition(";")[2].strip() for line in lines]
+            for name, lines in engine_env.read_pins(REPO / "constraints-engines.txt").items()}
     for path in sorted((REPO / "requirements").glob("*.txt")):
         if path.name == "comfyui-env.txt":
             continue
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                name = engine_env.normalize(line.split("=")[0].split(">")[0].split("<")[0].split("[")[0])
-                assert name in pins, f"{path.name}: {name} has no tested version in constraints-engines.txt"
+        for name, marker in requirement_lines(path):
+            assert name in pins, f"{path.name}: {name} has no tested version in constraints-engines.txt"
+            for platform in PLATFORMS:
+                if applies(marker, platform):
+                    assert any(applies(pin, platform) for pin in pins[name]), \
+                        f"{path.name}: {name} has no tested version for {platform}"
+
+
+def test_requirement_lines_read_markers(tmp_path: Path) -> None:
+    path = tmp_path / "engine.txt"
+    path.write_text('# why\nWeTextProcessing==1.0.4.1; sys_platform == "linux"  # upstream\'s lock\nnumpy>=1.25\n'
+                    'pkg[extra] ; python_version < "3.11"\n')
+    assert requirement_lines(path) == [("wetextprocessing", 'sys_platform == "linux"'), ("numpy", ""),
+                                       ("pkg", 'python_version < "3.11"')]
+    linux = {"sys_platform": "linux", "python_version": "3.11"}
+    assert applies("", linux) and applies('sys_platform == "linux"', linux)
+    assert not applies('sys_platform == "linux"', {**linux, "sys_platform": "win32"})
+
+
+def test_indextts2_runs_upstreams_linux_normaliser_where_it_installs() -> None:
+    """Issue 25: WeTextProcessing (upstream's Linux normaliser) with pynini wherever pynini 2.1.6
+    has a wheel, and wetext, the fallback, everywhere."""
+    named = dict(requirement_lines(REPO / "requirements" / "indextts2.txt"))
+    wheel = [p for p in PLATFORMS if p["sys_platform"] == "linux" and p["platform_machine"] == "x86_64"
+             and p["python_version"] in ("3.10", "3.11", "3.12")]
+    for package in ("wetextprocessing", "pynini", "importlib-resources"):
+        assert [p for p in PLATFORMS if applies(named[package], p)] == wheel, package
+    assert named["wetext"] == ""
 
 
 def engine_requirements() -> dict[str, set[str]]:
     """The distributions each engine file installs."""
-    named: dict[str, set[str]] = {}
-    for path in sorted((REPO / "requirements").glob("*.txt")):
-        if path.name != "comfyui-env.txt":
-            named[path.name] = {engine_env.normalize(re.split(r"[=<>!~\[ ;]", line, maxsplit=1)[0])
-                                for line in (raw.split("#", 1)[0].strip() for raw in path.read_text().splitlines())
-                                if line}
-    return named
+    return {path.name: {name for name, _ in requirement_lines(path)}
+            for path in sorted((REPO / "requirements").glob("*.txt")) if path.name != "comfyui-env.txt"}
 
 
 def test_voxcpm2_installs_neither_funasr_nor_modelscope() -> None:

@@ -5,19 +5,30 @@ e-mail addresses), the model folder's glossary, and the token ids that reach the
 Every expected string below is what upstream's own front end (index-tts ee40fa7, with the
 glossary GLOSSARY) printed for the input, recorded by hand: upstream is never run here. They were
 chosen where WeTextProcessing 1.0.4.1 (upstream's lock), 1.2 and wetext agree, so they hold with
-whichever grammars are installed."""
+whichever grammars are installed; both installed grammars are checked on them."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-pytest.importorskip("wetext", reason="IndexTTS-2's number grammars come from wetext")
+if not any(importlib.util.find_spec(p) for p in ("tn", "wetext")):
+    pytest.skip("IndexTTS-2's number grammars need WeTextProcessing or wetext", allow_module_level=True)
 pytest.importorskip("yaml", reason="the glossary is YAML")
 
 from mizuoto_runtime import MizuotoError  # noqa: E402
 from mizuoto_runtime.engines.indextts.text import (  # noqa: E402
-    GLOSSARY_FILE, Glossary, Normalizer, TextTokenizer, split_cjk)
+    GLOSSARY_FILE, Glossary, Normalizer, TextTokenizer, compiled_grammar_folder, wetext_grammars,
+    wetextprocessing_grammars)
+
+REPO = Path(__file__).resolve().parents[1]
 
 GLOSSARY = """\
 M.2:
@@ -87,9 +98,18 @@ GLOSSED = {
 }
 
 
+@pytest.fixture(scope="module", params=["WeTextProcessing", "wetext"])
+def grammars(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    """Each installed backend: WeTextProcessing (Linux, compiled once per machine) and wetext."""
+    found = wetextprocessing_grammars() if request.param == "WeTextProcessing" else wetext_grammars()
+    if found is None:
+        pytest.skip(f"{request.param} is not installed")
+    return found
+
+
 @pytest.fixture(scope="module")
-def normalize() -> Normalizer:
-    return Normalizer()
+def normalize(grammars: tuple[Any, Any]) -> Normalizer:
+    return Normalizer(grammars=grammars)
 
 
 @pytest.fixture(scope="module")
@@ -105,21 +125,90 @@ def test_protected_text_normalises_as_upstream(normalize: Normalizer, text: str)
 
 
 @pytest.mark.parametrize("text", list(GLOSSED))
-def test_the_glossary_reads_terms_per_language(glossary_file: Path, text: str) -> None:
+def test_the_glossary_reads_terms_per_language(glossary_file: Path, grammars: tuple[Any, Any], text: str) -> None:
     """Per-language readings, matched case-insensitively, longest term first, applied before the
     protections and the grammars; never inside a <word|reading> annotation."""
     glossary = Glossary.load(glossary_file)
-    assert Normalizer(glossary)(text) == GLOSSED[text]
+    assert Normalizer(glossary, grammars)(text) == GLOSSED[text]
+
+
+def test_wetextprocessing_is_the_default_where_installed() -> None:
+    """With WeTextProcessing installed (Linux x86_64) its own normalisers run by default, as
+    upstream's on Linux; elsewhere wetext's."""
+    expected = "tn.chinese.normalizer" if importlib.util.find_spec("tn") else "mizuoto_runtime.engines.indextts.text"
+    assert type(Normalizer()._zh).__module__ == expected
+
+
+# Where WeTextProcessing 1.0.4.1 (upstream's lock) reads differently from wetext, as upstream
+# printed it on Linux: grammars that were not upstream's Linux ones would fail here.
+LINUX_ONLY = {"这台电脑有16GB内存和512GB硬盘": "这台电脑有十六GB内存和五幺二GB硬盘", "房号1203": "房号一千两百零三"}
+
+
+def test_wetextprocessing_reads_as_upstreams_lock() -> None:
+    found = wetextprocessing_grammars()
+    if found is None:
+        pytest.skip("WeTextProcessing is not installed")
+    assert {text: Normalizer(grammars=found)(text) for text in LINUX_ONLY} == LINUX_ONLY
+
+
+def fake_compile(calls: list[str], pause: float = 0.0) -> Any:
+    def compile_into(scratch: Path) -> None:
+        calls.append(scratch.name)
+        time.sleep(pause)
+        for name in ("a.fst", "b.fst"):
+            (scratch / name).write_text(name)
+    return compile_into
+
+
+def test_the_grammar_is_compiled_once_per_machine(tmp_path: Path) -> None:
+    """Compiled into a scratch folder, renamed into place, found there afterwards; two processes
+    at once (threads here: the lock is per open file) compile once, the second waits."""
+    folder, calls = tmp_path / "cache" / "zh-tn", []
+    threads = [threading.Thread(target=compiled_grammar_folder,
+                                args=(folder, ("a.fst", "b.fst"), fake_compile(calls, 0.3))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and (folder / "b.fst").read_text() == "b.fst"
+    assert compiled_grammar_folder(folder, ("a.fst", "b.fst"), fake_compile(calls)) == folder and len(calls) == 1
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["zh-tn", "zh-tn.lock"]  # no scratch left
+
+
+def test_an_incomplete_grammar_folder_is_compiled_again(tmp_path: Path) -> None:
+    folder, calls = tmp_path / "zh-tn", []
+    folder.mkdir()
+    (folder / "a.fst").write_text("half")
+    compiled_grammar_folder(folder, ("a.fst", "b.fst"), fake_compile(calls))
+    assert len(calls) == 1 and (folder / "a.fst").read_text() == "a.fst"
+
+
+def test_a_compile_that_writes_nothing_is_one_error_and_leaves_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "zh-tn"
+    with pytest.raises(MizuotoError, match="b.fst"):
+        compiled_grammar_folder(folder, ("a.fst", "b.fst"), lambda scratch: (scratch / "a.fst").write_text("a"))
+    assert not folder.exists() and [p.name for p in tmp_path.iterdir()] == ["zh-tn.lock"]
+
+
+SOAK_SENTENCES = ["他说2025年9月8日发布，价格是1/2折，电话：135-4567-8900", "GPT-5-Nano 是 GPT-5 模型",
+                  "I have 3 cats and $4.50.", "晕XUAN4是一种GAN3觉，温度-3℃"]
 
 
 @pytest.mark.soak
-def test_wetextprocessing_runs_the_grammars_when_installed() -> None:
-    """With WeTextProcessing installed its own normalisers run, as upstream's on Linux (the
-    Chinese grammar is compiled on first use, about a minute: hence soak)."""
-    pytest.importorskip("tn.chinese.normalizer", reason="WeTextProcessing is not installed")
-    normalize = Normalizer()
-    assert type(normalize._zh).__module__ == "tn.chinese.normalizer"
-    assert normalize("GPT-5-Nano 是 GPT-5 模型") == "GPT-五-Nano 是 GPT-五 模型"
+def test_a_fresh_compile_reads_as_the_cached_grammar(tmp_path: Path) -> None:
+    """WeTextProcessing's Chinese grammar compiled from nothing (about a minute, several GB) in a
+    new cache folder reads every sentence as the machine's cached one does."""
+    found = wetextprocessing_grammars()
+    if found is None:
+        pytest.skip("WeTextProcessing is not installed")
+    cached = [Normalizer(grammars=found)(s) for s in SOAK_SENTENCES]
+    script = ("import sys\nfrom mizuoto_runtime.engines.indextts.text import Normalizer\nn = Normalizer()\n"
+              "print('\\n'.join(n(s) for s in sys.argv[1:]))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script, *SOAK_SENTENCES], env=env, capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.splitlines() == cached
+    assert len(list((tmp_path / "mizuoto").glob("wetextprocessing-*-zh-tn/zh_tn_tagger.fst"))) == 1
 
 
 def test_a_missing_or_empty_glossary_is_none(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ written anew and checked against upstream's output). The normaliser, in upstream
    otherwise read as a minus; the digits inside are still read), and in Chinese text also pinyin
    with tones (given back upper-cased, j/q/x + u written with v: "xu1" -> "XV1") and names joined
    by a middle dot or dash ("克里斯托弗·诺兰").
-5. The number grammars, WeTextProcessing's: its own package (`tn`, on pynini) when installed,
-   built as upstream builds it on Linux, which gives upstream's Linux output exactly; otherwise
+5. The number grammars, WeTextProcessing's: its own package (`tn`, on pynini; installed with the
+   engine on Linux x86_64 where pynini has wheels) built as upstream builds it on Linux, which
+   gives upstream's Linux output exactly, its Chinese grammar compiled once per machine; otherwise
    ``wetext`` (the same grammars as FSTs in its wheel, offline) with the Chinese settings
    WeTextProcessing's normaliser has (traditional to simplified, full-width to half-width;
    interjections and erhua kept). wetext equals WeTextProcessing 1.2 on ordinary text; it reads
@@ -28,13 +29,16 @@ Then every CJK character becomes its own word and everything is upper-cased befo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import os
 import re
+import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,9 +207,11 @@ class Normalizer:
     (`tn`, on pynini) when it is installed, as upstream runs them on Linux; otherwise the same
     grammars through wetext. Without either, numbers and symbols are read as written."""
 
-    def __init__(self, glossary: Glossary | None = None) -> None:
+    def __init__(self, glossary: Glossary | None = None, grammars: tuple[Any, Any] | None = None) -> None:
+        """`grammars`: the (Chinese, English) normalisers; by default WeTextProcessing's when it is
+        installed, else wetext's, else none."""
         self.glossary = glossary
-        grammars = _wetextprocessing() or _wetext()
+        grammars = grammars or wetextprocessing_grammars() or wetext_grammars()
         self._zh, self._en = grammars if grammars else (None, None)
 
     def __call__(self, text: str) -> str:
@@ -246,33 +252,89 @@ class Normalizer:
         return _replace(hidden, CHAR_MAP)
 
 
+ZH_FST_FILES = ("zh_tn_tagger.fst", "zh_tn_verbalizer.fst")
+
+
 @functools.lru_cache(maxsize=1)
-def _wetextprocessing() -> tuple[Any, Any] | None:
+def wetextprocessing_grammars() -> tuple[Any, Any] | None:
     """WeTextProcessing's normalisers as upstream builds them on Linux (interjections and erhua
-    kept). That Chinese grammar is not the one its wheel ships: it is compiled once (about a
-    minute) into a cache folder per version, written aside and moved in so that two processes
-    never read half a file."""
+    kept), or None when it is not installed. That Chinese grammar is not the one its wheel ships:
+    it is compiled on first use (about a minute and several GB of memory) into a cache folder per
+    WeTextProcessing and pynini version, once per machine (see `compiled_grammar_folder`)."""
     try:
         from importlib.metadata import version
 
         from tn.chinese.normalizer import Normalizer as Chinese
         from tn.english.normalizer import Normalizer as English
 
-        installed = version("WeTextProcessing")
+        versions = f"wetextprocessing-{version('WeTextProcessing')}-pynini-{version('pynini')}"
     except ImportError:  # PackageNotFoundError too: a `tn` that is not WeTextProcessing's
         return None
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
-    folder = cache / f"wetextprocessing-{installed}-zh-tn"
-    files = ("zh_tn_tagger.fst", "zh_tn_verbalizer.fst")
-    if not all((folder / f).is_file() for f in files):
-        log.info("indextts2: compiling WeTextProcessing's Chinese grammar once into %s", folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as scratch:
-            Chinese(cache_dir=scratch, remove_interjections=False, remove_erhua=False)
-            for f in files:
-                os.replace(Path(scratch) / f, folder / f)
-    return (Chinese(cache_dir=str(folder), remove_interjections=False, remove_erhua=False),
-            English(overwrite_cache=False))
+    settings = {"remove_interjections": False, "remove_erhua": False}
+    built: list[Any] = []
+
+    def compile_into(scratch: Path) -> None:
+        built.append(Chinese(cache_dir=str(scratch), **settings))
+
+    folder = compiled_grammar_folder(_cache_root() / f"{versions}-zh-tn", ZH_FST_FILES, compile_into)
+    chinese = built[0] if built else Chinese(cache_dir=str(folder), **settings)
+    return chinese, English(overwrite_cache=False)
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
+
+
+def compiled_grammar_folder(folder: Path, files: tuple[str, ...], compile_into: Callable[[Path], None]) -> Path:
+    """`folder`, holding `files`, compiled by `compile_into` the first time on this machine.
+
+    The compile writes into a scratch folder beside it that is then renamed into place whole, so
+    no process ever reads half a grammar; a lock file makes a second process wait for the first
+    one's compile instead of doing it again (where the platform has no `fcntl`, both compile
+    and the first rename wins)."""
+    if all((folder / f).is_file() for f in files):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(folder.parent / f"{folder.name}.lock"):
+        if all((folder / f).is_file() for f in files):  # another process compiled it meanwhile
+            return folder
+        log.info("indextts2: preparing the Chinese number grammars for this machine (once, about a minute); "
+                 "they are kept in %s", folder)
+        started = time.perf_counter()
+        scratch = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
+        try:
+            compile_into(scratch)
+            missing = [f for f in files if not (scratch / f).is_file()]
+            if missing:
+                raise MizuotoError(f"indextts2: compiling the Chinese number grammars wrote no {', '.join(missing)} "
+                                   f"in {scratch}")
+            if folder.exists():  # an incomplete folder left by an interrupted older version
+                shutil.rmtree(folder)
+            os.rename(scratch, folder)
+        except OSError:
+            if not all((folder / f).is_file() for f in files):
+                raise
+            # another process (without a working lock) renamed its compile in first: same files
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        log.info("indextts2: Chinese number grammars ready in %.0f s", time.perf_counter() - started)
+    return folder
+
+
+@contextlib.contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """Holds an exclusive lock on `lock_file` (waiting for it) where the platform has `fcntl`."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock_file, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class WeText:
@@ -291,9 +353,9 @@ class WeText:
 
 
 @functools.lru_cache(maxsize=1)
-def _wetext() -> tuple[Any, Any] | None:
+def wetext_grammars() -> tuple[Any, Any] | None:
     """wetext, with the Chinese settings WeTextProcessing's normaliser has (traditional to
-    simplified, full-width to half-width)."""
+    simplified, full-width to half-width); None when it is not installed."""
     try:
         import wetext  # noqa: F401
     except ImportError:
