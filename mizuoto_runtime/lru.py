@@ -55,6 +55,11 @@ class LruCache(Generic[K, V]):
         with self._lock:
             return iter(list(self._entries))
 
+    def values(self) -> list[V]:
+        """The values, oldest first (reading them does not make them newer)."""
+        with self._lock:
+            return list(self._entries.values())
+
     def items(self) -> list[tuple[K, V]]:
         """The entries, oldest first (reading them does not make them newer)."""
         with self._lock:

@@ -169,3 +169,25 @@ def test_cached_voice_never_places_the_voice_prompt_components() -> None:
     placed = {name for action, name, _ in rt.manager.events if action == "place"}
     assert "demo:speaker_encoder" not in placed and placed == {"demo:talker", "demo:decoder"}  # M4
     assert engine.voices
+
+
+def test_the_voice_cache_keeps_the_most_recent_voices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """M4 within a bound: a session prompting many references keeps the last VOICES_KEPT, and a
+    dropped voice is prompted (its encoder placed) again."""
+    from mizuoto_runtime.engines import base
+
+    monkeypatch.setattr(base, "VOICES_KEPT", 2)
+    rt = demo_runtime()
+    engine = rt.engine("demo")
+    references = [Audio(REFERENCE.waveform * (1 + i / 10), 16000) for i in range(3)]
+
+    def prompt(reference: Audio) -> set[str]:
+        rt.manager.events.clear()
+        rt.say(engine, "hi", reference=reference, sampling=Sampling(seed=1, max_new_tokens=4))
+        return {name for action, name, _ in rt.manager.events if action == "place"}
+
+    for reference in references:
+        assert "demo:speaker_encoder" in prompt(reference)
+    assert len(engine.voices) == 2
+    assert "demo:speaker_encoder" not in prompt(references[2])  # still kept
+    assert "demo:speaker_encoder" in prompt(references[0])  # dropped, prompted again

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..audio import Audio
 from ..errors import ArgumentError, CheckpointError
+from ..lru import LruCache
 from ..phases import GLOBAL_RNG
 
 if TYPE_CHECKING:
@@ -117,6 +118,11 @@ class Codes:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# Voices kept per engine (M4): a long session prompting many references must not grow without
+# end; a voice a graph still holds keeps working when its cache entry is dropped.
+VOICES_KEPT = 32
+
+
 def element_size(dtype: torch.dtype) -> int:
     """Bytes per element of `dtype` (working-memory estimates count in the run precision)."""
     return torch.empty((), dtype=dtype).element_size()
@@ -167,7 +173,7 @@ class Engine(ABC):
         self.model_dir = Path(model_dir) if model_dir else None
         self.dtype = dtype
         self.device = device or manager.devices.compute_device()  # where its components run
-        self.voices: dict[str, Voice] = {}
+        self.voices: LruCache[str, Voice] = LruCache(VOICES_KEPT)
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
@@ -236,10 +242,11 @@ class Engine(ABC):
         `instruct` is a natural-language voice or style description, for engines that take one.
         """
         key = voice_key(reference, transcript, speaker, instruct)
-        if key not in self.voices:
-            data = self.encode_voice(ctx, reference, transcript, speaker, instruct=instruct)
-            self.voices[key] = Voice(key, data, self.id)
-        return self.voices[key]
+        voice = self.voices.get(key)
+        if voice is None:  # one read: another request may drop the entry at any moment
+            voice = Voice(key, self.encode_voice(ctx, reference, transcript, speaker, instruct=instruct), self.id)
+            self.voices[key] = voice
+        return voice
 
     @abstractmethod
     def encode_voice(self, ctx: RequestContext, reference: Audio | None, transcript: str | None,
