@@ -178,11 +178,11 @@ def test_the_g2pw_phase_is_exact_in_every_placement(voice: Path, placement: str)
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_engine_reads_polyphones_with_g2pw_and_names_the_fallback(
-        voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+        voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The frontend's Chinese ids follow g2pW's readings where the folder is; without it (or with
     the folder but no ``g2pW.onnx``) pypinyin reads them, the log says why once, and so does
     ``meta.applied.chinese_polyphones``."""
-    monkeypatch.setattr(engine_module, "_SAID", set())
+    engine_module._note_polyphone_source.cache_clear()
     caplog.set_level(logging.WARNING)
     alone = tmp_path / "alone"
     shutil.copytree(voice, alone, ignore=shutil.ignore_patterns(g2pw.FOLDER))

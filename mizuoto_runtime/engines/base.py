@@ -211,6 +211,21 @@ class Engine(ABC):
             torch.manual_seed(seed)
             yield
 
+    def rng_state(self) -> torch.Tensor:
+        """The state of the generator this engine's sampling draws from (its device's), for an
+        engine whose upstream continues one random stream across phases (the stream `seeded`
+        forks)."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_rng_state(self.device)
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Continue the stream `rng_state` saved, on this engine's device."""
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state, self.device)
+        else:
+            torch.set_rng_state(state)
+
     @staticmethod
     @contextlib.contextmanager
     def progress_per_call(ctx: RequestContext, module: nn.Module, total: int) -> Iterator[None]:

@@ -356,7 +356,7 @@ class CosyVoiceEngine(Engine):
                 with self.seeded(chunk_seed(sampling.seed, index)):
                     gen = speech_tokens(self.model, ids.to(self.device), prompt_text, prompt_token.to(torch.int64),
                                         cache=cache, max_new_tokens=plan.tokens_at_most, on_token=tick)
-                    state = _rng_state(self.device)  # its vocoder continues from here (module docstring)
+                    state = self.rng_state()  # its vocoder continues from here (module docstring)
                 out.append((drop_silent(gen.tokens, SILENT_TOKENS[self.version]), state))
             return out
 
@@ -419,7 +419,7 @@ class CosyVoiceEngine(Engine):
             waves = []
             for mel, state in zip(mels, states):
                 with self.seeded(0):
-                    _set_rng_state(self.device, state)
+                    self.set_rng_state(state)
                     wav, _, _ = self.model.hift(mel.to(self.device, self.dtype))
                 waves.append(wav.float().cpu())
             return torch.cat(waves, dim=-1)
@@ -428,16 +428,3 @@ class CosyVoiceEngine(Engine):
         wav = ctx.run("vocoder", [self.vocoder], vocode, self.vocoder_memory(max(m.shape[-1] for m in mels)))
         return Audio(wav, self.sample_rate)
 
-
-def _rng_state(device: torch.device) -> torch.Tensor:
-    """The state of the generator the vocoder draws from on `device`."""
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    return torch.get_rng_state()
-
-
-def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)

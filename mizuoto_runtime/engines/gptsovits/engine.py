@@ -39,6 +39,7 @@ with the user's ``pretrained_models/fast_langdetect/lid.176.bin`` where found, s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,6 @@ from .vits import Synthesizer
 from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
 log = logging.getLogger(__name__)
-_SAID: set[str] = set()  # the g2pW fallbacks already logged in this process
 
 SSL_RATE = 16000
 PROMPT_SILENCE_S = 0.3
@@ -182,9 +182,7 @@ class GptSovitsEngine(Engine):
             except CheckpointError as exc:  # a file the converter or the tables cannot read: the voice still speaks
                 lacking = str(exc)
         source = f"{PINYIN_SOURCE}: {lacking}"
-        if source not in _SAID:
-            _SAID.add(source)
-            log.warning("GPT-SoVITS: Chinese polyphones are read with %s; upstream reads them with g2pW", source)
+        _note_polyphone_source(source)
         return None, None, source
 
     def polyphones(self, ctx: Any) -> g2pw.Polyphones | None:
@@ -387,3 +385,9 @@ def _resample(wav: torch.Tensor, rate: int, target: int) -> torch.Tensor:
 
 def _resampled(audio: Audio, target: int) -> torch.Tensor:
     return _resample(audio.mono(), audio.sample_rate, target)
+
+
+@functools.cache
+def _note_polyphone_source(source: str) -> None:
+    """Said once per process and reason, as the frontend's other fallbacks are."""
+    log.warning("GPT-SoVITS: Chinese polyphones are read with %s; upstream reads them with g2pW", source)

@@ -313,16 +313,6 @@ class IndexTTS2Engine(Engine):
             log.info("indextts2: emotion of %r: %s", text, dict(zip(EMOTIONS, cached[0])))
         return cached
 
-    def rng_state(self) -> torch.Tensor:
-        """The state of the generator this engine's sampling draws from (its device's)."""
-        return torch.get_rng_state() if self.device.type == "cpu" else torch.cuda.get_rng_state(self.device)
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        if self.device.type == "cpu":
-            torch.set_rng_state(state)
-        else:
-            torch.cuda.set_rng_state(state, self.device)
-
     def request_emotion(self, ctx: Any, text: str, voice: Voice, emotion: Emotion | None,
                         seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> the emotion vector of one request, and the RNG state its decoding starts from (None:
