@@ -75,7 +75,7 @@ WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_
            "fishspeech-s1": "mizuoto_runtime.engines.fishspeech.tiny",
            "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny",
            "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
-           "indextts2": "mizuoto_runtime.engines.indextts.tiny",
+           "indextts2": "mizuoto_runtime.engines.indextts2.tiny",
            "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
 # The writers' arguments for bench names of one engine's versions (the writer's default otherwise).
 WRITER_ARGS: dict[str, dict[str, Any]] = {"cosyvoice2": {"version": 2}, "cosyvoice3": {"version": 3},

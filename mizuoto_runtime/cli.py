@@ -35,7 +35,7 @@ TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
     "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
     "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
     "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
-    "indextts2": ("mizuoto_runtime.engines.indextts.tiny", "write_tiny_checkpoint", "indextts2"),
+    "indextts2": ("mizuoto_runtime.engines.indextts2.tiny", "write_tiny_checkpoint", "indextts2"),
 }
 # engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
 TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini"),
@@ -197,7 +197,7 @@ def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
     if not (args.emotion_voice or args.emotion.strip() or args.emotion_text or args.emotion_from_text):
         return {}
-    from .engines.indextts.emotion import Emotion
+    from .engines.indextts2.emotion import Emotion
 
     audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
     emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength, text=args.emotion_text,

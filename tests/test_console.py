@@ -95,7 +95,7 @@ def _fishspeech(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("transformers", reason="IndexTTS-2's GPT-2 and w2v-BERT (requirements/indextts2.txt)")
     pytest.importorskip("sentencepiece", reason="IndexTTS-2's text tokenizer (requirements/indextts2.txt)")
-    from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.indextts2.tiny import write_tiny_checkpoint
 
     folder = write_tiny_checkpoint(ref.parent / "indextts2")
     return ["--engine", "indextts2", "--model", str(folder), "--voice", str(ref)]

@@ -47,7 +47,7 @@ def test_cli_runs_one_stage(capsys: pytest.CaptureFixture[str]) -> None:
 @needs_fixture
 def test_a_changed_seed_changes_the_beam_codes() -> None:
     """The decode check can fail: another seed gives other sampled codes (same model, same prompt)."""
-    from mizuoto_runtime.engines.indextts import pipeline, reference
+    from mizuoto_runtime.engines.indextts2 import pipeline, reference
 
     ref = reference_check.Reference(FIXTURE)
     models = reference.Models(ref)
