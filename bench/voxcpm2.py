@@ -44,7 +44,7 @@ from mizuoto_runtime import Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
 from mizuoto_runtime.engines.voxcpm2.engine import GeneratorModules, VoxCPM2Engine  # noqa: E402
-from mizuoto_runtime.engines.voxcpm2.tiny import write_tiny_checkpoint  # noqa: E402
+from mizuoto_runtime.engines.voxcpm2.tiny import write as write_tiny_checkpoint  # noqa: E402
 
 MB = 2**20
 TEXT = "Hello from the tiny model is the model."

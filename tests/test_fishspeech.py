@@ -51,7 +51,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
 
     def make(version: str) -> Path:
         if version not in made:
-            made[version] = tiny.write_tiny_checkpoint(tmp_path_factory.mktemp(version), version)
+            made[version] = tiny.write(tmp_path_factory.mktemp(version), version=version, dtype=torch.bfloat16)
         return made[version]
 
     return make
@@ -80,7 +80,7 @@ def test_equal_to_upstream_on_its_reference_data(variant: str) -> None:
 
 # ---- loading -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", tiny.VERSIONS)
+@pytest.mark.parametrize("version", FishSpeechEngine.VERSIONS)
 def test_both_layouts_load_and_half_precision_holds_no_float32(folder: Folder, version: str,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     """M27: bf16 straight from the files (S2-Pro's bf16 shards, S1-mini's bf16 model.pth); the
@@ -246,7 +246,7 @@ def _plain_run(folder: Folder, version: str) -> tuple[torch.Tensor, torch.Tensor
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-@pytest.mark.parametrize("version", tiny.VERSIONS)
+@pytest.mark.parametrize("version", FishSpeechEngine.VERSIONS)
 def test_every_placement_equals_the_plain_run(folder: Folder, version: str, placement: str) -> None:
     """M57: all streamed, half-way and whole on the strict device give the plain CPU run's codes
     and audio; the same seed gives the same audio."""
@@ -335,7 +335,7 @@ def test_voice_arguments_are_checked(folder: Folder) -> None:
 
 # ---- the CLI and the checkpoint lists ---------------------------------------------------------
 
-@pytest.mark.parametrize("version", tiny.VERSIONS)
+@pytest.mark.parametrize("version", FishSpeechEngine.VERSIONS)
 def test_cli_tiny_checkpoint_and_say(folder: Folder, version: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`mizuoto tiny-checkpoint --engine fishspeech --version ...` writes the official file set,
@@ -365,7 +365,7 @@ def test_cli_tiny_checkpoint_and_say(folder: Folder, version: str, tmp_path: Pat
 
 def test_checkpoint_lists_name_each_release(folder: Folder, tmp_path: Path) -> None:
     """The loader's dropdown finds both layouts (from their files, no weights read) and names them."""
-    for version in tiny.VERSIONS:
+    for version in FishSpeechEngine.VERSIONS:
         (tmp_path / version).symlink_to(folder(version), target_is_directory=True)
     (tmp_path / "not-fish").mkdir()
     (tmp_path / "not-fish" / "config.json").write_text("{}")

@@ -36,9 +36,9 @@ PROMPT_ENCODERS = {"indextts2:w2v_bert", "indextts2:semantic_codec", "indextts2:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mizuoto_runtime.engines.indextts2.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.indextts2.tiny import write
 
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("indextts2"))
+    return write(tmp_path_factory.mktemp("indextts2"))
 
 
 def runtime(placement: str) -> Runtime:

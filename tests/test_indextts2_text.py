@@ -276,9 +276,9 @@ def test_the_engine_reads_the_glossary_in_its_model_folder(tmp_path: Path) -> No
     pytest.importorskip("transformers", reason="IndexTTS-2 needs transformers")
     pytest.importorskip("torchaudio", reason="IndexTTS-2 resamples its reference audio")
     from mizuoto_runtime import Runtime
-    from mizuoto_runtime.engines.indextts2.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.indextts2.tiny import write
 
-    folder = write_tiny_checkpoint(tmp_path / "indextts2")
+    folder = write(tmp_path / "indextts2")
     (folder / GLOSSARY_FILE).write_text(GLOSSARY, encoding="utf-8")
     engine = Runtime().engine("indextts2", folder)
     assert engine.tokenizer.normalize("I use C++ every day") == "I use C plus plus every day"

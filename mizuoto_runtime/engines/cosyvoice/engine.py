@@ -142,6 +142,9 @@ class CosyVoiceEngine(Engine):
 
     id = "cosyvoice"
     title = "CosyVoice"
+    REQUIREMENTS = "cosyvoice"
+    VERSIONS = ("2", "3")
+    REFERENCE = "reference"
     sample_rate = 24000
 
     @classmethod

@@ -31,7 +31,7 @@ class DemoEngine(Engine):
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
-        """A folder `save_checkpoint` wrote: one safetensors file per component."""
+        """A folder `tiny.write` wrote: one safetensors file per component."""
         if all((folder / f"{name}.safetensors").is_file() for name in COMPONENTS):
             return CheckpointInfo("Demo")
         return None

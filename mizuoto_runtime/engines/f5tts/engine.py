@@ -211,6 +211,8 @@ class F5TTSEngine(Engine):
 
     id = "f5tts"
     title = "F5-TTS"
+    REQUIREMENTS = "f5tts"
+    UPSTREAM = "f5_tts"
     PHASED = True
     sample_rate = SAMPLE_RATE
     steps = DEFAULT_STEPS  # ODE steps (F5-TTS's nfe_step); tests and benches set fewer

@@ -92,6 +92,9 @@ class DualARTalker(nn.Module):
 class FishSpeechEngine(Engine):
     id = "fishspeech"
     title = "Fish Speech"
+    REQUIREMENTS = "fishspeech"
+    VERSIONS = ("s2-pro", "s1-mini")
+    REFERENCE = "reference"
     PHASED = True
     FAST_HOT: ClassVar[bool] = True  # the layout; `bench/engines.py` measures it against none
     sample_rate = SAMPLE_RATE

@@ -98,6 +98,10 @@ class PhonemeText:
 class GptSovitsEngine(Engine):
     id = "gptsovits"
     title = "GPT-SoVITS"
+    REQUIREMENTS = "gptsovits"
+    UPSTREAM = "jieba"  # its text frontend's
+    VERSIONS = ("v2", "v2pro")
+    REFERENCE = "reference"
     PHASED = True
 
     @classmethod

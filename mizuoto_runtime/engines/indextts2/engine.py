@@ -119,6 +119,8 @@ class IndexTTS2Engine(Engine):
 
     id = "indextts2"
     title = "IndexTTS-2"
+    REQUIREMENTS = "indextts2"
+    REFERENCE = "reference"
     sample_rate = SAMPLE_RATE
     VOICE_OPTIONS = ("emotion",)
 

@@ -158,6 +158,8 @@ class OmniVoiceEngine(Engine):
 
     id = "omnivoice"
     title = "OmniVoice"
+    REQUIREMENTS = "omnivoice"
+    UPSTREAM = "omnivoice"
     PHASED = True
     sample_rate = 24000
     steps = DEFAULT_STEPS  # masked-diffusion steps (upstream's num_step); tests and benches set fewer

@@ -61,6 +61,7 @@ from ...phases import RequestContext
 from ...slots import DeviceSlots
 from ...upstream import ImportNoise, WarningNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..lora import LoraAdapter
 from ..checkpoint_files import config_from, read_json
 from . import compat
 from . import loop as lean_loop
@@ -210,6 +211,10 @@ class Qwen3TTSEngine(Engine):
 
     id = "qwen3tts"
     title = "Qwen3-TTS"
+    REQUIREMENTS = "qwen3tts"
+    UPSTREAM = "qwen_tts"
+    VERSIONS = ("base", "custom_voice", "voice_design")  # its model types
+    LORA = LoraAdapter(component="talker", checkpoint="model.safetensors", prefix="talker.")
     PHASED = True
     sample_rate = SAMPLE_RATE
 

@@ -285,6 +285,8 @@ class VoxCPM2Engine(Engine):
 
     id = "voxcpm2"
     title = "VoxCPM 2"
+    REQUIREMENTS = "voxcpm2"
+    UPSTREAM = "voxcpm"
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
