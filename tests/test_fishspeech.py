@@ -311,11 +311,11 @@ def test_estimates_follow_the_request(folder: Folder) -> None:
     long_prompt, long = engine.plan_positions("Hello there, " * 20, voice, Sampling(max_new_tokens=2048))
     assert short == 2 * len("Hi.") and long > short and long_prompt > short_prompt > 22  # 22 reference frames
     assert engine.plan_positions("Hello there, " * 20, voice, Sampling(max_new_tokens=5))[1] == 5
-    assert engine.generation_memory(long_prompt, long, "dynamic") > engine.generation_memory(short_prompt, short,
+    assert engine.talker_memory(long_prompt, long, "dynamic") > engine.talker_memory(short_prompt, short,
                                                                                               "dynamic")
-    assert engine.generation_memory(100, 100, "static") > engine.generation_memory(100, 100, "dynamic")
+    assert engine.talker_memory(100, 100, "static") > engine.talker_memory(100, 100, "dynamic")
     assert engine.decoder_memory(40) > engine.decoder_memory(4) > 0
-    assert engine.encoder_memory(88200) > engine.encoder_memory(44100) > 0
+    assert engine.voice_prompt_memory(88200) > engine.voice_prompt_memory(44100) > 0
 
 
 def test_voice_arguments_are_checked(folder: Folder) -> None:

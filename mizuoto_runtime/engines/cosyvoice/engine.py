@@ -256,10 +256,10 @@ class CosyVoiceEngine(Engine):
             n = min(feat.shape[1] // 2, tokens.shape[1])
             return {"embedding": embedding, "prompt_token": tokens[:, :n], "prompt_feat": feat[:, :2 * n]}
 
-        memory = self.voice_memory(wav16.shape[-1])
+        memory = self.voice_prompt_memory(wav16.shape[-1])
         return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
 
-    def voice_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, and the
         tokenizer's widest activation (rows of its largest weight) per speech token."""
         assert self.speech_tokenizer is not None

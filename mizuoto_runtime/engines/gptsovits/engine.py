@@ -253,7 +253,7 @@ class GptSovitsEngine(Engine):
         silence = torch.zeros(int(cfg.sampling_rate * PROMPT_SILENCE_S))
         ssl_in = torch.cat([wav16, silence]).unsqueeze(0).to(self.dtype)
         handles = [self.hubert, self.vits] + ([self.sv] if self.sv is not None else [])
-        memory = self.voice_memory(ssl_in.shape[-1])
+        memory = self.voice_prompt_memory(ssl_in.shape[-1])
 
         @torch.inference_mode()
         def encode() -> dict[str, Any]:
@@ -268,7 +268,7 @@ class GptSovitsEngine(Engine):
 
         return ctx.run("voice prompt", handles, encode, memory)
 
-    def voice_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the SSL encoder's first conv feature maps over the 16 kHz samples."""
         assert self.hubert is not None
         cfg = self.hubert.module.config

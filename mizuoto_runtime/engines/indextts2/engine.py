@@ -213,9 +213,9 @@ class IndexTTS2Engine(Engine):
                     "style": style.cpu(), "semantic": quantized.transpose(1, 2).cpu(),
                     "ref_mel": pipeline.reference_mel(wav_22k, self.config["s2mel"]).cpu()}
 
-        return ctx.run("voice prompt", handles, run, self.prompt_memory(wav_16k.shape[-1]))
+        return ctx.run("voice prompt", handles, run, self.voice_prompt_memory(wav_16k.shape[-1]))
 
-    def prompt_memory(self, samples_16k: int) -> int:
+    def voice_prompt_memory(self, samples_16k: int) -> int:
         """M45: the voice prompt's working memory (float32), its two big parts together (they
         run one after the other, but what each returns stays to the phase's end; the sum bounds
         that, measured 1.15x): w2v-BERT over the prompt's frames (50 per second: the hidden state
@@ -284,7 +284,7 @@ class IndexTTS2Engine(Engine):
             def run() -> torch.Tensor:
                 return self.merged_emotion(base.to(self.device), wav, emotion.alpha).cpu()
 
-            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run, self.prompt_memory(wav.shape[-1]))
+            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run, self.voice_prompt_memory(wav.shape[-1]))
             self.emotions[key] = cached
         return cached
 

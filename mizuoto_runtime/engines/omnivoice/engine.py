@@ -235,10 +235,10 @@ class OmniVoiceEngine(Engine):
             prompt.ref_audio_tokens = prompt.ref_audio_tokens.cpu()
             return prompt
 
-        prompt = ctx.run("voice prompt", [self.audio_encoder, self.quantizer], encode, self.encoder_memory(samples))
+        prompt = ctx.run("voice prompt", [self.audio_encoder, self.quantizer], encode, self.voice_prompt_memory(samples))
         return {"prompt": prompt, "instruct": instruct or None}
 
-    def encoder_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the codec encoder's working memory, from the reference length (24 kHz samples):
         the widest DAC encoder stage (float32, its input and output) and the per-sample front-end
         temporaries."""
@@ -300,7 +300,7 @@ class OmniVoiceEngine(Engine):
         return Codes(chunks[0], self.id, {"chunks": chunks, "ref_rms": prompt.ref_rms if prompt else None})
 
     # ---- codec decoder ---------------------------------------------------------------------
-    def decoder_memory(self, frames: int) -> int:
+    def codec_decoder_memory(self, frames: int) -> int:
         """M45: the DAC decoder's working memory for `frames` token frames (float32)."""
         config = self.codec.config
         samples = frames * config.hop_length
@@ -327,7 +327,7 @@ class OmniVoiceEngine(Engine):
                 return [decoder(c.unsqueeze(0))[0].float().cpu().numpy() for c in chunks]
 
         pieces = ctx.run("codec decoder", [self.quantizer, self.audio_decoder], lambda: run(vocode),
-                         self.decoder_memory(max(c.shape[-1] for c in chunks)),
+                         self.codec_decoder_memory(max(c.shape[-1] for c in chunks)),
                          fallback=("tiled_1d", lambda: run(lambda t: tiled_1d(vocode, t))),
                          allow_fallback=allow_fallback)
         wav = pieces[0] if len(pieces) == 1 else cross_fade_chunks(pieces, self.sample_rate)

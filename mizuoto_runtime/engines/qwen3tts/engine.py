@@ -402,7 +402,7 @@ class Qwen3TTSEngine(Engine):
         """M46: 16 frames per text token, capped by max_new_tokens (N new tokens give N-1 frames)."""
         return max(1, min(FRAMES_PER_TEXT_TOKEN * text_tokens, sampling.max_new_tokens - 1))
 
-    def generation_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str | None = None,
+    def talker_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str | None = None,
                           loop: str | None = None, ref_codes: int = 0) -> int:
         """M45/M46: the talker phase's working memory, from the request.
 
@@ -443,7 +443,7 @@ class Qwen3TTSEngine(Engine):
                                f"got {self.talker_loop!r}")
         kv_cache = self.manager.policy.kv_cache
         text_tokens = max(1, inputs["input_ids"][0].shape[-1] - 8)  # minus the chat template's 8 tokens
-        memory = self.generation_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling),
+        memory = self.talker_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling),
                                         kv_cache=kv_cache, ref_codes=self.ref_codes(inputs))
         total = int(settings["max_new_tokens"])
         model = self.tts.model
@@ -506,7 +506,7 @@ class Qwen3TTSEngine(Engine):
         return tick
 
     # ---- codec decoder ---------------------------------------------------------------------
-    def decoder_memory(self, frames: int) -> int:
+    def codec_decoder_memory(self, frames: int) -> int:
         """M45: the decoder's working memory for one chunk (at most 300 + 25 frames), from its
         geometry: the widest stage of the upsampling convs, plus the waveform being assembled
         (the chunks' outputs, their concatenation and its clamped copy)."""
@@ -551,7 +551,7 @@ class Qwen3TTSEngine(Engine):
             return wav.to(torch.float32).cpu()
 
         # No fallback: the decoder already works in chunks, and other chunks change samples (M43).
-        wav = ctx.run("codec decoder", [self.codec_decoder], run, self.decoder_memory(full.shape[0]))
+        wav = ctx.run("codec decoder", [self.codec_decoder], run, self.codec_decoder_memory(full.shape[0]))
         if ref is not None:
             # ICL decodes the reference's codes too, for context; cut their share, as the package does.
             wav = wav[int(ref.shape[0] / max(full.shape[0], 1) * wav.shape[0]):]

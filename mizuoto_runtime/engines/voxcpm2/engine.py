@@ -342,7 +342,7 @@ class VoxCPM2Engine(Engine):
         samples = math.ceil(reference.waveform.shape[-1] * self.model._encode_sample_rate / reference.sample_rate)
         # With a transcript the audio is encoded twice, one after the other: one encode's memory.
         prompt = ctx.run("voice prompt", [self.vae_encoder], lambda: self._prompt_cache(reference, transcript),
-                         self.encoder_memory(reference.waveform.shape[-1], samples))
+                         self.voice_prompt_memory(reference.waveform.shape[-1], samples))
         return {"prompt": prompt, "instruct": instruct or None}
 
     def _prompt_cache(self, reference: Audio, transcript: str | None) -> dict[str, Any]:
@@ -361,7 +361,7 @@ class VoxCPM2Engine(Engine):
             except ValueError as exc:
                 raise MizuotoError(f"voxcpm2 voice prompt: {exc}") from exc
 
-    def encoder_memory(self, input_samples: int, samples: int) -> int:
+    def voice_prompt_memory(self, input_samples: int, samples: int) -> int:
         """M45: the voice-prompt phase's working memory, from the reference's length (`samples`
         at the VAE's 16 kHz): the encoder's full-rate stage (float32), which later stages only
         shrink, plus the waveform and the resampler's buffers."""
@@ -405,7 +405,7 @@ class VoxCPM2Engine(Engine):
         head_dim = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
         return 2 * cfg.num_key_value_heads * head_dim * _element(self.dtype)
 
-    def generation_memory(self, plan: GenerationPlan) -> dict[str, int]:
+    def generate_memory(self, plan: GenerationPlan) -> dict[str, int]:
         """M45/M46: the generate phase's working memory, by part: the static KV caches; the
         prefill's per-layer keys and values (kept by the package until the loop ends:
         `peak_bytes` of a cache grown to the prompt); the prefill's activations (both LMs'
@@ -430,7 +430,7 @@ class VoxCPM2Engine(Engine):
         target = self.target_text(text, voice)
         prompt = voice.data.get("prompt")
         plan = self.plan(target, prompt, sampling.max_new_tokens)
-        parts = self.generation_memory(plan)
+        parts = self.generate_memory(plan)
         ctx.report.add_phase("generate", kv_positions=plan.kv_positions, patches_at_most=plan.patches,
                              **{f"{k}_mb": round(v / 2**20, 2) for k, v in parts.items()})
         log.info("voxcpm2 generate: KV caches for %d positions (prompt %d + at most %d patches): %.2f MB "
