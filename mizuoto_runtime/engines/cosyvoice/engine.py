@@ -63,7 +63,7 @@ from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .dit import DiT
 from .lm import length_bounds
-from .model import CosyVoiceModel, detect_version, load_model
+from .checkpoint import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
 from .text import normalize, sentences
 from .voice import MAX_PROMPT_SECONDS, SPEAKER_RATE, load_campplus, load_speech_tokenizer, resample

@@ -15,7 +15,7 @@ from ...reference_check import Check, Reference, Stage
 from .flow import cosine_t_span
 from .hift import HiFT
 from .lm import RasParams
-from .model import CosyVoiceModel, load_model
+from .checkpoint import CosyVoiceModel, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens, token2wav
 
 

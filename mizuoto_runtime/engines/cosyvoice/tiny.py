@@ -28,7 +28,7 @@ from ...nn.decoder import DecoderConfig
 from ...nn import weight_norm
 from ..tiny import byte_alphabet, fan_in_std, version_of, write_json
 from .engine import SPK2INFO, CosyVoiceEngine
-from .model import BLANK_EN, YAMLS, load_model
+from .checkpoint import BLANK_EN, YAMLS, load_model
 from .tokenizer import special_tokens
 
 log = logging.getLogger(__name__)
@@ -287,7 +287,7 @@ def _write(out: Path, version: int, seed: int) -> Path:
     generator = torch.Generator().manual_seed(seed)
     # Build the modules from the yaml with our own loader's builders, then fill them at random.
     from .config import ModelConfig
-    from .model import _hift_factory, build_flow, lm_spec
+    from .checkpoint import _hift_factory, build_flow, lm_spec
     from .lm import CosyVoiceLM
 
     blank = out / BLANK_EN

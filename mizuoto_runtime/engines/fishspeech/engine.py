@@ -65,7 +65,7 @@ from .dual_ar import FastTransformer, KVCache, SlowTransformer
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
 from .sampling import S1Sampling, SamplingTensors
-from .weights import detect_version, load_codec, load_dual_ar
+from .checkpoint import detect_version, load_codec, load_dual_ar
 
 SAMPLE_RATE = 44100
 LABELS = {"s2-pro": "S2-Pro", "s1-mini": "S1-mini"}

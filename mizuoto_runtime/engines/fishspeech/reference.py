@@ -25,7 +25,7 @@ from . import prompt as chat
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
 from .sampling import SamplingTensors
-from .weights import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
+from .checkpoint import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

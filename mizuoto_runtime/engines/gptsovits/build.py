@@ -12,7 +12,7 @@ from ...errors import CheckpointError
 from .sv import ERes2NetV2, config_for
 from .t2s import T2SConfig, Text2Semantic, load_state
 from .vits import Synthesizer, VitsConfig
-from .weights import GptFile, SovitsFile, _torch_load
+from .checkpoint import GptFile, SovitsFile, _torch_load
 
 
 def build_t2s(gpt: GptFile, dtype: torch.dtype = torch.float32) -> Text2Semantic:

@@ -61,7 +61,7 @@ from .text import Run, english, g2pw, phonemize, segment
 from .text.chinese import PINYIN_SOURCE
 from .text.segment import LANGUAGES
 from .vits import Synthesizer
-from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
+from .checkpoint import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
 log = logging.getLogger(__name__)
 

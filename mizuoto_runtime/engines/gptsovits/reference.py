@@ -22,7 +22,7 @@ from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .vits import Synthesizer
-from .weights import read_gpt, read_sovits
+from .checkpoint import read_gpt, read_sovits
 
 MODULE, CHAIN, EXACT = "module", "chain", "exact"
 
