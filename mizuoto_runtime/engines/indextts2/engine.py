@@ -49,7 +49,7 @@ from .decoding import DecodeSettings
 from ...lru import LruCache
 from .emotion_text import EmotionModel, parse
 from .emotion import EMOTIONS, Emotion
-from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
+from .checkpoint import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .text import GLOSSARY_FILE, TextTokenizer
 from .w2v import W2VBert
 

@@ -15,7 +15,7 @@ import torch
 from ...reference_check import Check, Reference, Stage
 from . import pipeline
 from .decoding import DecodeSettings
-from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel
+from .checkpoint import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel
 
 # output name -> (settings key, seed key or None) in reference.json stages.gpt
 DECODES = {
