@@ -30,11 +30,9 @@ from mizuoto_runtime.units import plan_units
 pytest.importorskip("transformers")
 pytest.importorskip("torchaudio")
 
-from mizuoto_runtime.engines.gptsovits.build import build_t2s  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.engine import GptSovitsEngine, PhonemeText  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.layout import VoicePair, pair_in  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.tiny import write as write_voice  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.checkpoint import read_gpt, read_sovits  # noqa: E402
+from mizuoto_runtime.engines.gptsovits.checkpoint import VoicePair, build_t2s, pair_in, read_gpt, read_sovits  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "gptsovits"
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(48000) / 6.0).unsqueeze(0), 16000)

@@ -1,4 +1,28 @@
-"""Reading GPT-SoVITS weight files as users have them (M27), never unpickling arbitrary objects.
+"""GPT-SoVITS's checkpoints: where the files are, reading them safely and building the modules
+from them.
+
+**Layout.** Where GPT-SoVITS's files are, as users have them.
+
+A voice is a pair of weight files: a GPT (T2S) ``.ckpt`` and a SoVITS ``.pth``. Users have them as
+
+* upstream's pretrained base folders (``GPT_SoVITS/pretrained_models/``):
+  ``gsv-v2final-pretrained/`` holds the v2 pair (``s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt``,
+  ``s2G2333k.pth``, beside the discriminator ``s2D2333k.pth``, which is never a voice);
+  ``v2Pro/`` holds ``s2Gv2Pro.pth`` and ``s2Gv2ProPlus.pth`` whose GPT is ``s1v3.ckpt`` one
+  folder up;
+* a fine-tuned pair, ``GPT_weights_v2*/<name>-e<N>.ckpt`` beside ``SoVITS_weights_v2*/<name>_e<N>_s<M>.pth``;
+* or any folder holding one ``.ckpt`` and one ``.pth``.
+
+A checkpoint choice is a folder with one pair, or a ``.pth`` file (`voice_files`: a folder of
+several, such as ``v2Pro/`` or ``SoVITS_weights_v2/``); a ``.pth``'s GPT is the one ``.ckpt``
+beside it, else ``s1v3.ckpt`` one folder up, else the latest epoch of the same experiment
+name in a sibling ``GPT_weights*/`` folder (`pair_for`).
+
+The feature models are folders of their own, looked for beside the pair and up to two levels
+above it, there or in a ``pretrained_models/`` (`find_aux`): ``chinese-hubert-base/`` (transformers
+HubertModel) and ``sv/pretrained_eres2netv2w24s4ep4.ckpt`` (v2Pro's speaker model).
+
+**Reading.** Reading GPT-SoVITS weight files as users have them (M27), never unpickling arbitrary objects.
 
 * GPT (T2S) ``.ckpt``: a torch zip of ``{"weight": {"model.<name>": fp16}, "config": dict,
   "info": str}`` — plain types, so ``torch.load(weights_only=True)`` reads it as is.
@@ -13,6 +37,10 @@
 
 Any other file, a truncated one, or one whose pickle names another global is one
 `CheckpointError` naming the file, and nothing is loaded.
+
+**Building.** Building GPT-SoVITS's modules from their weight files: each module's sizes come from the file's
+own config (the T2S ``config["model"]``, the SoVITS ``hps``, the speaker model's tensors), and its
+tensors are checked against them, every mismatch one `CheckpointError` naming file and tensor.
 """
 from __future__ import annotations
 
@@ -20,15 +48,108 @@ import dataclasses
 import hashlib
 import io
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ...errors import CheckpointError
 from ...nn import weight_norm
+from .sv import ERes2NetV2, config_for
+from .t2s import T2SConfig, Text2Semantic, load_state
+from .vits import Synthesizer, VitsConfig
 
+HUBERT_FOLDER = "chinese-hubert-base"
+SV_FILE = "sv/pretrained_eres2netv2w24s4ep4.ckpt"
+PRO_GPT = "s1v3.ckpt"
+DISCRIMINATOR = "s2D"
+
+
+@dataclasses.dataclass(frozen=True)
+class VoicePair:
+    gpt: Path
+    sovits: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpt.stem} + {self.sovits.stem}"
+
+
+def _files(folder: Path, pattern: str) -> list[Path]:
+    """The files of `folder` matching `pattern`, without the discriminators (``s2D*.pth``) the
+    pretrained folders ship beside their generators: training weights, never a voice."""
+    return sorted(p for p in folder.glob(pattern) if p.is_file() and not p.name.startswith(DISCRIMINATOR))
+
+
+def _single(folder: Path, pattern: str) -> Path | None:
+    found = _files(folder, pattern)
+    return found[0] if len(found) == 1 else None
+
+
+def _experiment(path: Path) -> str:
+    """The experiment name a fine-tuned file carries: ``name`` of ``name_e8_s16.pth`` or ``name-e15.ckpt``."""
+    return re.sub(r"(_e\d+_s\d+|-e\d+)$", "", path.stem)
+
+
+def _epoch(path: Path) -> int:
+    found = re.search(r"[-_]e(\d+)", path.stem)
+    return int(found.group(1)) if found else -1
+
+
+def pair_for(sovits: Path) -> VoicePair | None:
+    """The GPT file that goes with the SoVITS file `sovits` (see the module doc); None when none does."""
+    folder = sovits.parent
+    gpt = _single(folder, "*.ckpt")
+    if gpt is None and (folder.parent / PRO_GPT).is_file():
+        gpt = folder.parent / PRO_GPT
+    if gpt is None:
+        name = _experiment(sovits)
+        fine_tuned = [p for d in folder.parent.glob("GPT_weights*") if d.is_dir() for p in d.glob("*.ckpt")
+                      if _experiment(p) == name]
+        gpt = max(fine_tuned, key=lambda p: (_epoch(p), p.name), default=None)
+    return VoicePair(gpt, sovits) if gpt is not None else None
+
+
+def pair_in(place: Path) -> VoicePair | None:
+    """The pair a choice names: a ``.pth`` file's (`pair_for`), or a folder's one ``.pth``'s;
+    None when there is no such pair."""
+    if place.is_file():
+        return pair_for(place) if place.suffix == ".pth" and not place.name.startswith(DISCRIMINATOR) else None
+    sovits = _single(place, "*.pth")
+    return pair_for(sovits) if sovits is not None else None
+
+
+def voice_files(folder: Path) -> list[Path]:
+    """The ``.pth`` files of a folder of several, each a choice of its own."""
+    found = _files(folder, "*.pth")
+    return found if len(found) > 1 else []
+
+
+def require_pair(place: Path) -> VoicePair:
+    pair = pair_in(place)
+    if pair is None:
+        raise CheckpointError(f"{place}: expected a GPT-SoVITS SoVITS file (*.pth) with its GPT file (*.ckpt) beside "
+                              "it, or a folder with one of each")
+    return pair
+
+
+PRETRAINED = ("", "pretrained_models", "GPT_SoVITS/pretrained_models")
+
+
+def find_aux(start: Path, relative: str) -> Path | None:
+    """`relative` in `start` or up to two folders above it, directly or in a ``pretrained_models/``
+    (or an install's ``GPT_SoVITS/pretrained_models/``) there."""
+    for folder in (start, start.parent, start.parent.parent):
+        for sub in PRETRAINED:
+            if (folder / sub / relative).exists():
+                return folder / sub / relative
+    return None
+
+
+# ---- reading the weight files ---------------------------------------------------------------
 ZIP_MAGIC = b"PK"
 SUPPORTED_TAGS = {b"05": "v2Pro", b"06": "v2ProPlus"}
 UNSUPPORTED_TAGS = {b"00": "v1", b"01": "v2 (tagged)", b"02": "v3", b"03": "v3 LoRA", b"04": "v4 LoRA"}
@@ -168,3 +289,64 @@ def fold_legacy_weight_norm(state: dict[str, torch.Tensor], path: Path) -> dict[
         return weight_norm.fold_state_dict(kept)
     except KeyError as exc:
         raise CheckpointError(f"{path}: {exc.args[0]}") from None
+
+
+# ---- building the modules --------------------------------------------------------------------
+def build_t2s(gpt: GptFile, dtype: torch.dtype = torch.float32) -> Text2Semantic:
+    try:
+        model = Text2Semantic(T2SConfig.from_checkpoint(gpt.config["model"], str(gpt.path)))
+        load_state(model, gpt.weights, str(gpt.path))
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    return model.to(dtype).eval()
+
+
+def vits_config(sovits: SovitsFile) -> VitsConfig:
+    try:
+        sv = sovits.weights.get("sv_emb.weight")
+        return VitsConfig.from_hparams(sovits.model, sovits.data, sovits.version, str(sovits.path),
+                                       sv.shape[1] if sv is not None else 20480)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def build_vits(sovits: SovitsFile, dtype: torch.dtype = torch.float32) -> Synthesizer:
+    model = Synthesizer(vits_config(sovits))
+    fill_strict(model, sovits.weights, sovits.path)
+    return model.to(dtype).eval()
+
+
+def fill_strict(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """``load_state_dict(strict=True)`` with one error naming the file and the first tensors at fault."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{k} {tuple(state[k].shape)} (expected {tuple(t.shape)})" for k, t in expected.items()
+             if k in state and state[k].shape != t.shape]
+    if missing or unexpected or wrong:
+        parts = [f"missing {', '.join(missing[:4])}" if missing else "",
+                 f"unexpected {', '.join(unexpected[:4])}" if unexpected else "",
+                 f"wrong shape {', '.join(wrong[:3])}" if wrong else ""]
+        raise CheckpointError(f"{path}: tensors do not match the model its config describes: "
+                              + "; ".join(p for p in parts if p))
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+
+
+def read_sv_state(path: Path) -> dict[str, torch.Tensor]:
+    """The speaker model's plain state dict (``sv/pretrained_eres2netv2w24s4ep4.ckpt``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such speaker-verification (ERes2NetV2) file")
+    state = _torch_load(path, path, [])
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: not an ERes2NetV2 state dict")
+    return state
+
+
+def build_sv(state: dict[str, torch.Tensor], path: Path, dtype: torch.dtype = torch.float32) -> ERes2NetV2:
+    try:
+        model = ERes2NetV2(config_for(state, str(path)))
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    fill_strict(model, state, path)
+    return model.to(dtype).eval()

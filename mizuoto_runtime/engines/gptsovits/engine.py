@@ -53,15 +53,14 @@ from ...nn.features import kaldi_fbank
 from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import bert as bert_features
-from .build import build_sv, build_t2s, build_vits, read_sv_state
-from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
+from .checkpoint import (HUBERT_FOLDER, SUPPORTED, SV_FILE, VoicePair, build_sv, build_t2s, build_vits, find_aux, pair_in,
+                         read_gpt, read_sovits, read_sv_state, require_pair, sovits_version_hint, voice_files)
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .text import Run, english, g2pw, phonemize, segment
 from .text.chinese import PINYIN_SOURCE
 from .text.segment import LANGUAGES
 from .vits import Synthesizer
-from .checkpoint import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,10 @@ import torch
 from ...errors import CheckpointError
 from ...reference_check import Check, Reference, Stage
 from ...nn.features import kaldi_fbank
-from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .vits import Synthesizer
-from .checkpoint import read_gpt, read_sovits
+from .checkpoint import build_sv, build_t2s, build_vits, read_gpt, read_sovits, read_sv_state
 
 MODULE, CHAIN, EXACT = "module", "chain", "exact"
 
