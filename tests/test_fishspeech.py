@@ -165,7 +165,7 @@ def test_loading_errors_name_what_is_wrong(folder: Folder, tmp_path: Path) -> No
 
 # ---- the loop ----------------------------------------------------------------------------------
 
-def _frames(model: weights.DualAR, kind: str, sync_every: int, max_new: int = 40) -> loop.Generated:
+def _frames(model: checkpoint.DualAR, kind: str, sync_every: int, max_new: int = 40) -> loop.Generated:
     cfg = model.config
     rows = prompt.encode(prompt.system_message(None, None) + prompt.user_message(TEXT) + prompt.assistant_turn(),
                          model.tokenizer, cfg.num_codebooks)
