@@ -66,7 +66,7 @@ def require_qwen_tts() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
     if importlib.util.find_spec("qwen_tts") is None:
         pytest.skip("qwen_tts is not installed (the qwen3tts extra)", allow_module_level=True)
-    from mizuoto_runtime.engines.qwen3tts.engine import import_upstream
+    from mizuoto_runtime.engines.qwen3tts.checkpoint import import_upstream
 
     import_upstream()
 

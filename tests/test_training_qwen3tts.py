@@ -79,7 +79,7 @@ def trained(base: Path, data: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def fresh_talker(base: Path) -> Any:
     """A talker of its own to train (the engine's carries the runtime's per-thread loop state)."""
-    from mizuoto_runtime.engines.qwen3tts.engine import load_model
+    from mizuoto_runtime.engines.qwen3tts.checkpoint import load_model
 
     return load_model(base, torch.float32, torch.device("cpu")).model.talker
 

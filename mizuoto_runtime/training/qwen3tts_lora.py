@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engines.base import Voice
-from ..engines.qwen3tts.engine import check_layout, import_upstream
+from ..engines.qwen3tts.checkpoint import check_layout, import_upstream
 from ..errors import MizuotoError
 from ..loading import SafetensorsFile
 from ..runtime import DTYPES, Runtime

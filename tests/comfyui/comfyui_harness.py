@@ -51,10 +51,10 @@ NOT_IMPORTABLE = 3  # the exit status of `import_guard` when an engine's package
 
 def import_guard(engine_module: str) -> str:
     """Python code that imports the upstream package of `mizuoto_runtime.engines.<engine_module>`
-    (its `engine` module)
+    (its `checkpoint` module's `import_upstream`)
     as the engine does (`import_upstream`, adapted to the transformers installed), and exits
     with NOT_IMPORTABLE, saying why, when it cannot."""
-    return (f"import sys\ntry:\n    from mizuoto_runtime.engines.{engine_module}.engine import import_upstream\n"
+    return (f"import sys\ntry:\n    from mizuoto_runtime.engines.{engine_module}.checkpoint import import_upstream\n"
             f"    import_upstream()\n"
             f"except Exception as exc:  # missing, or installed beside a transformers it does not run on\n"
             f"    print(f'the {engine_module} engine cannot import its package under {{sys.executable}}: "

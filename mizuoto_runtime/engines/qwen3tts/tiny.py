@@ -42,7 +42,8 @@ from torch import nn
 
 from ..tiny import byte_alphabet, fan_in_std, scale_output, version_of, word_merges, write_json
 from . import compat
-from .engine import Qwen3TTSEngine, import_upstream
+from .checkpoint import import_upstream
+from .engine import Qwen3TTSEngine
 
 log = logging.getLogger(__name__)
 
