@@ -292,7 +292,7 @@ def test_bf16_load_converts_in_place(voxcpm2_checkpoint: Checkpoint, monkeypatch
     and float32-then-convert, rotary tables included; the VAE stays float32; the bf16 engine speaks."""
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
-    from mizuoto_runtime.engines.voxcpm2 import engine as voxcpm2
+    from mizuoto_runtime.engines.voxcpm2 import checkpoint as voxcpm2
 
     filled: list[set[tuple[torch.dtype, str]]] = []
 

@@ -178,7 +178,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     """Write a tiny random VoxCPM 2 checkpoint into `directory`. `dtype` is that of
     ``model.safetensors`` and the config's run precision (None: float32); the audio VAE is
     always float32, as the official checkpoint ships it and the package runs it."""
-    from .engine import import_upstream
+    from .checkpoint import import_upstream
 
     one_version(version)
 
