@@ -45,19 +45,13 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
-from ...loading import build_on_meta, load_safetensors
 from ...phases import RequestContext
 from ...tiling import tiled_1d
-from ...upstream import ImportNoise, WarningNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from ..checkpoint_files import config_from, read_json
+from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
 
-REQUIRED_FILES = (
-    "config.json", "model.safetensors", "tokenizer_config.json",
-    "audio_tokenizer/config.json", "audio_tokenizer/model.safetensors", "audio_tokenizer/preprocessor_config.json",
-)
 DEFAULT_STEPS = 32
 # The constants below were fitted to CPU peaks measured on the tiny checkpoint (bench/engines.py
 # --peaks: 1 and 3 s references) to land 1.0-1.3x above them (M45: never under, not much over); on
@@ -72,30 +66,6 @@ DECODER_COPIES_PER_SAMPLE = 5
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate
 # encoder stage (channels x samples), and upstream's numpy prompt preparation.
 ENCODER_BYTES_PER_SAMPLE = 96
-
-
-def check_layout(folder: Path) -> None:
-    if not folder.is_dir():
-        raise CheckpointError(f"OmniVoice checkpoint folder not found: {folder}")
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
-    if missing:
-        raise CheckpointError(f"{folder}: not an OmniVoice checkpoint folder, missing {', '.join(missing)} "
-                              "(expected the layout of k2-fsa/OmniVoice)")
-    for name, model_type in (("config.json", "omnivoice"), ("audio_tokenizer/config.json", "higgs_audio_v2_tokenizer")):
-        found = read_json(folder / name).get("model_type")
-        if found != model_type:
-            raise CheckpointError(f"{folder / name}: model_type is {found!r}, expected {model_type!r}")
-
-
-#: What importing `omnivoice` says that users cannot act on: pydub's "Couldn't find ffmpeg"
-#: warning. The package hands pydub arrays, never files, so ffmpeg is never called.
-OMNIVOICE_NOISE = ImportNoise(warnings=(
-    WarningNoise(RuntimeWarning, "Couldn't find ffmpeg or avconv", "pydub.utils"),))
-
-
-def import_upstream() -> None:
-    """Import `omnivoice` (an optional extra; needs transformers >= 5.3) without its noise."""
-    quiet_import("omnivoice", OMNIVOICE_NOISE)
 
 
 @functools.cache
@@ -115,37 +85,6 @@ def package_languages() -> tuple[str, ...]:
     module = importlib.util.module_from_spec(lang_map)
     lang_map.loader.exec_module(module)
     return tuple(sorted(module.LANG_NAMES))
-
-
-def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
-    """(`omnivoice.OmniVoice` ready to generate, its codec) built on meta and filled (M27)."""
-    check_layout(folder)
-    import_upstream()
-    from omnivoice import OmniVoice, OmniVoiceConfig
-    from omnivoice.utils.duration import RuleDurationEstimator
-    from transformers import AutoFeatureExtractor, AutoTokenizer, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
-
-    config = config_from(OmniVoiceConfig, folder)
-    model = build_on_meta(lambda: OmniVoice(config), dtype)
-    load_safetensors(model, folder / "model.safetensors")
-    codec_folder = folder / "audio_tokenizer"
-    codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
-    codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
-    load_safetensors(codec, codec_folder / "model.safetensors")
-    try:
-        text_tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        features = AutoFeatureExtractor.from_pretrained(str(codec_folder))
-    except (OSError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
-    model.eval()
-    codec.eval()
-    # What upstream's from_pretrained attaches, without making the codec a submodule.
-    model.text_tokenizer = text_tokenizer
-    object.__setattr__(model, "audio_tokenizer", codec)
-    model.feature_extractor = features
-    model.sampling_rate = features.sampling_rate
-    model.duration_estimator = RuleDurationEstimator()
-    return model, codec
 
 
 def _upstream_error(exc: Exception) -> MizuotoError:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..tiny import one_version
-from .engine import import_upstream
+from .checkpoint import import_upstream
 
 log = logging.getLogger(__name__)
 
