@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..tiny import one_version
-from .engine import EMA_PREFIX, VOCODER_FOLDER
+from .checkpoint import EMA_PREFIX, VOCODER_FOLDER
 from .upstream import import_upstream
 
 log = logging.getLogger(__name__)
