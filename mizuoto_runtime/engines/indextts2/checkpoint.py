@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import MizuotoError
+from ...errors import CheckpointError, MizuotoError
 from ...nn.checkpoint import load_state_dict
 from ...nn.weight_norm import fold_state_dict
 from .bigvgan import BigVGAN, BigVGANConfig
@@ -69,6 +69,28 @@ def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,
         raise MizuotoError(f"{source}: does not match the model built from config.yaml: "
                            f"missing {missing[:8]}, unexpected {unexpected[:8]}, shapes {shapes[:8]}")
     module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)
+
+
+REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
+
+
+def import_upstream() -> None:
+    """Import what the engine needs beside torch (no upstream package: the model code is ours);
+    the harness of the real-ComfyUI tests calls it to skip where an environment lacks one."""
+    import librosa  # noqa: F401
+    import sentencepiece  # noqa: F401
+    import torchaudio  # noqa: F401
+    import transformers  # noqa: F401
+    import yaml  # noqa: F401
+
+
+def check_layout(folder: Path) -> None:
+    if not folder.is_dir():
+        raise CheckpointError(f"IndexTTS-2 checkpoint folder not found: {folder}")
+    missing = [n for n in REQUIRED if not (folder / n).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: not an IndexTTS-2 folder, missing {', '.join(missing)} "
+                              "(expected the layout of IndexTeam/IndexTTS-2)")
 
 
 AUX = "hf_cache"

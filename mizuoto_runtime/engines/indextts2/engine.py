@@ -49,7 +49,7 @@ from .decoding import DecodeSettings
 from ...lru import LruCache
 from .emotion_text import EmotionModel, parse
 from .emotion import EMOTIONS, Emotion
-from .checkpoint import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
+from .checkpoint import Layout, check_layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .text import GLOSSARY_FILE, TextTokenizer
 from .w2v import W2VBert
 
@@ -71,26 +71,6 @@ SILENCE_MS = 200  # between segments, as upstream
 # or audios holds a few hundred KB at most, while repeating a recent request skips its phase.
 EMOTIONS_KEPT = 64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
-
-
-def import_upstream() -> None:
-    """Import what the engine needs beside torch (no upstream package: the model code is ours);
-    the harness of the real-ComfyUI tests calls it to skip where an environment lacks one."""
-    import librosa  # noqa: F401
-    import sentencepiece  # noqa: F401
-    import torchaudio  # noqa: F401
-    import transformers  # noqa: F401
-    import yaml  # noqa: F401
-
-
-def check_layout(folder: Path) -> None:
-    if not folder.is_dir():
-        raise CheckpointError(f"IndexTTS-2 checkpoint folder not found: {folder}")
-    missing = [n for n in REQUIRED if not (folder / n).is_file()]
-    if missing:
-        raise CheckpointError(f"{folder}: not an IndexTTS-2 folder, missing {', '.join(missing)} "
-                              "(expected the layout of IndexTeam/IndexTTS-2)")
 
 
 def _mono(audio: Audio) -> torch.Tensor:
