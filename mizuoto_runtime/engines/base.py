@@ -53,7 +53,7 @@ class TinyWriter(Protocol):
     """An engine package's `tiny.write`: a small random checkpoint in the engine's own folder
     layout (tests, demos; no download), written into `directory` (created), which it returns.
     `version`: one of the engine's `VERSIONS` (None: the first); `dtype`: the main weights'
-    precision (None: the one its published checkpoints have)."""
+    precision (None: float32, or the one precision a writer takes: GPT-SoVITS's float16)."""
 
     def __call__(self, directory: str | Path, *, version: str | None = None, seed: int = 0,
                  dtype: torch.dtype | None = None) -> Path: ...
