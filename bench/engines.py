@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import importlib.util
 import os
 import statistics
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mizuoto_runtime import Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
-from mizuoto_runtime.engines import Sampling  # noqa: E402
+from mizuoto_runtime.engines import Sampling, engine_class  # noqa: E402
 from mizuoto_runtime.phases import RequestContext  # noqa: E402
 
 
@@ -70,17 +69,15 @@ REFERENCE = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000
 REFERENCE_44K = Audio(0.3 * torch.sin(torch.arange(44100) / 6.0).unsqueeze(0), 44100)
 TRANSCRIPT = "a reference sentence."
 TEXT = "The runtime streams every block, step after step."
-WRITERS = {"f5tts": "mizuoto_runtime.engines.f5tts.tiny", "omnivoice": "mizuoto_runtime.engines.omnivoice.tiny",
-           "fishspeech": "mizuoto_runtime.engines.fishspeech.tiny",
-           "fishspeech-s1": "mizuoto_runtime.engines.fishspeech.tiny",
-           "cosyvoice2": "mizuoto_runtime.engines.cosyvoice.tiny",
-           "cosyvoice3": "mizuoto_runtime.engines.cosyvoice.tiny",
-           "indextts2": "mizuoto_runtime.engines.indextts.tiny",
-           "voxcpm2": "mizuoto_runtime.engines.voxcpm2.tiny", "qwen3tts": "mizuoto_runtime.engines.qwen3tts.tiny"}
-# The writers' arguments for bench names of one engine's versions (the writer's default otherwise).
-WRITER_ARGS: dict[str, dict[str, Any]] = {"cosyvoice2": {"version": 2}, "cosyvoice3": {"version": 3},
-                                          "fishspeech-s1": {"version": "s1-mini"}}
-GPTSOVITS_WRITER = "mizuoto_runtime.engines.gptsovits.tiny"
+# Bench name -> the engine whose tiny checkpoint it runs, its version and dtype (None: the
+# writer's default; Fish Speech's releases ship bfloat16). GPT-SoVITS: a voice pair with its
+# feature models, not a model folder.
+TINY: dict[str, tuple[str, str | None, torch.dtype | None]] = {
+    "f5tts": ("f5tts", None, None), "omnivoice": ("omnivoice", None, None),
+    "fishspeech": ("fishspeech", None, torch.bfloat16), "fishspeech-s1": ("fishspeech", "s1-mini", torch.bfloat16),
+    "cosyvoice2": ("cosyvoice", "2", None), "cosyvoice3": ("cosyvoice", "3", None),
+    "indextts2": ("indextts2", None, None), "voxcpm2": ("voxcpm2", None, None), "qwen3tts": ("qwen3tts", None, None),
+    "gptsovits": ("gptsovits", "v2", None)}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
@@ -166,8 +163,8 @@ def fish_frames(rt: Runtime, folder: Path, frames: int, cap: bool, hot: bool = T
     """One Fish Speech talker phase: (seconds, frames the slow transformer ran, MB streamed)."""
     from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
 
-    engine_class = FishSpeechEngine if hot else type("Unmarked", (FishSpeechEngine,), {"FAST_HOT": False})
-    engine = engine_class(rt.manager, folder)
+    engine_type = FishSpeechEngine if hot else type("Unmarked", (FishSpeechEngine,), {"FAST_HOT": False})
+    engine = engine_type(rt.manager, folder)
     if cap:
         engine.talker.cap_bytes = (engine.talker.min_working_set + engine.talker.size_bytes) // 2
     ctx = rt.request(seed=1)
@@ -388,13 +385,12 @@ def print_peaks(rows: list[PhasePeak]) -> None:
 def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | None]:
     """Tiny random checkpoints in each engine's published layout (the demo engine needs none)."""
     folders: dict[str, Path | None] = {}
-    for engine_id in engines:
-        if engine_id == "gptsovits":  # a voice pair with its feature models, not a model folder
-            folders[engine_id] = importlib.import_module(GPTSOVITS_WRITER).write_voice(tmp / engine_id, "v2")
+    for name in engines:
+        if name not in TINY:
+            folders[name] = None
             continue
-        writer = WRITERS.get(engine_id)
-        folders[engine_id] = None if writer is None else importlib.import_module(writer).write_tiny_checkpoint(
-            tmp / engine_id, **WRITER_ARGS.get(engine_id, {}))
+        engine, version, dtype = TINY[name]
+        folders[name] = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
     return folders
 
 

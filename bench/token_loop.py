@@ -221,10 +221,10 @@ def qwen3tts_variants(folder: Path, frames: int, clock: CopyClock) -> list[Varia
 
 
 def bench_qwen3tts(frames: int, repeat: int, clock: CopyClock) -> tuple[list[dict[str, Any]], bool]:
-    from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.qwen3tts.tiny import write
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_tiny_checkpoint(Path(tmp) / "custom_voice", "custom_voice")
+        folder = write(Path(tmp) / "custom_voice", version="custom_voice")
         variants = qwen3tts_variants(folder, frames, clock)
         for v in variants:
             v.run()  # warm-up: placement, first-call costs

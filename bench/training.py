@@ -38,10 +38,10 @@ OPTIMIZER_STEPS = 12
 
 
 def make_inputs(root: Path) -> tuple[Path, Path]:
-    from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.qwen3tts.tiny import write
     from mizuoto_runtime.training.dataset import write_demo_clips
 
-    return write_tiny_checkpoint(root / "base", "base"), write_demo_clips(root / "clips")
+    return write(root / "base", version="base"), write_demo_clips(root / "clips")
 
 
 def run_job(base: Path, clips: Path, out: Path, preset: str, batch: int, steps: int, device: str,

@@ -44,7 +44,7 @@ from mizuoto_runtime import Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
 from mizuoto_runtime.engines.voxcpm2.engine import GeneratorModules, VoxCPM2Engine  # noqa: E402
-from mizuoto_runtime.engines.voxcpm2.tiny import write_tiny_checkpoint  # noqa: E402
+from mizuoto_runtime.engines.voxcpm2.tiny import write as write_tiny_checkpoint  # noqa: E402
 
 MB = 2**20
 TEXT = "Hello from the tiny model is the model."
@@ -246,12 +246,12 @@ def estimates(folder: Path) -> dict[str, Any]:
         reference = Audio(REFERENCE.waveform.repeat(1, int(seconds)), REFERENCE.sample_rate)
         ctx = rt.request(seed=5)
         samples = reference.waveform.shape[-1]
-        estimate_vp = engine.encoder_memory(samples, samples)
+        estimate_vp = engine.voice_prompt_memory(samples, samples)
         with PeakTracker() as vp:
             voice = engine.voice_prompt(ctx, reference, "a reference")
         target = engine.target_text(text, voice)
         plan = engine.plan(target, voice.data["prompt"], patches)
-        estimate_gen = sum(engine.generation_memory(plan).values())
+        estimate_gen = sum(engine.generate_memory(plan).values())
         with PeakTracker() as gen:
             codes = engine.generate(ctx, text, voice, Sampling(seed=5, max_new_tokens=patches))
         estimate_dec = engine.decoder_memory(codes.tokens.shape[-1])

@@ -9,7 +9,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +18,12 @@ import torch
 from . import cuda_allocator
 from .audio import Audio, read_wav, write_wav
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
-from .engines import ENGINES, Sampling, check_request, install_hint
+from .engines import ENGINES, Engine, Sampling, check_request, engine_class, install_hint
 from .errors import ArgumentError, MizuotoError
 from .runtime import DTYPES, Runtime
 from .timeline import write_svg
 
 log = logging.getLogger("mizuoto")
-
-# engine id -> (module, function, pip extra): writers of small random checkpoints for tests.
-TINY_WRITERS: dict[str, tuple[str, str, str | None]] = {
-    "demo": ("mizuoto_runtime.engines.demo.tiny", "save_checkpoint", None),
-    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts.tiny", "write_tiny_checkpoint", "qwen3tts"),
-    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.tiny", "write_tiny_checkpoint", "voxcpm2"),
-    "f5tts": ("mizuoto_runtime.engines.f5tts.tiny", "write_tiny_checkpoint", "f5tts"),
-    "omnivoice": ("mizuoto_runtime.engines.omnivoice.tiny", "write_tiny_checkpoint", "omnivoice"),
-    "fishspeech": ("mizuoto_runtime.engines.fishspeech.tiny", "write_tiny_checkpoint", "fishspeech"),
-    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.tiny", "write_tiny_checkpoint", "cosyvoice"),
-    "gptsovits": ("mizuoto_runtime.engines.gptsovits.tiny", "write_voice", None),
-    "indextts2": ("mizuoto_runtime.engines.indextts.tiny", "write_tiny_checkpoint", "indextts2"),
-}
-# engine -> the versions `tiny-checkpoint --version` takes for it, the default first.
-TINY_VERSIONS: dict[str, tuple[str, ...]] = {"cosyvoice": ("2", "3"), "fishspeech": ("s2-pro", "s1-mini"),
-                                             "gptsovits": ("v2", "v2pro")}
 
 
 def _settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -98,14 +82,14 @@ def _parser() -> argparse.ArgumentParser:
                                                          "to this SVG file")
     tiny = sub.add_parser("tiny-checkpoint", help="write a small random checkpoint of an engine (tests, demos)")
     tiny.add_argument("directory")
-    tiny.add_argument("--engine", default="qwen3tts", choices=sorted(TINY_WRITERS))
-    tiny.add_argument("--type", dest="model_type", default="base", choices=("base", "custom_voice", "voice_design"),
-                      help="qwen3tts: which model (Base clones, CustomVoice has speakers, VoiceDesign takes instruct)")
-    tiny.add_argument("--version", help="cosyvoice: 2 or 3 (default 2); fishspeech: s2-pro or s1-mini "
-                                        "(default s2-pro; S2-Pro: sharded safetensors, S1-mini: model.pth); "
-                                        "gptsovits: v2 or v2pro (default v2; written in half precision, as "
-                                        "published voices are)")
-    tiny.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="precision of the main weights")
+    tiny.add_argument("--engine", default="qwen3tts", choices=sorted(ENGINES))
+    tiny.add_argument("--version", "--type", dest="version",
+                      help="qwen3tts (--type): base, custom_voice or voice_design (default base; Base clones, "
+                           "CustomVoice has speakers, VoiceDesign takes instruct); cosyvoice: 2 or 3 (default 2); "
+                           "fishspeech: s2-pro or s1-mini (default s2-pro; S2-Pro: sharded safetensors, S1-mini: "
+                           "model.pth); gptsovits: v2 or v2pro (default v2)")
+    tiny.add_argument("--dtype", choices=sorted(DTYPES), help="precision of the main weights (default float32; "
+                                                              "gptsovits: float16, as published voices are)")
     tiny.add_argument("--seed", type=int, default=0)
     check = sub.add_parser("check-reference", help="compare an engine with reference data made by its upstream "
                                                    "code (one line per stage; exit 1 on any failure)")
@@ -197,7 +181,7 @@ def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
     if not (args.emotion_voice or args.emotion.strip() or args.emotion_text or args.emotion_from_text):
         return {}
-    from .engines.indextts.emotion import Emotion
+    from .engines.indextts2.emotion import Emotion
 
     audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
     emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength, text=args.emotion_text,
@@ -283,45 +267,39 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     start), and which engines can be imported."""
     rt = Runtime(_settings(args.setting))
     engines = {}
-    for engine_id, (module, _, extra) in ENGINES.items():
-        package = {"qwen3tts": "qwen_tts", "f5tts": "f5_tts", "omnivoice": "omnivoice", "voxcpm2": "voxcpm",
-                   "gptsovits": "jieba"}.get(engine_id)
-        ok = package is None or importlib.util.find_spec(package) is not None
-        engines[engine_id] = "ok" if ok else f"missing ({install_hint(extra or engine_id)})"
+    for engine_id in ENGINES:
+        try:
+            cls = engine_class(engine_id)
+        except MizuotoError as exc:
+            engines[engine_id] = f"missing ({exc})"
+            continue
+        ok = cls.UPSTREAM is None or importlib.util.find_spec(cls.UPSTREAM) is not None
+        engines[engine_id] = "ok" if ok else f"missing ({install_hint(cls.REQUIREMENTS or engine_id)})"
     allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
                  "backend": torch.cuda.get_allocator_backend() if torch.cuda.is_available() else None}
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "cuda_allocator": allocator,
             "engines": engines}
 
 
-def _tiny_version(engine: str, version: str | None) -> str:
-    """`--version` for `engine`: one it has, or its first when none is given."""
-    versions = TINY_VERSIONS[engine]
-    if version is None:
-        return versions[0]
-    if version not in versions:
-        raise MizuotoError(f"--version {version!r}: {engine} has {', '.join(versions)}")
-    return version
+def _check_version(engine: type[Engine], version: str | None) -> None:
+    """`--version`, when given, is one of the engine's checkpoint versions."""
+    if version is not None and version not in engine.VERSIONS:
+        has = ", ".join(engine.VERSIONS) if engine.VERSIONS else "one checkpoint layout, no versions"
+        raise MizuotoError(f"--version {version!r}: {engine.id} has {has}")
 
 
 def cmd_tiny_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
     """Write a small random checkpoint in the engine's own folder layout (no download)."""
-    module_name, function, extra = TINY_WRITERS[args.engine]
+    engine = engine_class(args.engine)
+    _check_version(engine, args.version)
     try:
-        writer: Callable[..., Path] = getattr(importlib.import_module(module_name), function)
-        if args.engine == "qwen3tts":
-            folder = writer(args.directory, args.model_type, seed=args.seed, dtype=args.dtype)
-        elif args.engine == "gptsovits":
-            folder = writer(args.directory, _tiny_version(args.engine, args.version), seed=args.seed)
-        elif args.engine in TINY_VERSIONS:
-            version = _tiny_version(args.engine, args.version)
-            folder = writer(args.directory, int(version) if args.engine == "cosyvoice" else version, seed=args.seed,
-                            dtype=DTYPES[args.dtype])
-        else:
-            folder = writer(args.directory, seed=args.seed, dtype=DTYPES[args.dtype])
+        folder = engine.tiny_writer()(args.directory, version=args.version, seed=args.seed,
+                                      dtype=None if args.dtype is None else DTYPES[args.dtype])
     except ImportError as exc:
-        hint = f" (install it with: {install_hint(extra)})" if extra else ""
+        hint = f" (install it with: {install_hint(engine.REQUIREMENTS)})" if engine.REQUIREMENTS else ""
         raise MizuotoError(f"engine {args.engine!r} cannot write a checkpoint: {exc}{hint}") from exc
+    except ValueError as exc:  # a precision its published checkpoints do not come in
+        raise MizuotoError(f"engine {args.engine!r} cannot write that checkpoint: {exc}") from exc
     files = sorted(str(f.relative_to(folder)) for f in Path(folder).rglob("*") if f.is_file())
     return {"output": str(folder), "engine": args.engine, "files": files}
 

@@ -30,8 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .engines import Engine
-from .engines.qwen3tts.lora import LoraChoice, use_lora
+from .engines import Engine, LoraChoice
 from .policy import VramPolicy
 from .runtime import Runtime
 from .service import RuntimeService
@@ -76,7 +75,7 @@ class EngineRef:
         reference's: a LoRA node's reference applies its LoRA, a plain one gives the engine its
         checkpoint's weights back (both do nothing when the engine already has them)."""
         engine = self.owner.runtime().engine(*self.key)
-        use_lora(engine, self.lora)
+        engine.use_lora(self.lora)
         return engine
 
     def with_lora(self, lora: LoraChoice | None) -> EngineRef:

@@ -3,9 +3,8 @@
 
 DIR holds ``ckpt/`` (a checkpoint in the official layout), ``reference.safetensors`` (tensors
 named ``<stage>.<in|out>.<name>``) and ``reference.json`` (ids, seeds, settings). An engine
-provides the stages: a module ``mizuoto_runtime.engines.<name>.reference`` with a function
-``stages(ref: Reference) -> Iterable[Stage]`` (found by that convention, or given with
-`register`). Each stage loads what it needs with the engine's own loader, feeds the recorded
+provides the stages: its class names the module of its package that has them (`Engine.REFERENCE`,
+``reference``), with a function ``stages(ref: Reference) -> Iterable[Stage]``. Each stage loads what it needs with the engine's own loader, feeds the recorded
 inputs and returns `Check`s: an output it computed beside the recorded one, and the tolerance
 that applies.
 
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import importlib
 import json
 import logging
 import math
@@ -33,6 +31,7 @@ from typing import Any, Literal, TextIO
 
 import torch
 
+from .engines import ENGINES, engine_class
 from .errors import MizuotoError
 
 log = logging.getLogger(__name__)
@@ -116,29 +115,22 @@ class Line:
 
 
 Provider = Callable[[Reference], Iterable[Stage]]
-_PROVIDERS: dict[str, Provider] = {}
-# Engine ids whose package is named otherwise (one package per model family).
-PACKAGES: dict[str, str] = {"indextts2": "indextts"}
-
-
-def register(engine: str, provider: Provider) -> None:
-    """Give `engine`'s stages explicitly (otherwise its ``reference`` module is imported)."""
-    _PROVIDERS[engine] = provider
 
 
 def provider_for(engine: str) -> Provider:
-    if engine in _PROVIDERS:
-        return _PROVIDERS[engine]
-    module_name = f"mizuoto_runtime.engines.{PACKAGES.get(engine, engine)}.reference"
+    """The stages of `engine`, from the module of its package its class names."""
+    if engine not in ENGINES:
+        raise MizuotoError(f"engine {engine!r} has no reference checker (no such engine; known: {', '.join(ENGINES)})")
+    cls = engine_class(engine)
+    if cls.REFERENCE is None:
+        raise MizuotoError(f"engine {engine!r} has no reference checker")
     try:
-        module = importlib.import_module(module_name)
+        module = cls.package_module(cls.REFERENCE)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise MizuotoError(f"engine {engine!r} has no reference checker ({module_name} not found)") from exc
         raise MizuotoError(f"engine {engine!r}: its reference checker needs {exc.name!r}, which is not installed") from exc
     stages = getattr(module, "stages", None)
     if not callable(stages):
-        raise MizuotoError(f"{module_name} defines no stages(ref) function")
+        raise MizuotoError(f"{module.__name__} defines no stages(ref) function")
     return stages
 
 

@@ -8,7 +8,7 @@ from comfy_api.latest import io, ui
 
 from mizuoto_runtime import Audio, MizuotoError
 from mizuoto_runtime.comfy_bridge import node_request
-from mizuoto_runtime.engines.indextts.emotion import EMOTIONS, Emotion, balanced
+from mizuoto_runtime.engines.indextts2.emotion import EMOTIONS, Emotion, balanced
 from mizuoto_runtime.engines import Voice
 from mizuoto_runtime.host import PROCESS, EngineRef
 

@@ -66,7 +66,7 @@ def require_qwen_tts() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imported
     if importlib.util.find_spec("qwen_tts") is None:
         pytest.skip("qwen_tts is not installed (the qwen3tts extra)", allow_module_level=True)
-    from mizuoto_runtime.engines.qwen3tts.engine import import_upstream
+    from mizuoto_runtime.engines.qwen3tts.checkpoint import import_upstream
 
     import_upstream()
 
@@ -76,14 +76,14 @@ def qwen3tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
     """Tiny Qwen3-TTS checkpoints in the official layout, each written once per session on first
     use (`model_type`: base, custom_voice, voice_design). Skips where `qwen_tts` is not installed."""
     require_qwen_tts()
-    from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.qwen3tts.tiny import write
 
     root = tmp_path_factory.mktemp("qwen3tts")
     written: dict[str, Path] = {}
 
     def checkpoint(model_type: str = "base") -> Path:
         if model_type not in written:
-            written[model_type] = write_tiny_checkpoint(root / model_type, model_type)
+            written[model_type] = write(root / model_type, version=model_type)
         return written[model_type]
 
     return checkpoint
@@ -96,7 +96,7 @@ def _tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory, engine: str, pac
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed (the {engine} extra)")
-    writer = importlib.import_module(writer_module).write_tiny_checkpoint
+    writer = importlib.import_module(writer_module).write
     root = tmp_path_factory.mktemp(engine)
     written: dict[str, Path] = {}
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from mizuoto_runtime.engines.qwen3tts import tiny
-from mizuoto_runtime.engines.qwen3tts.engine import REQUIRED_FILES
+from mizuoto_runtime.engines.qwen3tts.checkpoint import REQUIRED_FILES
 
 
 def touch(path: Path, text: str = "{}") -> None:

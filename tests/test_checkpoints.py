@@ -12,9 +12,10 @@ from mizuoto_runtime import MizuotoError, Runtime
 from mizuoto_runtime.checkpoints import NONE, checkpoint_folders, choice_value, is_checkpoint_root, scan
 from mizuoto_runtime.engines import ENGINES, CheckpointInfo
 from mizuoto_runtime.engines.demo.engine import DemoEngine
-from mizuoto_runtime.engines.demo.tiny import save_checkpoint
-from mizuoto_runtime.engines.dummy import DummyEngine
-from mizuoto_runtime.engines.qwen3tts.engine import REQUIRED_FILES, Qwen3TTSEngine
+from mizuoto_runtime.engines.demo.tiny import write as save_checkpoint
+from mizuoto_runtime.engines.dummy.engine import DummyEngine
+from mizuoto_runtime.engines.qwen3tts.checkpoint import REQUIRED_FILES
+from mizuoto_runtime.engines.qwen3tts.engine import Qwen3TTSEngine
 
 from layouts import qwen_layout, touch
 

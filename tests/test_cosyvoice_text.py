@@ -159,10 +159,10 @@ SECOND = "This is the second sentence, which also has a good number of words in 
 def test_engine_speaks_each_sentence(tmp_path: Path) -> None:
     """The engine splits as upstream does (LM tokens of its own tokenizer), runs one LM per
     sentence, and the first sentence's audio is what that sentence alone gives."""
-    from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.cosyvoice.tiny import write
 
     rt = Runtime()
-    engine = rt.engine("cosyvoice", write_tiny_checkpoint(tmp_path, 2))
+    engine = rt.engine("cosyvoice", write(tmp_path, version="2"))
     both = f"{FIRST} {SECOND}"
     assert engine.sentences(both) == text.sentences(both, lambda s: len(engine.tokenizer.encode(s)))
     assert engine.sentences(both) == [FIRST, " " + SECOND]

@@ -28,7 +28,7 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.checkpoints import scan
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
-from mizuoto_runtime.engines.fishspeech import loop, prompt, tiny, weights
+from mizuoto_runtime.engines.fishspeech import checkpoint, loop, prompt, tiny
 from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
 from mizuoto_runtime.engines.fishspeech.sampling import S1Sampling, SamplingTensors, penalized
 from mizuoto_runtime.errors import ArgumentError, CheckpointError
@@ -51,7 +51,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
 
     def make(version: str) -> Path:
         if version not in made:
-            made[version] = tiny.write_tiny_checkpoint(tmp_path_factory.mktemp(version), version)
+            made[version] = tiny.write(tmp_path_factory.mktemp(version), version=version, dtype=torch.bfloat16)
         return made[version]
 
     return make
@@ -80,25 +80,25 @@ def test_equal_to_upstream_on_its_reference_data(variant: str) -> None:
 
 # ---- loading -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", tiny.VERSIONS)
+@pytest.mark.parametrize("version", FishSpeechEngine.VERSIONS)
 def test_both_layouts_load_and_half_precision_holds_no_float32(folder: Folder, version: str,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     """M27: bf16 straight from the files (S2-Pro's bf16 shards, S1-mini's bf16 model.pth); the
     codec's float32 file lands in bf16 too, folded one weight at a time; the same values as
     float32-then-convert. The licence is logged once per load."""
     path = folder(version)
-    assert weights.detect_version(path) == version
-    with caplog.at_level(logging.INFO, logger="mizuoto_runtime.engines.fishspeech.weights"):
-        half = weights.load_dual_ar(path, torch.bfloat16)
+    assert checkpoint.detect_version(path) == version
+    with caplog.at_level(logging.INFO, logger="mizuoto_runtime.engines.fishspeech.checkpoint"):
+        half = checkpoint.load_dual_ar(path, torch.bfloat16)
     licences = [r.getMessage() for r in caplog.records if "Licence" in r.getMessage()]
     assert len(licences) == 1 and ("Research License" if version == "s2-pro" else "CC-BY-NC-SA-4.0") in licences[0]
-    full = weights.load_dual_ar(path, torch.float32)
+    full = checkpoint.load_dual_ar(path, torch.float32)
     for module in (half.slow, half.fast):
         assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
     for (name, a), (_, b) in zip(half.slow.state_dict().items(), full.slow.state_dict().items()):
         assert torch.equal(a, b.to(torch.bfloat16)), name
     folded: list[weakref.ref[torch.Tensor]] = []
-    fold = weights.fold
+    fold = checkpoint.fold
 
     def spy(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert v.dtype == torch.float32  # the codec file is float32, as released
@@ -108,11 +108,11 @@ def test_both_layouts_load_and_half_precision_holds_no_float32(folder: Folder, v
         folded.append(weakref.ref(out))
         return out
 
-    weights.fold = spy  # type: ignore[assignment]
+    checkpoint.fold = spy  # type: ignore[assignment]
     try:
-        encoder, decoder = weights.load_codec(path, torch.bfloat16)
+        encoder, decoder = checkpoint.load_codec(path, torch.bfloat16)
     finally:
-        weights.fold = fold  # type: ignore[assignment]
+        checkpoint.fold = fold  # type: ignore[assignment]
     assert len(folded) > 20
     assert {p.dtype for p in [*encoder.parameters(), *decoder.parameters()]} == {torch.bfloat16}
 
@@ -136,17 +136,17 @@ def test_pth_wrappers_and_prefixes_load(folder: Folder, tmp_path: Path) -> None:
     codec = torch.load(src / "codec.pth", weights_only=True)
     torch.save({"state_dict": {**{f"generator.{k}": v for k, v in codec.items()},
                                "discriminator.x": torch.zeros(1)}}, tmp_path / "codec.pth")
-    a, b = weights.load_dual_ar(src, torch.float32), weights.load_dual_ar(tmp_path, torch.float32)
+    a, b = checkpoint.load_dual_ar(src, torch.float32), checkpoint.load_dual_ar(tmp_path, torch.float32)
     for (name, x), (_, y) in zip(a.slow.state_dict().items(), b.slow.state_dict().items()):
         assert torch.equal(x, y), name
-    (ea, _), (eb, _) = weights.load_codec(src, torch.float32), weights.load_codec(tmp_path, torch.float32)
+    (ea, _), (eb, _) = checkpoint.load_codec(src, torch.float32), checkpoint.load_codec(tmp_path, torch.float32)
     for (name, x), (_, y) in zip(ea.state_dict().items(), eb.state_dict().items()):
         assert torch.equal(x, y), name
 
 
 def test_loading_errors_name_what_is_wrong(folder: Folder, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not a Fish Speech checkpoint folder"):
-        weights.load_dual_ar(tmp_path, torch.float32)
+        checkpoint.load_dual_ar(tmp_path, torch.float32)
     src = folder("s1-mini")
     for name in ("config.json", "tokenizer.tiktoken", "special_tokens.json", "codec.pth"):
         (tmp_path / name).write_bytes((src / name).read_bytes())
@@ -155,17 +155,17 @@ def test_loading_errors_name_what_is_wrong(folder: Folder, tmp_path: Path) -> No
     del state["norm.weight"]
     torch.save(state, tmp_path / "model.pth")
     with pytest.raises(CheckpointError, match=r"missing norm\.weight.*shape of layers\.0\.attention\.wo\.weight"):
-        weights.load_dual_ar(tmp_path, torch.float32)
+        checkpoint.load_dual_ar(tmp_path, torch.float32)
     codec = torch.load(src / "codec.pth", weights_only=True)
     del codec["decoder.model.0.conv.parametrizations.weight.original0"]
     torch.save(codec, tmp_path / "codec.pth")
     with pytest.raises(CheckpointError, match="decoder.model.0.conv.parametrizations.weight.original1"):
-        weights.load_codec(tmp_path, torch.float32)
+        checkpoint.load_codec(tmp_path, torch.float32)
 
 
 # ---- the loop ----------------------------------------------------------------------------------
 
-def _frames(model: weights.DualAR, kind: str, sync_every: int, max_new: int = 40) -> loop.Generated:
+def _frames(model: checkpoint.DualAR, kind: str, sync_every: int, max_new: int = 40) -> loop.Generated:
     cfg = model.config
     rows = prompt.encode(prompt.system_message(None, None) + prompt.user_message(TEXT) + prompt.assistant_turn(),
                          model.tokenizer, cfg.num_codebooks)
@@ -181,7 +181,7 @@ def _frames(model: weights.DualAR, kind: str, sync_every: int, max_new: int = 40
 def test_the_host_looks_once_per_block_and_the_cache_kind_changes_nothing(folder: Folder) -> None:
     """The stop is found at the same frame whatever the block (frames past it are dropped); a
     static cache (M53) and one grown per step give the same frames on the CPU."""
-    model = weights.load_dual_ar(folder("s1-mini"), torch.float32)
+    model = checkpoint.load_dual_ar(folder("s1-mini"), torch.float32)
     base = _frames(model, "static", 1)
     assert base.stopped and base.computed == base.frames.shape[1]
     for kind, every in (("static", 8), ("dynamic", 3), ("dynamic", 64)):
@@ -246,7 +246,7 @@ def _plain_run(folder: Folder, version: str) -> tuple[torch.Tensor, torch.Tensor
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-@pytest.mark.parametrize("version", tiny.VERSIONS)
+@pytest.mark.parametrize("version", FishSpeechEngine.VERSIONS)
 def test_every_placement_equals_the_plain_run(folder: Folder, version: str, placement: str) -> None:
     """M57: all streamed, half-way and whole on the strict device give the plain CPU run's codes
     and audio; the same seed gives the same audio."""
@@ -311,11 +311,11 @@ def test_estimates_follow_the_request(folder: Folder) -> None:
     long_prompt, long = engine.plan_positions("Hello there, " * 20, voice, Sampling(max_new_tokens=2048))
     assert short == 2 * len("Hi.") and long > short and long_prompt > short_prompt > 22  # 22 reference frames
     assert engine.plan_positions("Hello there, " * 20, voice, Sampling(max_new_tokens=5))[1] == 5
-    assert engine.generation_memory(long_prompt, long, "dynamic") > engine.generation_memory(short_prompt, short,
+    assert engine.talker_memory(long_prompt, long, "dynamic") > engine.talker_memory(short_prompt, short,
                                                                                               "dynamic")
-    assert engine.generation_memory(100, 100, "static") > engine.generation_memory(100, 100, "dynamic")
+    assert engine.talker_memory(100, 100, "static") > engine.talker_memory(100, 100, "dynamic")
     assert engine.decoder_memory(40) > engine.decoder_memory(4) > 0
-    assert engine.encoder_memory(88200) > engine.encoder_memory(44100) > 0
+    assert engine.voice_prompt_memory(88200) > engine.voice_prompt_memory(44100) > 0
 
 
 def test_voice_arguments_are_checked(folder: Folder) -> None:
@@ -335,7 +335,7 @@ def test_voice_arguments_are_checked(folder: Folder) -> None:
 
 # ---- the CLI and the checkpoint lists ---------------------------------------------------------
 
-@pytest.mark.parametrize("version", tiny.VERSIONS)
+@pytest.mark.parametrize("version", FishSpeechEngine.VERSIONS)
 def test_cli_tiny_checkpoint_and_say(folder: Folder, version: str, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`mizuoto tiny-checkpoint --engine fishspeech --version ...` writes the official file set,
@@ -365,7 +365,7 @@ def test_cli_tiny_checkpoint_and_say(folder: Folder, version: str, tmp_path: Pat
 
 def test_checkpoint_lists_name_each_release(folder: Folder, tmp_path: Path) -> None:
     """The loader's dropdown finds both layouts (from their files, no weights read) and names them."""
-    for version in tiny.VERSIONS:
+    for version in FishSpeechEngine.VERSIONS:
         (tmp_path / version).symlink_to(folder(version), target_is_directory=True)
     (tmp_path / "not-fish").mkdir()
     (tmp_path / "not-fish" / "config.json").write_text("{}")

@@ -30,11 +30,9 @@ from mizuoto_runtime.units import plan_units
 pytest.importorskip("transformers")
 pytest.importorskip("torchaudio")
 
-from mizuoto_runtime.engines.gptsovits.build import build_t2s  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.engine import GptSovitsEngine, PhonemeText  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.layout import VoicePair, pair_in  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.tiny import write_voice  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.weights import read_gpt, read_sovits  # noqa: E402
+from mizuoto_runtime.engines.gptsovits.tiny import write as write_voice  # noqa: E402
+from mizuoto_runtime.engines.gptsovits.checkpoint import VoicePair, build_t2s, pair_in, read_gpt, read_sovits  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "gptsovits"
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(48000) / 6.0).unsqueeze(0), 16000)
@@ -54,11 +52,11 @@ def voices(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Pat
         if (version, seed) not in made:
             base = root / version
             if not base.exists():
-                write_voice(base / "features", version)
+                write_voice(base / "features", version=version)
                 for aux in base.joinpath("features").iterdir():
                     if aux.is_dir():
                         shutil.move(str(aux), base / aux.name)
-            made[(version, seed)] = write_voice(base / f"voice{seed}", version, seed=seed, with_features=False)
+            made[(version, seed)] = write_voice(base / f"voice{seed}", version=version, seed=seed, with_features=False)
         return made[(version, seed)]
 
     return make

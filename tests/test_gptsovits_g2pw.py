@@ -21,7 +21,7 @@ from mizuoto_runtime.engines import Sampling  # noqa: E402
 from mizuoto_runtime.engines.gptsovits import engine as engine_module  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.engine import GptSovitsEngine  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.text import chinese, g2pw  # noqa: E402
-from mizuoto_runtime.engines.gptsovits.tiny import write_voice  # noqa: E402
+from mizuoto_runtime.engines.gptsovits.tiny import write as write_voice  # noqa: E402
 
 SENTENCES = ["我们在银行长大了，还得好好学习。", "他长得很重，行不行？", "音乐让我很快乐，大家都来了。",
              "为了你，我着急地走在地上。", "中国队打中了，我和你相似。"]
@@ -130,7 +130,7 @@ def test_fixed_readings_are_put_over_the_network() -> None:
 @pytest.fixture(scope="module")
 def voice(tmp_path_factory: pytest.TempPathFactory, made: Path) -> Path:
     """A tiny v2 voice with its feature models and, beside it, the seed-1 G2PWModel folder."""
-    folder = write_voice(tmp_path_factory.mktemp("gsv_g2pw") / "voice", "v2")
+    folder = write_voice(tmp_path_factory.mktemp("gsv_g2pw") / "voice", version="v2")
     shutil.copytree(made / "seed1" / g2pw.FOLDER, folder / g2pw.FOLDER)
     return folder
 

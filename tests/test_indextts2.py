@@ -36,9 +36,9 @@ PROMPT_ENCODERS = {"indextts2:w2v_bert", "indextts2:semantic_codec", "indextts2:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.indextts2.tiny import write
 
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("indextts2"))
+    return write(tmp_path_factory.mktemp("indextts2"))
 
 
 def runtime(placement: str) -> Runtime:
@@ -55,7 +55,7 @@ def say(rt: Runtime, folder: Path, placement: str = "plain", sampling: Sampling 
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
     ctx = rt.request(seed=sampling.seed)
     voice = engine.voice_prompt(ctx, REFERENCE)
-    from mizuoto_runtime.engines.indextts.emotion import Emotion
+    from mizuoto_runtime.engines.indextts2.emotion import Emotion
 
     codes = engine.generate(ctx, TEXT, voice, sampling, emotion=Emotion(**emotion) if emotion else None)
     audio = engine.decode(ctx, codes)
@@ -166,7 +166,7 @@ def test_conv1d_streams_because_it_declares_it() -> None:
     engine declares it (StreamingConv1D), the same block is a streamed unit."""
     from transformers.pytorch_utils import Conv1D
 
-    from mizuoto_runtime.engines.indextts.gpt2 import GPT2Stack, StreamingConv1D
+    from mizuoto_runtime.engines.indextts2.gpt2 import GPT2Stack, StreamingConv1D
     from mizuoto_runtime.units import plan_units
 
     stack = GPT2Stack(256, 4, 2)  # blocks of 3 MB: list children the runtime takes as units (M12)
@@ -214,7 +214,7 @@ def test_emotion_audio_and_vector(folder: Path) -> None:
     """An emotion reference audio (cached per voice and audio) and an emotion vector both change
     the result; alpha 0 of an emotion audio is the vector of the voice's prompt features (upstream's
     merge_emovec base: not the no-emotion vector, which reads the reference again at 16 kHz)."""
-    from mizuoto_runtime.engines.indextts.emotion import Emotion
+    from mizuoto_runtime.engines.indextts2.emotion import Emotion
 
     rt = Runtime()
     _, base, _ = say(rt, folder)
@@ -268,7 +268,7 @@ def test_w2v_bert_keeps_17_layers_and_their_output_is_upstreams(folder: Path) ->
     same features (normalised by the stats file), without the later layers' weights."""
     from transformers import Wav2Vec2BertModel
 
-    from mizuoto_runtime.engines.indextts.w2v import W2VBert
+    from mizuoto_runtime.engines.indextts2.w2v import W2VBert
 
     w2v_dir = folder / "hf_cache" / "w2v-bert-2.0"
     stats = torch.load(folder / "wav2vec2bert_stats.pt", weights_only=True)
@@ -286,7 +286,7 @@ def test_segments_follow_upstreams_rules() -> None:
     """The text splits as upstream's front end does: at sentence ends (a following quote goes with
     the sentence and, as upstream, starts the next one too), commas re-split a long segment, and
     neighbours that fit are merged."""
-    from mizuoto_runtime.engines.indextts.text import SENTENCE_END, split_segments, split_cjk
+    from mizuoto_runtime.engines.indextts2.text import SENTENCE_END, split_segments, split_cjk
 
     tokens = ["▁A", "B", "C", ".", "'", "▁D", "E", "F", "?"]
     assert split_segments(tokens, SENTENCE_END, 4) == [["▁A", "B", "C", ".", "'"], ["'", "▁D", "E", "F"], ["?"]]
@@ -298,7 +298,7 @@ def test_segments_follow_upstreams_rules() -> None:
 def test_cfg_halves_share_one_copy_per_step(folder: Path) -> None:
     """M18: the flow's classifier-free guidance is one batch-2 estimator call per Euler step, so
     each streamed DiT block is copied once per step (25 steps), not twice."""
-    from mizuoto_runtime.engines.indextts.pipeline import DIFFUSION_STEPS
+    from mizuoto_runtime.engines.indextts2.pipeline import DIFFUSION_STEPS
 
     rt = runtime("none")
     engine = rt.engine("indextts2", folder)
@@ -331,7 +331,7 @@ def test_say_takes_the_emotion_as_a_voice_option(folder: Path) -> None:
     emotion is a voice option; the same emotion gives the step-by-step path's audio, an engine
     without emotion control refuses it by name, and a bad weight names the problem."""
     from mizuoto_runtime import ArgumentError
-    from mizuoto_runtime.engines.indextts.emotion import Emotion, parse_weights
+    from mizuoto_runtime.engines.indextts2.emotion import Emotion, parse_weights
 
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
@@ -373,7 +373,7 @@ def test_emotion_caches_keep_the_most_recent(folder: Path) -> None:
     """The emotion text's readings (per text and seed) and the emotion audios' vectors are kept
     for the last `EMOTIONS_KEPT` only: a reading past the limit drops the least recently used,
     and a dropped one runs the emotion model again when asked for."""
-    from mizuoto_runtime.engines.indextts.engine import EMOTIONS_KEPT
+    from mizuoto_runtime.engines.indextts2.engine import EMOTIONS_KEPT
 
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
@@ -401,7 +401,7 @@ def test_the_emotion_models_answer_is_capped_with_a_warning(folder: Path, caplog
     answer ended before it."""
     import logging
 
-    from mizuoto_runtime.engines.indextts.emotion_text import MAX_ANSWER_TOKENS
+    from mizuoto_runtime.engines.indextts2.emotion_text import MAX_ANSWER_TOKENS
 
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
@@ -410,13 +410,13 @@ def test_the_emotion_models_answer_is_capped_with_a_warning(folder: Path, caplog
     prompt = model.prompt("so sad").shape[1]
 
     def cut() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "mizuoto_runtime.engines.indextts.emotion_text"]
+        return [r.getMessage() for r in caplog.records if r.name == "mizuoto_runtime.engines.indextts2.emotion_text"]
 
     model.max_answer_tokens = 5
     config = model.model.generation_config
     end, sampled = config.eos_token_id, config.do_sample
     try:
-        with caplog.at_level(logging.WARNING, logger="mizuoto_runtime.engines.indextts.emotion_text"):
+        with caplog.at_level(logging.WARNING, logger="mizuoto_runtime.engines.indextts2.emotion_text"):
             ctx = rt.request(seed=1)
             engine.emotion_from_text(ctx, "so sad", 1)
             assert ctx.report.phases["emotion text"]["kv_positions"] == prompt + 5
@@ -445,7 +445,7 @@ def test_the_decoding_draws_after_the_emotion_model(folder: Path) -> None:
     """Upstream seeds once, lets the emotion model sample, then decodes from the same random
     stream: with a greedy emotion model, text gives the codes of its weights given as a vector;
     with a sampling one (Qwen3's generation config) the decoding's draws come after its own."""
-    from mizuoto_runtime.engines.indextts.emotion import Emotion
+    from mizuoto_runtime.engines.indextts2.emotion import Emotion
 
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
@@ -471,7 +471,7 @@ def test_the_decoding_starts_after_upstreams_w2v_bert_draws(folder: Path) -> Non
     """Upstream's w2v-BERT (transformers 4.52) draws one number per layer on each of its two calls
     of a request (the voice, the emotion reference) between the seed and the decoding: the codes
     are those of a decoding seeded, then advanced by those draws."""
-    from mizuoto_runtime.engines.indextts import pipeline
+    from mizuoto_runtime.engines.indextts2 import pipeline
 
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
@@ -505,7 +505,7 @@ def test_random_emotion_rows_follow_the_seed(folder: Path) -> None:
     order (upstream's use_random after random.seed); otherwise the row nearest the voice."""
     import random
 
-    from mizuoto_runtime.engines.indextts import pipeline
+    from mizuoto_runtime.engines.indextts2 import pipeline
 
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
@@ -528,7 +528,7 @@ def test_the_console_flags_make_the_emotion() -> None:
     """`mizuoto say`'s emotion flags: text for the emotion model, or the spoken text, with a random
     variant; weights toned down with --emotion-balance; nothing set, no emotion."""
     from mizuoto_runtime import cli
-    from mizuoto_runtime.engines.indextts.emotion import Emotion
+    from mizuoto_runtime.engines.indextts2.emotion import Emotion
 
     def options(*flags: str) -> dict:
         return cli._voice_options(cli._parser().parse_args(["say", "--engine", "indextts2", *flags, "hi"]))
@@ -543,7 +543,7 @@ def test_the_console_flags_make_the_emotion() -> None:
 
 def test_balanced_weights_as_upstreams_web_ui() -> None:
     """normalize_emo_vec: biased per emotion, then scaled to a sum of at most 0.8."""
-    from mizuoto_runtime.engines.indextts.emotion import Emotion, balanced
+    from mizuoto_runtime.engines.indextts2.emotion import Emotion, balanced
 
     assert balanced((0, 0, 0.5, 0, 0, 0, 0, 0)) == (0, 0, 0.5, 0, 0, 0, 0, 0)  # sad's bias is 1, sum under 0.8
     assert balanced((0,) * 7 + (1.0,)) == (0,) * 7 + (0.5625,)
@@ -557,7 +557,7 @@ def test_balanced_weights_as_upstreams_web_ui() -> None:
 
 def test_emotion_answers_parse_as_upstream() -> None:
     """The emotion model's answer -> eight weights (upstream's QwenEmotion rules)."""
-    from mizuoto_runtime.engines.indextts.emotion_text import parse
+    from mizuoto_runtime.engines.indextts2.emotion_text import parse
 
     assert parse('{"高兴": 0.5, "悲伤": 2.0}', "x") == (0.5, 0.0, 1.2, 0.0, 0.0, 0.0, 0.0, 0.0)
     assert parse('高兴": 0.7, 自然: 0.3 trailing', "x") == (0.7, 0, 0, 0, 0, 0, 0, 0.3)  # not JSON: pairs

@@ -47,14 +47,13 @@ def test_cli_runs_one_stage(capsys: pytest.CaptureFixture[str]) -> None:
 @needs_fixture
 def test_a_changed_seed_changes_the_beam_codes() -> None:
     """The decode check can fail: another seed gives other sampled codes (same model, same prompt)."""
-    from mizuoto_runtime.engines.indextts import pipeline, reference
+    from mizuoto_runtime.engines.indextts2 import pipeline, reference
 
     ref = reference_check.Reference(FIXTURE)
-    models = reference.Models(ref)
     meta = ref.meta["stages"]["gpt"]
-    latent, emovec = reference._prefix(ref, models)
+    latent, emovec = reference._prefix(ref)
     torch.manual_seed(int(meta["seed"]) + 7)
     with torch.inference_mode():
-        codes = pipeline.decode_codes(models.gpt, latent, ref.tensor("gpt.in.text_tokens"), emovec,
+        codes = pipeline.decode_codes(reference._gpt(ref), latent, ref.tensor("gpt.in.text_tokens"), emovec,
                                       reference.settings_of(meta["default_settings"]), int(meta["max_generate_length"]))
     assert not torch.equal(codes, ref.tensor("gpt.out.codes_beam_sample"))

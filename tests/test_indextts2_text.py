@@ -24,7 +24,7 @@ if not any(importlib.util.find_spec(p) for p in ("tn", "wetext")):
 pytest.importorskip("yaml", reason="the glossary is YAML")
 
 from mizuoto_runtime import MizuotoError  # noqa: E402
-from mizuoto_runtime.engines.indextts.text import (  # noqa: E402
+from mizuoto_runtime.engines.indextts2.text import (  # noqa: E402
     GLOSSARY_FILE, Glossary, Normalizer, TextTokenizer, compiled_grammar_folder, wetext_grammars,
     wetextprocessing_grammars)
 
@@ -135,7 +135,7 @@ def test_the_glossary_reads_terms_per_language(glossary_file: Path, grammars: tu
 def test_wetextprocessing_is_the_default_where_installed() -> None:
     """With WeTextProcessing installed (Linux x86_64) its own normalisers run by default, as
     upstream's on Linux; elsewhere wetext's."""
-    expected = "tn.chinese.normalizer" if importlib.util.find_spec("tn") else "mizuoto_runtime.engines.indextts.text"
+    expected = "tn.chinese.normalizer" if importlib.util.find_spec("tn") else "mizuoto_runtime.engines.indextts2.text"
     assert type(Normalizer()._zh).__module__ == expected
 
 
@@ -202,7 +202,7 @@ def test_a_fresh_compile_reads_as_the_cached_grammar(tmp_path: Path) -> None:
     if found is None:
         pytest.skip("WeTextProcessing is not installed")
     cached = [Normalizer(grammars=found)(s) for s in SOAK_SENTENCES]
-    script = ("import sys\nfrom mizuoto_runtime.engines.indextts.text import Normalizer\nn = Normalizer()\n"
+    script = ("import sys\nfrom mizuoto_runtime.engines.indextts2.text import Normalizer\nn = Normalizer()\n"
               "print('\\n'.join(n(s) for s in sys.argv[1:]))")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", script, *SOAK_SENTENCES], env=env, capture_output=True, text=True,
@@ -276,9 +276,9 @@ def test_the_engine_reads_the_glossary_in_its_model_folder(tmp_path: Path) -> No
     pytest.importorskip("transformers", reason="IndexTTS-2 needs transformers")
     pytest.importorskip("torchaudio", reason="IndexTTS-2 resamples its reference audio")
     from mizuoto_runtime import Runtime
-    from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint
+    from mizuoto_runtime.engines.indextts2.tiny import write
 
-    folder = write_tiny_checkpoint(tmp_path / "indextts2")
+    folder = write(tmp_path / "indextts2")
     (folder / GLOSSARY_FILE).write_text(GLOSSARY, encoding="utf-8")
     engine = Runtime().engine("indextts2", folder)
     assert engine.tokenizer.normalize("I use C++ every day") == "I use C plus plus every day"

@@ -76,9 +76,9 @@ def test_prefix_selects_a_component(tmp_path: Path) -> None:
 
 def test_demo_engine_loads_its_checkpoint_layout(tmp_path: Path) -> None:
     from mizuoto_runtime import Runtime
-    from mizuoto_runtime.engines.demo.tiny import save_checkpoint
+    from mizuoto_runtime.engines.demo.tiny import write
 
-    save_checkpoint(tmp_path, seed=1234, dtype=torch.bfloat16)
+    write(tmp_path, seed=1234, dtype=torch.bfloat16)
     rt = Runtime()
     loaded = rt.engine("demo", tmp_path, "bfloat16")
     fresh = rt.engine("demo", None, "bfloat16")

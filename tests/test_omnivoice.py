@@ -146,8 +146,8 @@ def test_estimates_follow_the_request(omnivoice_checkpoint: Checkpoint) -> None:
     engine = rt.engine("omnivoice", omnivoice_checkpoint())
     short = engine.llm_memory(200)
     assert short < engine.llm_memory(400) < 4.1 * short  # the attention scores grow quadratically
-    assert engine.decoder_memory(100) < engine.decoder_memory(200) <= 2 * engine.decoder_memory(100)
-    assert engine.encoder_memory(24000) < engine.encoder_memory(48000) < 2.1 * engine.encoder_memory(24000)
+    assert engine.codec_decoder_memory(100) < engine.codec_decoder_memory(200) <= 2 * engine.codec_decoder_memory(100)
+    assert engine.voice_prompt_memory(24000) < engine.voice_prompt_memory(48000) < 2.1 * engine.voice_prompt_memory(24000)
     voice = engine.voice_prompt(rt.request(), **VOICES["clone"])  # type: ignore[arg-type]
     task = engine._task(TEXT, voice, Sampling(language="English"))
     ref = voice.data["prompt"].ref_audio_tokens.shape[-1]

@@ -146,7 +146,7 @@ def test_meta_memory_reports_each_phase(qwen3tts_checkpoint: Checkpoint) -> None
             assert memory["partial"]["qwen3tts:codec_encoder"]["gave_up_for"] == ["qwen3tts:speaker_encoder"]
             decoder = memory["partial"]["qwen3tts:codec_decoder"]
             ref_frames = math.ceil(REFERENCE.seconds * 24000 / 1920)  # the ICL decoder decodes them too
-            assert decoder["working_mb"] == mb(engine.decoder_memory(ref_frames + FRAMES)) and decoder["free_mb"] == 16
+            assert decoder["working_mb"] == mb(engine.codec_decoder_memory(ref_frames + FRAMES)) and decoder["free_mb"] == 16
             assert placed_whole == {"qwen3tts:speaker_encoder", "qwen3tts:talker"}
             assert memory["streamed_mb"] > 0
         else:
@@ -242,13 +242,13 @@ def test_estimates_follow_the_request_not_the_worst_case(qwen3tts_checkpoint: Ch
     engine = Runtime().engine("qwen3tts", qwen3tts_checkpoint("base"))
     assert engine.frames_for(10, Sampling(max_new_tokens=8192)) == 160  # 16 frames per text token
     assert engine.frames_for(10, Sampling(max_new_tokens=41)) == 40  # N new tokens give N-1 frames
-    short = engine.generation_memory(prompt_len=30, frames=160)
-    assert short < engine.generation_memory(prompt_len=30, frames=8191) / 20
-    assert engine.generation_memory(30, 160) < engine.generation_memory(30, 320)
+    short = engine.talker_memory(prompt_len=30, frames=160)
+    assert short < engine.talker_memory(prompt_len=30, frames=8191) / 20
+    assert engine.talker_memory(30, 160) < engine.talker_memory(30, 320)
     # The decoder works in chunks of 300 + 25 frames: only the waveform grows beyond one chunk.
-    one_chunk = engine.decoder_memory(325)
-    assert engine.decoder_memory(100) < one_chunk
-    assert engine.decoder_memory(3000) - one_chunk == 4 * 4 * (3000 - 325) * 1920  # float32, four copies
+    one_chunk = engine.codec_decoder_memory(325)
+    assert engine.codec_decoder_memory(100) < one_chunk
+    assert engine.codec_decoder_memory(3000) - one_chunk == 4 * 4 * (3000 - 325) * 1920  # float32, four copies
     for estimate in (engine.codec_encoder_memory, engine.speaker_encoder_memory):
         assert 0 < estimate(24000) < estimate(48000) < 2.1 * estimate(24000)  # from the reference length
 

@@ -301,13 +301,13 @@ def test_the_estimate_follows_the_loop_and_the_kv_cache(qwen3tts_checkpoint: Che
     tc = engine.tts.model.config.talker_config
     cp = tc.code_predictor_config
     prompt, frames = 30, 100
-    lean = engine.generation_memory(prompt, frames, loop="lean", kv_cache="dynamic")
-    upstream = engine.generation_memory(prompt, frames, loop="upstream", kv_cache="dynamic")
+    lean = engine.talker_memory(prompt, frames, loop="lean", kv_cache="dynamic")
+    upstream = engine.talker_memory(prompt, frames, loop="upstream", kv_cache="dynamic")
     assert upstream - lean == tc.num_hidden_layers * (prompt + frames) * tc.hidden_size * 4
-    static = engine.generation_memory(prompt, frames)  # the engine's loop (lean) and the policy's cache
+    static = engine.talker_memory(prompt, frames)  # the engine's loop (lean) and the policy's cache
     expected = sum(peak_bytes(2 * 4 * c.head_dim * c.num_key_value_heads, c.num_hidden_layers, n, "static")
                    - peak_bytes(2 * 4 * c.head_dim * c.num_key_value_heads, c.num_hidden_layers, n, "dynamic")
                    for c, n in ((tc, prompt + frames), (cp, tc.num_code_groups)))  # keys + values, float32
     assert static - lean == expected
     engine.tts.model.talker.generation_config.no_repeat_ngram_size = 3  # the lean loop would hand over
-    assert engine.generation_memory(prompt, frames) == engine.generation_memory(prompt, frames, loop="upstream")
+    assert engine.talker_memory(prompt, frames) == engine.talker_memory(prompt, frames, loop="upstream")

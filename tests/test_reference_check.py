@@ -32,10 +32,15 @@ def _stages(ref: Reference) -> list[Stage]:
     ]
 
 
-def test_lines_and_failures(tmp_path: Path) -> None:
+def _engines(monkeypatch: pytest.MonkeyPatch, providers: dict[str, reference_check.Provider]) -> None:
+    """Fake engines' stages, where the checker looks an engine's up."""
+    monkeypatch.setattr(reference_check, "provider_for", providers.__getitem__)
+
+
+def test_lines_and_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = _folder(tmp_path, {"a.in.x": torch.tensor([1.0, 2.0]), "a.out.y": torch.tensor([2.0, 4.0]),
                                 "b.out.z": torch.zeros(3), "e.out.never": torch.ones(1)})
-    reference_check.register("fake", _stages)
+    _engines(monkeypatch, {"fake": _stages})
     out = io.StringIO()
     lines = {line.name: line for line in reference_check.check_reference("fake", folder, out=out)}
     assert lines["a.out.y"].passed and lines["a.out.y"].max_abs == pytest.approx(5e-5, rel=1e-2)
@@ -47,12 +52,13 @@ def test_lines_and_failures(tmp_path: Path) -> None:
     assert out.getvalue().startswith("PASS  a.out.y")
 
 
-def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     folder = _folder(tmp_path, {"a.in.x": torch.tensor([1.0]), "a.out.y": torch.tensor([2.0])})
-    reference_check.register("good", lambda ref: [Stage("a", lambda: [Check("a.out.y", ref.tensor("a.in.x") * 2)])])
+    _engines(monkeypatch, {
+        "good": lambda ref: [Stage("a", lambda: [Check("a.out.y", ref.tensor("a.in.x") * 2)])],
+        "bad": lambda ref: [Stage("a", lambda: [Check("a.out.y", torch.zeros(2))])]})
     assert cli.main(["check-reference", "--engine", "good", str(folder)]) == 0
     assert "1 passed, 0 failed" in capsys.readouterr().out
-    reference_check.register("bad", lambda ref: [Stage("a", lambda: [Check("a.out.y", torch.zeros(2))])])
     assert cli.main(["check-reference", "--engine", "bad", str(folder)]) == 1
     assert "shape (2,) vs (1,)" in capsys.readouterr().out
 
@@ -60,5 +66,7 @@ def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_unknown_engine_and_bad_folder(tmp_path: Path) -> None:
     with pytest.raises(MizuotoError, match="has no reference checker"):
         reference_check.provider_for("nosuchengine")
+    with pytest.raises(MizuotoError, match="engine 'demo' has no reference checker"):
+        reference_check.provider_for("demo")  # an engine whose class names no reference module
     with pytest.raises(MizuotoError, match="lacks ckpt, reference.safetensors, reference.json"):
         Reference(tmp_path)

@@ -25,13 +25,13 @@ from conftest import require_qwen_tts
 from mizuoto_runtime import CheckpointError, MizuotoError, Runtime
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.cli import main
-from mizuoto_runtime.engines import Sampling
-from mizuoto_runtime.engines.qwen3tts.lora import LoraChoice, applied_lora, use_lora
+from mizuoto_runtime.engines import LoraChoice, Sampling
+from mizuoto_runtime.nn.lora import read_lora
 from mizuoto_runtime.training import memory_plan
 from mizuoto_runtime.training.dataset import Clip, load_audio, read_clips, write_demo_clips
 from mizuoto_runtime.training.host_optimizer import HostAdamW
 from mizuoto_runtime.training.job import TrainingJob
-from mizuoto_runtime.training.lora import read_lora, save_lora
+from mizuoto_runtime.training.lora import save_lora
 from mizuoto_runtime.training.methods import method_module
 
 require_qwen_tts()  # skips without the package; imported the engine's way (a bare import fails on transformers 5)
@@ -79,7 +79,7 @@ def trained(base: Path, data: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def fresh_talker(base: Path) -> Any:
     """A talker of its own to train (the engine's carries the runtime's per-thread loop state)."""
-    from mizuoto_runtime.engines.qwen3tts.engine import load_model
+    from mizuoto_runtime.engines.qwen3tts.checkpoint import load_model
 
     return load_model(base, torch.float32, torch.device("cpu")).model.talker
 
@@ -96,7 +96,7 @@ def spoken(rt: Runtime, base: Path, data: Path, lora: Path | None = None,
            strength: float = 1.0) -> tuple[torch.Tensor, dict[str, Any]]:
     """The audio of a short voice-clone request, and its meta (`meta.memory`, M50)."""
     engine = rt.engine("qwen3tts", base)
-    use_lora(engine, LoraChoice(lora, strength) if lora is not None else None)
+    engine.use_lora(LoraChoice(lora, strength) if lora is not None else None)
     audio, meta = rt.say(engine, "hello there", reference=reference(data), sampling=SAY)
     return audio.waveform, meta
 
@@ -228,7 +228,7 @@ def test_a_trained_lora_changes_the_output_and_removing_it_restores_it(
     rt = Runtime()
     plain = say(rt, base, data)
     with_lora = say(rt, base, data, path)
-    assert applied_lora(rt.engine("qwen3tts", base)) == LoraChoice(path, 1.0)
+    assert rt.engine("qwen3tts", base).applied_lora() == LoraChoice(path, 1.0)
     assert not torch.equal(plain, with_lora)
     assert torch.equal(say(rt, base, data, path), with_lora)  # the same LoRA again: no change
     assert not torch.equal(say(rt, base, data, path, 0.5), with_lora)
@@ -253,9 +253,9 @@ def test_every_placement_with_the_lora_gives_the_plain_runs_audio(
 def test_a_lora_applies_to_qwen3tts_only(trained: tuple[Path, dict[str, Any]]) -> None:
     path, _ = trained
     demo = Runtime().engine("demo")
-    with pytest.raises(MizuotoError, match="apply to the qwen3tts engine only"):
-        use_lora(demo, LoraChoice(path))
-    use_lora(demo, None)  # nothing to remove: nothing happens
+    with pytest.raises(MizuotoError, match="do not apply to the demo engine"):
+        demo.use_lora(LoraChoice(path))
+    demo.use_lora(None)  # nothing to remove: nothing happens
 
 
 def test_retraining_the_same_file_applies_the_new_weights(base: Path, data: Path, tmp_path: Path,

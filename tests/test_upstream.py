@@ -41,7 +41,7 @@ if os.environ.get("NOISY_FAILS"):
 IMPORT_NOISY = '''
 import dataclasses, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-from mizuoto_runtime.engines.qwen3tts.engine import QWEN_TTS_NOISE
+from mizuoto_runtime.engines.qwen3tts.checkpoint import QWEN_TTS_NOISE
 from mizuoto_runtime.upstream import quiet_import
 try:
     quiet_import("noisy", dataclasses.replace(QWEN_TTS_NOISE, chatty_loggers=("noisy",)))
@@ -104,7 +104,7 @@ def test_qwen_tts_imports_quietly(tmp_path: Path) -> None:
     done = run('''
         import logging, sys
         logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-        from mizuoto_runtime.engines.qwen3tts.engine import import_upstream
+        from mizuoto_runtime.engines.qwen3tts.checkpoint import import_upstream
         import_upstream()
         from qwen_tts.core.models import Qwen3TTSConfig
         Qwen3TTSConfig()  # its sub-configs default, with an INFO line each

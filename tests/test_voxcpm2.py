@@ -177,9 +177,9 @@ def test_estimates_follow_the_request(voxcpm2_checkpoint: Checkpoint) -> None:
     short, long = engine.plan("Hello.", None, 4096), engine.plan("Hello. " * 50, None, 4096)
     assert short.patches == int(engine._tokens("Hello.") * 6 + 10)  # the package's own cap
     assert engine.plan("Hello. " * 50, None, 8).patches == 8  # max_new_tokens caps it
-    assert sum(engine.generation_memory(short).values()) < sum(engine.generation_memory(long).values())
+    assert sum(engine.generate_memory(short).values()) < sum(engine.generate_memory(long).values())
     assert engine.decoder_memory(100) < engine.decoder_memory(200) <= 2 * engine.decoder_memory(100)
-    assert 0 < engine.encoder_memory(16000, 16000) < engine.encoder_memory(32000, 32000)
+    assert 0 < engine.voice_prompt_memory(16000, 16000) < engine.voice_prompt_memory(32000, 32000)
 
 
 # ---- voices and their errors -----------------------------------------------------------------
@@ -292,7 +292,7 @@ def test_bf16_load_converts_in_place(voxcpm2_checkpoint: Checkpoint, monkeypatch
     and float32-then-convert, rotary tables included; the VAE stays float32; the bf16 engine speaks."""
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
-    from mizuoto_runtime.engines.voxcpm2 import engine as voxcpm2
+    from mizuoto_runtime.engines.voxcpm2 import checkpoint as voxcpm2
 
     filled: list[set[tuple[torch.dtype, str]]] = []
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mizuoto_runtime.checkpoints import scan
-from mizuoto_runtime.engines.demo.tiny import save_checkpoint
+from mizuoto_runtime.engines.demo.tiny import write as save_checkpoint
 
 from layouts import qwen_layout
 

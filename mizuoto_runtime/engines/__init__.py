@@ -1,30 +1,40 @@
-"""Engines, imported lazily: an engine's upstream package is an optional extra.
+"""The engines: one package per engine, each registered by itself (issues 22, 32).
 
-One package per engine (issue 22): ``<id>/engine.py`` is the engine (an adapter over the upstream
-package, or our own model code beside it), ``<id>/tiny.py`` writes its checkpoint layout with tiny
-random weights. What engines share is here: `base`, `checkpoint_files`, `tiny`, and the `dummy`
-engine; model blocks that more than one engine uses are in `mizuoto_runtime.nn`."""
+Every subpackage of this folder is an engine, its id the package's name. The package follows
+one template: ``config.py`` (its configuration read as data), ``checkpoint.py`` (its folder
+layout and safe loading), its model files, ``engine.py`` (the `Engine` subclass: phases and
+their estimates), ``tiny.py`` (``write(directory, *, version, seed, dtype)``) and
+``reference.py`` (the stages of ``mizuoto check-reference``); an engine over an upstream
+package has ``config.py`` and ``checkpoint.py`` only where it has something of its own to put
+there. The engine class declares the rest (see `Engine`): requirements, versions, which of
+those modules it has, its LoRA adapter. `ENGINES` is found by listing the packages, so adding
+an engine is adding its package; no other file names it.
+
+Engines are imported lazily: listing them imports none, and an engine module imports its
+upstream package (an optional extra) only when it loads a model. What engines share is here:
+`base`, `lora`, `checkpoint_files`, `tiny`; model blocks that more than one engine uses are in
+`mizuoto_runtime.nn`."""
 from __future__ import annotations
 
 import importlib
+import inspect
+import pkgutil
 import sys
 
 from ..errors import MizuotoError
-from .base import CheckpointInfo, Codes, Engine, Sampling, Voice, check_request
+from .base import CheckpointInfo, Codes, Engine, Sampling, TinyWriter, Voice, check_request
+from .lora import LoraAdapter, LoraChoice
 
-# id -> (module, class, requirements file under requirements/ that provides its upstream package)
-ENGINES: dict[str, tuple[str, str, str | None]] = {
-    "demo": ("mizuoto_runtime.engines.demo.engine", "DemoEngine", None),
-    "dummy": ("mizuoto_runtime.engines.dummy", "DummyEngine", None),
-    "qwen3tts": ("mizuoto_runtime.engines.qwen3tts.engine", "Qwen3TTSEngine", "qwen3tts"),
-    "voxcpm2": ("mizuoto_runtime.engines.voxcpm2.engine", "VoxCPM2Engine", "voxcpm2"),
-    "f5tts": ("mizuoto_runtime.engines.f5tts.engine", "F5TTSEngine", "f5tts"),
-    "omnivoice": ("mizuoto_runtime.engines.omnivoice.engine", "OmniVoiceEngine", "omnivoice"),
-    "fishspeech": ("mizuoto_runtime.engines.fishspeech.engine", "FishSpeechEngine", "fishspeech"),
-    "cosyvoice": ("mizuoto_runtime.engines.cosyvoice.engine", "CosyVoiceEngine", "cosyvoice"),
-    "gptsovits": ("mizuoto_runtime.engines.gptsovits.engine", "GptSovitsEngine", "gptsovits"),
-    "indextts2": ("mizuoto_runtime.engines.indextts.engine", "IndexTTS2Engine", "indextts2"),
-}
+ENGINE_MODULE = "engine"  # the module of an engine package that defines its engine class
+
+
+def discover() -> dict[str, str]:
+    """Engine id -> its package, for every package in this folder, by name."""
+    return {m.name: f"{__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+            if m.ispkg}
+
+
+ENGINES: dict[str, str] = discover()
 
 
 def install_hint(extra: str) -> str:
@@ -36,18 +46,27 @@ def install_hint(extra: str) -> str:
 
 
 def engine_class(engine_id: str) -> type[Engine]:
+    """The engine class its package's ``engine`` module defines (the `Engine` subclass whose id
+    is the package's name)."""
     if engine_id not in ENGINES:
         raise MizuotoError(f"unknown engine {engine_id!r}; known: {', '.join(ENGINES)}")
-    module_name, cls_name, extra = ENGINES[engine_id]
+    module_name = f"{ENGINES[engine_id]}.{ENGINE_MODULE}"
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f" (install it with: {install_hint(extra)})" if extra else ""
+        # A package it needs beyond the core is missing (its requirements file is named after it).
+        third_party = bool(exc.name) and not str(exc.name).startswith(__name__.partition(".")[0])
+        hint = f" (install it with: {install_hint(engine_id)})" if third_party else ""
         raise MizuotoError(f"engine {engine_id!r} cannot be imported: {exc}{hint}") from exc
-    return getattr(module, cls_name)
+    found = [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+             if issubclass(cls, Engine) and cls.__module__ == module_name and cls.__dict__.get("id") == engine_id]
+    if len(found) != 1:
+        raise MizuotoError(f"{module_name} must define one Engine subclass with id = {engine_id!r} "
+                           f"(the package's name), found {len(found)}")
+    return found[0]
 
 
 __all__ = [
-    "ENGINES", "CheckpointInfo", "Codes", "Engine", "Sampling", "Voice", "check_request", "engine_class",
-    "install_hint",
+    "ENGINES", "CheckpointInfo", "Codes", "Engine", "LoraAdapter", "LoraChoice", "Sampling", "TinyWriter", "Voice",
+    "check_request", "discover", "engine_class", "install_hint",
 ]

@@ -13,6 +13,11 @@ CLI, the runtime and every node refuse bad input with the same one-line error.
 Hosts list what an engine can load without loading it: `describe_checkpoint(folder)` reads a
 folder's configs (never its weights) and says what it is, or None when the engine cannot load
 it; `BUILTIN` describes what the engine runs with no folder at all (None: it needs one).
+
+Everything else about an engine is declared on its class too, and read by the registry
+(`engines.__init__`, issue 32): its id (its package's name), its requirements file and upstream
+package, the checkpoint versions its package's `tiny.write` writes, its package's reference
+stages and its LoRA adapter.
 """
 from __future__ import annotations
 
@@ -20,25 +25,38 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib
 import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from ..audio import Audio
-from ..errors import ArgumentError, CheckpointError
+from ..errors import ArgumentError, CheckpointError, MizuotoError
 from ..lru import LruCache
 from ..phases import GLOBAL_RNG
+from .lora import LoraAdapter, LoraChoice, applied_lora
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
     from ..manager import ModelManager
     from ..phases import RequestContext
+
+
+class TinyWriter(Protocol):
+    """An engine package's `tiny.write`: a small random checkpoint in the engine's own folder
+    layout (tests, demos; no download), written into `directory` (created), which it returns.
+    `version`: one of the engine's `VERSIONS` (None: the first); `dtype`: the main weights'
+    precision (None: float32, or the one precision a writer takes: GPT-SoVITS's float16)."""
+
+    def __call__(self, directory: str | Path, *, version: str | None = None, seed: int = 0,
+                 dtype: torch.dtype | None = None) -> Path: ...
 
 
 @dataclasses.dataclass
@@ -142,10 +160,22 @@ def voice_key(reference: Audio | None, transcript: str | None, speaker: str | No
 
 
 class Engine(ABC):
-    """Base of every engine adapter."""
+    """Base of every engine adapter, and what its package declares about it."""
 
-    id: ClassVar[str]
+    id: ClassVar[str]  # the name of its package under engines/ (the registry checks it)
     title: ClassVar[str] = ""  # the engine's name as users know it ("Qwen3-TTS"); empty: its id
+    # requirements/<REQUIREMENTS>.txt installs what it needs beyond the core (None: nothing).
+    REQUIREMENTS: ClassVar[str | None] = None
+    # The module `mizuoto doctor` looks for to call it installed (None: the core suffices).
+    UPSTREAM: ClassVar[str | None] = None
+    # The checkpoint versions its package's `tiny.write` writes, the default first (empty: one).
+    VERSIONS: ClassVar[tuple[str, ...]] = ()
+    # Modules of its package: the tiny-checkpoint writer (`write`, a `TinyWriter`) and the
+    # stages of `mizuoto check-reference` (`stages(ref)`); None: it has none.
+    TINY: ClassVar[str | None] = "tiny"
+    REFERENCE: ClassVar[str | None] = None
+    # Where a LoRA file's update goes (None: it takes no LoRA).
+    LORA: ClassVar[LoraAdapter | None] = None
     PHASED: ClassVar[bool] = True
     BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
     # Keyword arguments its `voice_prompt` takes beyond the common ones (IndexTTS-2: "emotion").
@@ -174,6 +204,20 @@ class Engine(ABC):
         self.dtype = dtype
         self.device = device or manager.devices.compute_device()  # where its components run
         self.voices: LruCache[str, Voice] = LruCache(VOICES_KEPT)
+
+    @classmethod
+    def package_module(cls, name: str) -> ModuleType:
+        """The module `name` of this engine's package (imported now: it may import the engine's
+        upstream package)."""
+        return importlib.import_module(f"{cls.__module__.rpartition('.')[0]}.{name}")
+
+    @classmethod
+    def tiny_writer(cls) -> TinyWriter:
+        """Its package's tiny-checkpoint writer."""
+        if cls.TINY is None:
+            raise MizuotoError(f"engine {cls.id!r} has no tiny-checkpoint writer")
+        writer: TinyWriter = cls.package_module(cls.TINY).write
+        return writer
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
@@ -243,6 +287,18 @@ class Engine(ABC):
             yield
         finally:
             hook.remove()
+
+    def use_lora(self, choice: LoraChoice | None) -> None:
+        """Its checkpoint weights plus `choice`'s update (None: its checkpoint weights), M28;
+        nothing happens when it runs with them already."""
+        if self.LORA is not None:
+            self.LORA.use(self, choice)
+        elif choice is not None:
+            raise MizuotoError(f"LoRA files do not apply to the {self.id} engine: it takes none")
+
+    def applied_lora(self) -> LoraChoice | None:
+        """The LoRA it runs with now (None: its checkpoint weights)."""
+        return applied_lora(self)
 
     def memory_required(self, text: str) -> int:
         """Working memory of a whole unphased call (M48)."""

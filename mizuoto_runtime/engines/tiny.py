@@ -1,14 +1,32 @@
-"""What the writers of tiny random checkpoints share (tests and demos; no download): seeded
-weights of a plausible scale, a decoder's output brought to a given loudness, JSON files."""
+"""What the writers of tiny random checkpoints share (tests and demos; no download): the check of
+the version asked for, seeded weights of a plausible scale, a decoder's output brought to a given
+loudness, JSON files. Each engine package's ``tiny.write(directory, *, version, seed, dtype)``
+is its writer (`base.TinyWriter`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+
+def version_of(version: str | None, versions: Sequence[str]) -> str:
+    """The checkpoint version to write: `version`, one of the engine's `versions`, or the first
+    when None."""
+    if version is None:
+        return versions[0]
+    if version not in versions:
+        raise ValueError(f"version must be one of {', '.join(versions)}, got {version!r}")
+    return version
+
+
+def one_version(version: str | None) -> None:
+    """An engine with one checkpoint layout has no versions to choose from."""
+    if version is not None:
+        raise ValueError(f"this engine has one checkpoint layout, no versions: got version {version!r}")
 
 
 def fan_in_std(p: torch.Tensor) -> float:

@@ -7,8 +7,9 @@
   (M62); `cpu_allocator` — `compute.cpu_allocator` in the training process (M62);
 * `estimate` — `MethodInfo.memory_mb` from measured peaks, and the advice when it does not fit
   (M63); `meter` — every phase's `memory/peak_mb`;
-* methods (`methods.METHODS`): `qwen3tts_lora`, LoRA of the Qwen3-TTS talker; `lora` is the
-  adapter file it writes, which `engines.qwen3tts.lora.use_lora` applies.
+* methods (`methods.METHODS`): `qwen3tts_lora`, LoRA of the Qwen3-TTS talker; `lora` holds the
+  adapters it trains and saves as a LoRA file (`nn.lora` reads and merges one), which the
+  engine applies (`Engine.use_lora`).
 
 Importing this package imports no engine package; a method's module imports its engine's.
 """

@@ -2,7 +2,7 @@
 
 The base is a **Base** checkpoint (it has the codec encoder and speaker encoder that turn the
 clips into training targets). The LoRA it writes applies to that checkpoint's engine
-(`engines.qwen3tts.lora.use_lora`) and is used with voice cloning, as the clips were.
+(`Engine.use_lora`, its `LORA` adapter) and is used with voice cloning, as the clips were.
 
 **Data** (phase ``prepare``, in the engine's own phases on the training device): each clip's
 codec codes (the engine's codec encoder, 16 codebooks per 12.5 Hz frame) and its x-vector (the
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engines.base import Voice
-from ..engines.qwen3tts.engine import check_layout, import_upstream
+from ..engines.qwen3tts.checkpoint import check_layout, import_upstream
 from ..errors import MizuotoError
 from ..loading import SafetensorsFile
 from ..runtime import DTYPES, Runtime

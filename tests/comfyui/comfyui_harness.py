@@ -51,10 +51,10 @@ NOT_IMPORTABLE = 3  # the exit status of `import_guard` when an engine's package
 
 def import_guard(engine_module: str) -> str:
     """Python code that imports the upstream package of `mizuoto_runtime.engines.<engine_module>`
-    (its `engine` module)
+    (its `checkpoint` module's `import_upstream`)
     as the engine does (`import_upstream`, adapted to the transformers installed), and exits
     with NOT_IMPORTABLE, saying why, when it cannot."""
-    return (f"import sys\ntry:\n    from mizuoto_runtime.engines.{engine_module}.engine import import_upstream\n"
+    return (f"import sys\ntry:\n    from mizuoto_runtime.engines.{engine_module}.checkpoint import import_upstream\n"
             f"    import_upstream()\n"
             f"except Exception as exc:  # missing, or installed beside a transformers it does not run on\n"
             f"    print(f'the {engine_module} engine cannot import its package under {{sys.executable}}: "
@@ -64,8 +64,8 @@ def import_guard(engine_module: str) -> str:
 
 QWEN_PROBE = import_guard("qwen3tts")
 TINY_WRITER = QWEN_PROBE + """
-from mizuoto_runtime.engines.qwen3tts.tiny import write_tiny_checkpoint
-write_tiny_checkpoint(sys.argv[1], model_type=sys.argv[2])
+from mizuoto_runtime.engines.qwen3tts.tiny import write
+write(sys.argv[1], version=sys.argv[2])
 """
 TINY_WRITE_TIMEOUT_S = 300
 
@@ -205,7 +205,7 @@ class ComfyServer:
     @staticmethod
     def _write_demo_checkpoint(folder: Path) -> None:
         """The demo engine's weights as safetensors files, for the loader's checkpoint path (M27)."""
-        code = "import sys; from mizuoto_runtime.engines.demo.tiny import save_checkpoint; save_checkpoint(sys.argv[1])"
+        code = "import sys; from mizuoto_runtime.engines.demo.tiny import write; write(sys.argv[1])"
         subprocess.run([COMFYUI_PYTHON, "-c", code, str(folder)], cwd=REPO, check=True, timeout=120)
 
     def stop(self) -> None:

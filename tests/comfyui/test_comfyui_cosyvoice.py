@@ -24,8 +24,8 @@ WRITER = """
 import importlib.util, sys
 if importlib.util.find_spec("transformers") is None:
     sys.exit(3)
-from mizuoto_runtime.engines.cosyvoice.tiny import write_tiny_checkpoint
-write_tiny_checkpoint(sys.argv[2], int(sys.argv[1]))
+from mizuoto_runtime.engines.cosyvoice.tiny import write
+write(sys.argv[2], version=sys.argv[1])
 """
 WRITTEN: set[int] = set()
 

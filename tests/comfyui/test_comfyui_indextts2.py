@@ -28,13 +28,13 @@ WORKFLOW = REPO / "example_workflows" / "Voice Clone - IndexTTS-2, step by step 
 SAMPLE_RATE = 22050
 SIMULATED_MB = 8  # the talker and the flow do not fit: they stream
 RUN_TIMEOUT_S = 300.0
-WRITER = "from mizuoto_runtime.engines.indextts.tiny import write_tiny_checkpoint; write_tiny_checkpoint(sys.argv[1])"
+WRITER = "from mizuoto_runtime.engines.indextts2.tiny import write; write(sys.argv[1])"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ComfyServer]:
     def prepare(root: Path) -> None:
-        run_with_comfyui_python(WRITER, str(root / "models" / "mizuoto" / CHECKPOINT), needs="indextts")
+        run_with_comfyui_python(WRITER, str(root / "models" / "mizuoto" / CHECKPOINT), needs="indextts2")
 
     with running_server("mizuoto-comfyui-indextts2-", prepare) as running:
         yield running

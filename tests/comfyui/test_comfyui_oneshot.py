@@ -33,7 +33,7 @@ import importlib, importlib.util, sys
 package, module, folder = sys.argv[1:]
 if importlib.util.find_spec(package) is None:
     sys.exit(3)
-importlib.import_module(module).write_tiny_checkpoint(folder)
+importlib.import_module(module).write(folder)
 """
 
 

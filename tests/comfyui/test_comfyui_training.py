@@ -16,7 +16,7 @@ from comfyui_harness import REFERENCE_WAV, ComfyServer, requires_comfyui, runnin
 from test_comfyui_qwen3tts import CHECKPOINT, MAX_NEW_TOKENS
 
 from mizuoto_runtime.training.dataset import write_demo_clips
-from mizuoto_runtime.training.lora import read_lora
+from mizuoto_runtime.nn.lora import read_lora
 
 pytestmark = requires_comfyui
 

@@ -30,8 +30,7 @@ SAMPLES_PER_PATCH = 4 * 1920
 PATCHES = 4  # the tiny model never stops early: max_new_tokens N gives N patches
 SIMULATED_MB = 24  # the generator (26 MB) does not fit: it streams
 RUN_TIMEOUT_S = 300.0
-WRITER = "import sys; from mizuoto_runtime.engines.voxcpm2.tiny import write_tiny_checkpoint; " \
-         "write_tiny_checkpoint(sys.argv[1])"
+WRITER = "import sys; from mizuoto_runtime.engines.voxcpm2.tiny import write; write(sys.argv[1])"
 
 
 def write_tiny(folder: Path) -> None:

@@ -63,7 +63,7 @@ from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .dit import DiT
 from .lm import length_bounds
-from .model import CosyVoiceModel, detect_version, load_model
+from .checkpoint import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
 from .text import normalize, sentences
 from .voice import MAX_PROMPT_SECONDS, SPEAKER_RATE, load_campplus, load_speech_tokenizer, resample
@@ -142,6 +142,9 @@ class CosyVoiceEngine(Engine):
 
     id = "cosyvoice"
     title = "CosyVoice"
+    REQUIREMENTS = "cosyvoice"
+    VERSIONS = ("2", "3")
+    REFERENCE = "reference"
     sample_rate = 24000
 
     @classmethod
@@ -253,10 +256,10 @@ class CosyVoiceEngine(Engine):
             n = min(feat.shape[1] // 2, tokens.shape[1])
             return {"embedding": embedding, "prompt_token": tokens[:, :n], "prompt_feat": feat[:, :2 * n]}
 
-        memory = self.voice_memory(wav16.shape[-1])
+        memory = self.voice_prompt_memory(wav16.shape[-1])
         return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
 
-    def voice_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, and the
         tokenizer's widest activation (rows of its largest weight) per speech token."""
         assert self.speech_tokenizer is not None

@@ -15,10 +15,11 @@ from ...reference_check import Check, Reference, Stage
 from .flow import cosine_t_span
 from .hift import HiFT
 from .lm import RasParams
-from .model import CosyVoiceModel, load_model
+from .checkpoint import CosyVoiceModel, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens, token2wav
 
 
+# ---- the checkpoint, loaded once per folder by the engine's own loader --------------------------
 def _model(ref: Reference) -> CosyVoiceModel:
     return ref.shared("model", lambda: load_model(ref.ckpt))
 
@@ -27,21 +28,7 @@ def _ids(ref: Reference, name: str) -> torch.Tensor:
     return ref.tensor(name).to(torch.int64)
 
 
-def stages(ref: Reference) -> Iterator[Stage]:
-    yield Stage("features", lambda: _features(ref))
-    yield Stage("llm.prefill", lambda: _prefill(ref))
-    yield Stage("llm.step1", lambda: _step1(ref))
-    yield Stage("llm.teacher_forced", lambda: _teacher_forced(ref))
-    yield Stage("llm.sampled", lambda: _sampled(ref))
-    if "llm_topk1" in ref.meta:
-        yield Stage("llm.top_k_1", lambda: _top_k_1(ref))
-    yield Stage("flow.conditions", lambda: _flow_conditions(ref))
-    yield Stage("flow.estimator", lambda: _estimator(ref))
-    yield Stage("flow.solve", lambda: _flow_solve(ref))
-    yield Stage("vocoder", lambda: _vocoder(ref))
-    yield Stage("e2e", lambda: _e2e(ref))
-
-
+# ---- the stages ---------------------------------------------------------------------------------
 def _ulp(x: torch.Tensor) -> torch.Tensor:
     """`x` with every element moved by about one float32 ulp (fixed pattern)."""
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -221,3 +208,19 @@ def _e2e(ref: Reference) -> list[Check]:
                          ref.tensor("inputs.prompt_speech_feat"), ref.tensor("inputs.embedding"))
     return [Check("e2e.out.tokens", tokens, "exact"), Check("e2e.out.mel", mel, "chain"),
             Check("e2e.out.wav", wav, "chain")]
+
+
+def stages(ref: Reference) -> Iterator[Stage]:
+    """The stages `ref` recorded, in order."""
+    yield Stage("features", lambda: _features(ref))
+    yield Stage("llm.prefill", lambda: _prefill(ref))
+    yield Stage("llm.step1", lambda: _step1(ref))
+    yield Stage("llm.teacher_forced", lambda: _teacher_forced(ref))
+    yield Stage("llm.sampled", lambda: _sampled(ref))
+    if "llm_topk1" in ref.meta:
+        yield Stage("llm.top_k_1", lambda: _top_k_1(ref))
+    yield Stage("flow.conditions", lambda: _flow_conditions(ref))
+    yield Stage("flow.estimator", lambda: _estimator(ref))
+    yield Stage("flow.solve", lambda: _flow_solve(ref))
+    yield Stage("vocoder", lambda: _vocoder(ref))
+    yield Stage("e2e", lambda: _e2e(ref))

@@ -26,9 +26,9 @@ import torch
 
 from ...nn.decoder import DecoderConfig
 from ...nn import weight_norm
-from ..tiny import byte_alphabet, fan_in_std, write_json
-from .engine import SPK2INFO
-from .model import BLANK_EN, YAMLS, load_model
+from ..tiny import byte_alphabet, fan_in_std, version_of, write_json
+from .engine import SPK2INFO, CosyVoiceEngine
+from .checkpoint import BLANK_EN, YAMLS, load_model
 from .tokenizer import special_tokens
 
 log = logging.getLogger(__name__)
@@ -272,20 +272,22 @@ def write_voice_models(folder: Path, version: int, generator: torch.Generator) -
          f"speech_tokenizer_v{version}.onnx")
 
 
-def write_tiny_checkpoint(directory: str | Path, version: int = 2, seed: int = 0,
-                          dtype: torch.dtype = torch.float32) -> Path:
-    """Write the folder; `dtype` must be float32 (upstream's state_dicts are float32)."""
-    if version not in YAMLS:
-        raise ValueError(f"cosyvoice tiny checkpoint: version must be 2 or 3, got {version}")
-    if dtype != torch.float32:
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
+          dtype: torch.dtype | None = None) -> Path:
+    """Write the folder of CosyVoice `version` (``2`` or ``3``; None: ``2``); `dtype` must be
+    float32 or None (upstream's state_dicts are float32)."""
+    if dtype not in (None, torch.float32):
         raise ValueError("cosyvoice tiny checkpoint: the published state_dicts are float32")
-    out = Path(directory)
+    return _write(Path(directory), int(version_of(version, CosyVoiceEngine.VERSIONS)), seed)
+
+
+def _write(out: Path, version: int, seed: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / YAMLS[version]).write_text(model_yaml(version), encoding="utf-8")
     generator = torch.Generator().manual_seed(seed)
     # Build the modules from the yaml with our own loader's builders, then fill them at random.
     from .config import ModelConfig
-    from .model import _hift_factory, build_flow, lm_spec
+    from .checkpoint import _hift_factory, build_flow, lm_spec
     from .lm import CosyVoiceLM
 
     blank = out / BLANK_EN

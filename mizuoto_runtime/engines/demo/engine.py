@@ -31,7 +31,7 @@ class DemoEngine(Engine):
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
-        """A folder `save_checkpoint` wrote: one safetensors file per component."""
+        """A folder `tiny.write` wrote: one safetensors file per component."""
         if all((folder / f"{name}.safetensors").is_file() for name in COMPONENTS):
             return CheckpointInfo("Demo")
         return None
@@ -77,7 +77,7 @@ class DemoEngine(Engine):
         """M46: frames estimated from the text, capped by max_new_tokens."""
         return min(FRAMES_PER_TEXT_TOKEN * len(text.encode()) + 8, sampling.max_new_tokens)
 
-    def generation_memory(self, prompt_len: int, frames: int) -> int:
+    def talker_memory(self, prompt_len: int, frames: int) -> int:
         """M45/M46: the growing KV cache's peak plus a step's activations."""
         talker = self.talker.module
         element = torch.tensor([], dtype=self.dtype).element_size()
@@ -111,12 +111,12 @@ class DemoEngine(Engine):
                 x = talker.code_embed(code)
             return torch.cat(out, dim=1)
 
-        codes = ctx.run("talker", [self.talker], talk, self.generation_memory(tokens.shape[1] + 1, frames),
+        codes = ctx.run("talker", [self.talker], talk, self.talker_memory(tokens.shape[1] + 1, frames),
                         generators=[generator])
         return Codes(codes, self.id)
 
     # ---- codec decoder ---------------------------------------------------------------------
-    def decoder_memory(self, frames: int) -> int:
+    def codec_decoder_memory(self, frames: int) -> int:
         element = torch.tensor([], dtype=self.dtype).element_size()
         return 14 * frames * HOP * 64 * element // 8  # the widest late stage, its input, activations and output
 
@@ -131,6 +131,6 @@ class DemoEngine(Engine):
         def tiled() -> torch.Tensor:
             return tiled_1d(decoder, codes.tokens)
 
-        wav = ctx.run("codec decoder", [self.decoder], whole, self.decoder_memory(codes.tokens.shape[-1]),
+        wav = ctx.run("codec decoder", [self.decoder], whole, self.codec_decoder_memory(codes.tokens.shape[-1]),
                       fallback=("tiled_1d", tiled), allow_fallback=allow_fallback)
         return Audio(wav[0].float(), self.sample_rate)

@@ -5,13 +5,18 @@ from pathlib import Path
 
 import torch
 
+from ..tiny import one_version
 from .model import random_weights
 
 
-def save_checkpoint(directory: str | Path, seed: int = 1234, dtype: torch.dtype = torch.float32) -> Path:
-    """Write the demo's components as `<name>.safetensors` (for the loading path, M27)."""
+def write(directory: str | Path, *, version: str | None = None, seed: int = 1234,
+          dtype: torch.dtype | None = None) -> Path:
+    """Write the demo's components as `<name>.safetensors` (for the loading path, M27);
+    `dtype`: float32 when None."""
     from safetensors.torch import save_file
 
+    one_version(version)
+    dtype = torch.float32 if dtype is None else dtype
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for name, module in random_weights(seed).items():

@@ -1,6 +1,6 @@
 """Tiny random F5-TTS checkpoints in the published layout, for tests and demos (issue 11).
 
-`write_tiny_checkpoint(dir)` writes what ``SWivid/F5-TTS``'s ``F5TTS_v1_Base/`` and
+`write(dir)` writes what ``SWivid/F5-TTS``'s ``F5TTS_v1_Base/`` and
 ``charactr/vocos-mel-24khz`` hold, plus the model config F5-TTS's own tools read::
 
     model_1250000.safetensors   EMA weights under ``ema_model.`` (plus EMA's ``initted``/``step``)
@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .engine import EMA_PREFIX, VOCODER_FOLDER
+from ..tiny import one_version
+from .checkpoint import EMA_PREFIX, VOCODER_FOLDER
 from .upstream import import_upstream
 
 log = logging.getLogger(__name__)
@@ -80,14 +81,17 @@ def _write_yaml(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
 
 
-def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
-    """Write a tiny random F5-TTS folder; `dtype` is that of the DiT weights (Vocos: float32)."""
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
+    """Write a tiny random F5-TTS folder; `dtype` is that of the DiT weights (None: float32;
+    Vocos: float32)."""
     from safetensors.torch import save_file
     from vocos import Vocos
     from vocos.feature_extractors import MelSpectrogramFeatures
     from vocos.heads import ISTFTHead
     from vocos.models import VocosBackbone
 
+    one_version(version)
+    dtype = torch.float32 if dtype is None else dtype
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(DTYPE_NAMES.values())}, got {dtype}")
     modules = import_upstream()

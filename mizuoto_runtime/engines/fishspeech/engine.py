@@ -65,7 +65,7 @@ from .dual_ar import FastTransformer, KVCache, SlowTransformer
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
 from .sampling import S1Sampling, SamplingTensors
-from .weights import detect_version, load_codec, load_dual_ar
+from .checkpoint import detect_version, load_codec, load_dual_ar
 
 SAMPLE_RATE = 44100
 LABELS = {"s2-pro": "S2-Pro", "s1-mini": "S1-mini"}
@@ -92,6 +92,9 @@ class DualARTalker(nn.Module):
 class FishSpeechEngine(Engine):
     id = "fishspeech"
     title = "Fish Speech"
+    REQUIREMENTS = "fishspeech"
+    VERSIONS = ("s2-pro", "s1-mini")
+    REFERENCE = "reference"
     PHASED = True
     FAST_HOT: ClassVar[bool] = True  # the layout; `bench/engines.py` measures it against none
     sample_rate = SAMPLE_RATE
@@ -136,7 +139,7 @@ class FishSpeechEngine(Engine):
                                 "give the transcript too")
         wav = self._at_44k(reference)
         codes = ctx.run("voice prompt", [self.codec_encoder], lambda: self._encode(wav),
-                        self.encoder_memory(wav.shape[-1]))
+                        self.voice_prompt_memory(wav.shape[-1]))
         return {"codes": codes, "transcript": transcript}
 
     @staticmethod
@@ -153,7 +156,7 @@ class FishSpeechEngine(Engine):
         codes = self.codec_encoder.module(wav[None].to(self.device, self.dtype))
         return codes[0].cpu()
 
-    def encoder_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the encoder's widest conv stage (channels x length) from the reference length."""
         c = self.codec
         length, channels = math.ceil(samples / c.frame_length) * c.frame_length, c.encoder_dim
@@ -192,7 +195,7 @@ class FishSpeechEngine(Engine):
                      *chat.user_message(batch), *chat.assistant_turn()]
         return chat.encode(parts, self.model.tokenizer, cfg.num_codebooks)
 
-    def generation_memory(self, prompt_len: int, frames: int, kv_cache: str | None = None) -> int:
+    def talker_memory(self, prompt_len: int, frames: int, kv_cache: str | None = None) -> int:
         """M45/M46: the slow KV cache grown to the prompt and frames (`peak_bytes` of its kind),
         the fast one's ``num_codebooks`` positions, and the prefill's activations (hidden states,
         MLP, one row of logits). No attention-score term: torch's fused attention (CPU and CUDA
@@ -222,7 +225,7 @@ class FishSpeechEngine(Engine):
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         kv_cache = self.manager.policy.kv_cache
         prompt_len, frames = self.plan_positions(text, voice, sampling)
-        memory = self.generation_memory(prompt_len, frames, kv_cache)
+        memory = self.talker_memory(prompt_len, frames, kv_cache)
         ctx.report.add_phase("talker", kv_positions=prompt_len + frames, frames_estimated=frames,
                              working_mb=round(memory / 2**20, 2))
         batches = self._batches(text)

@@ -15,7 +15,7 @@ and waveform; end to end, our own generated codes through our decoder.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from . import prompt as chat
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
 from .sampling import SamplingTensors
-from .weights import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
+from .checkpoint import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,6 +34,7 @@ def _dtype(ref: Reference) -> torch.dtype:
     return DTYPES[str(ref.meta.get("dtype", "float32"))]
 
 
+# ---- the checkpoint, loaded once per folder by the engine's own loader --------------------------
 def _model(ref: Reference) -> DualAR:
     return ref.shared("dual_ar", lambda: load_dual_ar(ref.ckpt, _dtype(ref)))
 
@@ -48,6 +49,7 @@ def _codec(ref: Reference) -> Any:
     return ref.shared("codec", lambda: load_codec(ref.ckpt, _dtype(ref), _window(ref)))
 
 
+# ---- the stages ---------------------------------------------------------------------------------
 def _prompt_stage(ref: Reference) -> Iterable[Check]:
     m, p = _model(ref), ref.meta["prompt"]
     parts = chat.system_message(p.get("prompt_text"), ref.tensor("codec.out.indices"))
@@ -133,7 +135,8 @@ def _e2e_stage(ref: Reference) -> Iterable[Check]:
     yield Check("e2e.out.wav", decoder(frames[1:, :-1][None])[0, 0], "chain")
 
 
-def stages(ref: Reference) -> Iterable[Stage]:
+def stages(ref: Reference) -> Iterator[Stage]:
+    """The stages `ref` recorded, in order."""
     yield Stage("prompt", lambda: _prompt_stage(ref))
     yield Stage("slow_ar", lambda: _slow_stage(ref))
     yield Stage("fast_ar", lambda: _fast_stage(ref))

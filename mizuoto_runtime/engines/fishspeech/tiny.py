@@ -1,6 +1,6 @@
 """Tiny random Fish Speech checkpoints in the official layouts, for tests and demos.
 
-`write_tiny_checkpoint(dir, version)` writes what the engine reads:
+`write(dir, version=version)` writes what the engine reads:
 
 * ``s2-pro`` (``fishaudio/s2-pro``): ``config.json`` (``fish_qwen3_omni``), two shards
   ``model-0000N-of-00002.safetensors`` with ``model.safetensors.index.json`` (keys
@@ -28,12 +28,13 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ...nn import weight_norm
+from ..tiny import version_of
 from .codec import CodecConfig, CodecDecoder, CodecEncoder, TransformerConfig
 from .config import DualARConfig
 from .dual_ar import FastTransformer, SlowTransformer
+from .engine import FishSpeechEngine
 from .tokenizer import IM_END, SEMANTIC
 
-VERSIONS = ("s2-pro", "s1-mini")
 NUM_CODEBOOKS = 10
 CODEBOOK_SIZE = 64
 SEED = 1234
@@ -195,12 +196,13 @@ def _write_s1(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> No
     (folder / "config.json").write_text(json.dumps({"model_type": "dual_ar", **flat}, indent=2), encoding="utf-8")
 
 
-def write_tiny_checkpoint(directory: str | Path, version: str = "s2-pro", seed: int = SEED,
-                          dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write a tiny random `version` checkpoint into `directory` (created); return it. `dtype`:
-    the transformers' weights (the releases ship bfloat16); the codec is float32 as released."""
-    if version not in VERSIONS:
-        raise ValueError(f"version must be one of {', '.join(VERSIONS)}, got {version!r}")
+def write(directory: str | Path, *, version: str | None = None, seed: int = SEED,
+          dtype: torch.dtype | None = None) -> Path:
+    """Write a tiny random `version` checkpoint (None: ``s2-pro``) into `directory` (created);
+    return it. `dtype`: the transformers' weights (None: float32; the releases ship bfloat16);
+    the codec is float32 as released."""
+    version = version_of(version, FishSpeechEngine.VERSIONS)
+    dtype = torch.float32 if dtype is None else dtype
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     size, sem_begin = (_s2_tokenizer if version == "s2-pro" else _s1_tokenizer)(folder)

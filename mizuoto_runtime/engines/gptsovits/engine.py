@@ -53,15 +53,14 @@ from ...nn.features import kaldi_fbank
 from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import bert as bert_features
-from .build import build_sv, build_t2s, build_vits, read_sv_state
-from .layout import HUBERT_FOLDER, SV_FILE, VoicePair, find_aux, pair_in, require_pair, voice_files
+from .checkpoint import (HUBERT_FOLDER, SUPPORTED, SV_FILE, VoicePair, build_sv, build_t2s, build_vits, find_aux, pair_in,
+                         read_gpt, read_sovits, read_sv_state, require_pair, sovits_version_hint, voice_files)
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .text import Run, english, g2pw, phonemize, segment
 from .text.chinese import PINYIN_SOURCE
 from .text.segment import LANGUAGES
 from .vits import Synthesizer
-from .weights import SUPPORTED, read_gpt, read_sovits, sovits_version_hint
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +97,10 @@ class PhonemeText:
 class GptSovitsEngine(Engine):
     id = "gptsovits"
     title = "GPT-SoVITS"
+    REQUIREMENTS = "gptsovits"
+    UPSTREAM = "jieba"  # its text frontend's
+    VERSIONS = ("v2", "v2pro")
+    REFERENCE = "reference"
     PHASED = True
 
     @classmethod
@@ -249,7 +252,7 @@ class GptSovitsEngine(Engine):
         silence = torch.zeros(int(cfg.sampling_rate * PROMPT_SILENCE_S))
         ssl_in = torch.cat([wav16, silence]).unsqueeze(0).to(self.dtype)
         handles = [self.hubert, self.vits] + ([self.sv] if self.sv is not None else [])
-        memory = self.voice_memory(ssl_in.shape[-1])
+        memory = self.voice_prompt_memory(ssl_in.shape[-1])
 
         @torch.inference_mode()
         def encode() -> dict[str, Any]:
@@ -264,7 +267,7 @@ class GptSovitsEngine(Engine):
 
         return ctx.run("voice prompt", handles, encode, memory)
 
-    def voice_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the SSL encoder's first conv feature maps over the 16 kHz samples."""
         assert self.hubert is not None
         cfg = self.hubert.module.config

@@ -9,8 +9,7 @@ integers identical.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -18,220 +17,228 @@ import torch
 from ...errors import CheckpointError
 from ...reference_check import Check, Reference, Stage
 from ...nn.features import kaldi_fbank
-from .build import build_sv, build_t2s, build_vits, read_sv_state
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .vits import Synthesizer
-from .weights import read_gpt, read_sovits
-
-MODULE, CHAIN, EXACT = "module", "chain", "exact"
+from .checkpoint import build_sv, build_t2s, build_vits, read_gpt, read_sovits, read_sv_state
 
 
-class Fixture:
-    """A reference folder as the stages read it: its tensors, its json, and the models built
-    from its ``ckpt/`` with the engine's own loader (once per folder)."""
-
-    def __init__(self, ref: Reference) -> None:
-        self.ref = ref
-        self.meta = ref.meta
-        self.tensors = ref.tensors
-
-    def has(self, *names: str) -> bool:
-        return all(self.ref.has(n) for n in names)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.ref.tensor(name)
-
-    def _one(self, pattern: str, what: str) -> Path:
-        found = sorted(self.ref.ckpt.glob(pattern))
-        if len(found) != 1:
-            raise CheckpointError(f"{self.ref.ckpt}: expected one {what} ({pattern}), found {len(found)}")
-        return found[0]
-
-    @property
-    def t2s(self) -> Text2Semantic:
-        return self.ref.shared("t2s", lambda: build_t2s(read_gpt(self._one("*.ckpt", "GPT file"))))
-
-    @property
-    def vits(self) -> Synthesizer:
-        return self.ref.shared("vits", lambda: build_vits(read_sovits(self._one("*.pth", "SoVITS file"))))
-
-    @property
-    def sv(self) -> torch.nn.Module:
-        def build() -> torch.nn.Module:
-            path = self._one("sv/*.ckpt", "speaker-verification file")
-            return build_sv(read_sv_state(path), path)
-
-        return self.ref.shared("sv", build)
+# ---- the checkpoint's parts, loaded once per folder by the engine's own loader ------------------
+def _one(ref: Reference, pattern: str, what: str) -> Path:
+    found = sorted(ref.ckpt.glob(pattern))
+    if len(found) != 1:
+        raise CheckpointError(f"{ref.ckpt}: expected one {what} ({pattern}), found {len(found)}")
+    return found[0]
 
 
-Outputs = list[tuple]  # (recorded tensor name, what we computed, kind[, what is recorded when not a tensor])
+def _t2s(ref: Reference) -> Text2Semantic:
+    return ref.shared("t2s", lambda: build_t2s(read_gpt(_one(ref, "*.ckpt", "GPT file"))))
 
 
-def _t2s_embed(f: Fixture) -> Outputs:
-    m = f.t2s
-    xy = m.embed_prompt(f["t2s.in.phoneme_ids"], f["t2s.in.bert_feature"], f["t2s.in.prompt_semantic"])
-    mask = m.prompt_mask(f["t2s.in.phoneme_ids"].shape[1], f["t2s.in.prompt_semantic"].shape[1], xy.device)
-    return [("t2s.out.xy_pos", xy, MODULE), ("t2s.out.attn_mask", mask.to(torch.uint8), EXACT)]
+def _vits(ref: Reference) -> Synthesizer:
+    return ref.shared("vits", lambda: build_vits(read_sovits(_one(ref, "*.pth", "SoVITS file"))))
 
 
-def _t2s_prompt(f: Fixture) -> Outputs:
-    m = f.t2s
-    mask = f["t2s.out.attn_mask"].bool()
-    hidden, cache = m.run_prompt(f["t2s.out.xy_pos"], mask)
-    out = [("t2s.out.prompt_hidden", hidden, MODULE), ("t2s.out.prompt_logits", m.ar_predict_layer(hidden), MODULE)]
+def _sv(ref: Reference) -> torch.nn.Module:
+    def build() -> torch.nn.Module:
+        path = _one(ref, "sv/*.ckpt", "speaker-verification file")
+        return build_sv(read_sv_state(path), path)
+
+    return ref.shared("sv", build)
+
+
+# ---- the stages (every model in float32 on the CPU, no autograd) ----------------------------------
+@torch.no_grad()
+def _t2s_embed(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m = _t2s(ref)
+    xy = m.embed_prompt(t("t2s.in.phoneme_ids"), t("t2s.in.bert_feature"), t("t2s.in.prompt_semantic"))
+    mask = m.prompt_mask(t("t2s.in.phoneme_ids").shape[1], t("t2s.in.prompt_semantic").shape[1], xy.device)
+    return [Check("t2s.out.xy_pos", xy), Check("t2s.out.attn_mask", mask.to(torch.uint8), "exact")]
+
+
+@torch.no_grad()
+def _t2s_prompt(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m = _t2s(ref)
+    mask = t("t2s.out.attn_mask").bool()
+    hidden, cache = m.run_prompt(t("t2s.out.xy_pos"), mask)
+    out = [Check("t2s.out.prompt_hidden", hidden), Check("t2s.out.prompt_logits", m.ar_predict_layer(hidden))]
     for i, (k, v) in enumerate(cache):
-        out += [(f"t2s.out.k_cache.{i}", k, MODULE), (f"t2s.out.v_cache.{i}", v, MODULE)]
+        out += [Check(f"t2s.out.k_cache.{i}", k), Check(f"t2s.out.v_cache.{i}", v)]
     return out
 
 
-def _t2s_step(f: Fixture) -> Outputs:
-    m = f.t2s
+@torch.no_grad()
+def _t2s_step(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m = _t2s(ref)
     layers = len(m.h.layers)
-    cache = [(f[f"t2s.out.k_cache.{i}"], f[f"t2s.out.v_cache.{i}"]) for i in range(layers)]
-    x = m.step_embedding(f["t2s.in.step_token"], f["t2s.in.prompt_semantic"].shape[1])
-    hidden, new = m.run_step(f["t2s.out.step_xy_pos"], cache)
-    out = [("t2s.out.step_xy_pos", x, MODULE), ("t2s.out.step_logits", m.ar_predict_layer(hidden[:, -1]), MODULE)]
+    cache = [(t(f"t2s.out.k_cache.{i}"), t(f"t2s.out.v_cache.{i}")) for i in range(layers)]
+    x = m.step_embedding(t("t2s.in.step_token"), t("t2s.in.prompt_semantic").shape[1])
+    hidden, new = m.run_step(t("t2s.out.step_xy_pos"), cache)
+    out = [Check("t2s.out.step_xy_pos", x), Check("t2s.out.step_logits", m.ar_predict_layer(hidden[:, -1]))]
     for i, (k, v) in enumerate(new):
-        out += [(f"t2s.out.step_k_cache.{i}", k, MODULE), (f"t2s.out.step_v_cache.{i}", v, MODULE)]
+        out += [Check(f"t2s.out.step_k_cache.{i}", k), Check(f"t2s.out.step_v_cache.{i}", v)]
     return out
 
 
-def _t2s_sample(f: Fixture) -> Outputs:
+@torch.no_grad()
+def _t2s_sample(ref: Reference) -> list[Check]:
     """Sampled tokens right after ``torch.manual_seed(seed)``, for each recorded setting; the
     naive and the batched upstream loops gave the same tokens, so both are compared with ours."""
-    s = f.meta["t2s_sampling"]
-    out: Outputs = []
+    t = ref.tensor
+    s = ref.meta["t2s_sampling"]
+    out: list[Check] = []
     for setting, suffix in (("default", "default_y"), ("greedy", "topk1_y")):
         p = s[setting]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(s["seed"]))
-            r = f.t2s.generate(f["t2s.in.phoneme_ids"], f["t2s.in.bert_feature"], f["t2s.in.prompt_semantic"],
-                               top_k=int(p["top_k"]), top_p=float(p["top_p"]), temperature=float(p["temperature"]),
-                               repetition_penalty=float(p["repetition_penalty"]),
-                               early_stop_num=int(s["early_stop_num"]))
+            r = _t2s(ref).generate(t("t2s.in.phoneme_ids"), t("t2s.in.bert_feature"), t("t2s.in.prompt_semantic"),
+                                   top_k=int(p["top_k"]), top_p=float(p["top_p"]), temperature=float(p["temperature"]),
+                                   repetition_penalty=float(p["repetition_penalty"]),
+                                   early_stop_num=int(s["early_stop_num"]))
         for loop in ("naive", "batch"):
-            if f"t2s.out.{loop}_{suffix}" in f.tensors:
-                out.append((f"t2s.out.{loop}_{suffix}", r.tokens, EXACT))
+            if ref.has(f"t2s.out.{loop}_{suffix}"):
+                out.append(Check(f"t2s.out.{loop}_{suffix}", r.tokens, "exact"))
         idx_key = f"naive_{'default' if setting == 'default' else 'topk1'}_idx"
         if idx_key in s:
-            out.append((f"t2s_sampling.{idx_key}", torch.tensor([r.idx]), EXACT, torch.tensor([int(s[idx_key])])))
+            out.append(Check(f"t2s_sampling.{idx_key}", torch.tensor([r.idx]), "exact",
+                             want=torch.tensor([int(s[idx_key])])))
     return out
 
 
-def _vits_latent(f: Fixture) -> Outputs:
-    m = f.vits
-    codes = m.extract_latent(f["vits.in.ssl"])
-    return [("vits.out.ssl_proj", m.ssl_proj(f["vits.in.ssl"]), MODULE), ("vits.out.prompt_codes", codes, EXACT),
-            ("vits.out.prompt_quantized", m.quantizer.decode(f["vits.out.prompt_codes"].transpose(0, 1)), MODULE)]
+@torch.no_grad()
+def _vits_latent(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m = _vits(ref)
+    codes = m.extract_latent(t("vits.in.ssl"))
+    return [Check("vits.out.ssl_proj", m.ssl_proj(t("vits.in.ssl"))), Check("vits.out.prompt_codes", codes, "exact"),
+            Check("vits.out.prompt_quantized", m.quantizer.decode(t("vits.out.prompt_codes").transpose(0, 1)))]
 
 
-def _spectrogram(f: Fixture) -> Outputs:
-    d = f.meta.get("hps_data", {})
-    spec = spectrogram(f["spec.in.wav32k"], int(d.get("filter_length", 2048)), int(d.get("hop_length", 640)),
+@torch.no_grad()
+def _spectrogram(ref: Reference) -> list[Check]:
+    d = ref.meta.get("hps_data", {})
+    spec = spectrogram(ref.tensor("spec.in.wav32k"), int(d.get("filter_length", 2048)), int(d.get("hop_length", 640)),
                        int(d.get("win_length", 2048)))
-    return [("spec.out.spec", spec, MODULE)]
+    return [Check("spec.out.spec", spec)]
 
 
-def _sv_list(f: Fixture) -> list[torch.Tensor] | None:
-    return [f["vits.in.sv_emb"]] if f.vits.cfg.is_pro else None
+def _sv_list(ref: Reference) -> list[torch.Tensor] | None:
+    return [ref.tensor("vits.in.sv_emb")] if _vits(ref).cfg.is_pro else None
 
 
-def _vits_ge(f: Fixture) -> Outputs:
-    m, spec = f.vits, f["spec.out.spec"]
+@torch.no_grad()
+def _vits_ge(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m, spec = _vits(ref), t("spec.out.spec")
     mask = torch.ones(1, 1, spec.shape[2], dtype=spec.dtype)
-    out = [("vits.out.ref_enc_ge", m.ref_enc(spec[:, :704] * mask, mask), MODULE)]
+    out = [Check("vits.out.ref_enc_ge", m.ref_enc(spec[:, :704] * mask, mask))]
     if m.cfg.is_pro:
-        ge = m.reference_embedding(spec, f["vits.in.sv_emb"])
-        out += [("vits.out.ge_after_sv", ge, MODULE),
-                ("vits.out.ge512", m.ge_to512(f["vits.out.ge_after_sv"].transpose(2, 1)).transpose(2, 1), MODULE)]
+        ge = m.reference_embedding(spec, t("vits.in.sv_emb"))
+        out += [Check("vits.out.ge_after_sv", ge),
+                Check("vits.out.ge512", m.ge_to512(t("vits.out.ge_after_sv").transpose(2, 1)).transpose(2, 1))]
     return out
 
 
-def _recorded_ge(f: Fixture) -> torch.Tensor:
-    return f["vits.out.ge_after_sv"] if f.vits.cfg.is_pro else f["vits.out.ref_enc_ge"]
+def _recorded_ge(ref: Reference) -> torch.Tensor:
+    t = ref.tensor
+    return t("vits.out.ge_after_sv") if _vits(ref).cfg.is_pro else t("vits.out.ref_enc_ge")
 
 
-def _vits_prior(f: Fixture) -> Outputs:
-    m = f.vits
-    x, m_p, logs_p, _ = m.prior(f["vits.in.codes"], f["vits.in.text"], _recorded_ge(f))
-    return [("vits.out.quantized", m.quantizer.decode(f["vits.in.codes"]), MODULE), ("vits.out.enc_p_x", x, MODULE),
-            ("vits.out.m_p", m_p, MODULE), ("vits.out.logs_p", logs_p, MODULE)]
+@torch.no_grad()
+def _vits_prior(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m = _vits(ref)
+    x, m_p, logs_p, _ = m.prior(t("vits.in.codes"), t("vits.in.text"), _recorded_ge(ref))
+    return [Check("vits.out.quantized", m.quantizer.decode(t("vits.in.codes"))), Check("vits.out.enc_p_x", x),
+            Check("vits.out.m_p", m_p), Check("vits.out.logs_p", logs_p)]
 
 
-def _vits_noise(f: Fixture) -> Outputs:
+@torch.no_grad()
+def _vits_noise(ref: Reference) -> list[Check]:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(f.meta["vits_noise_seed"]))
-        noise = torch.randn_like(f["vits.out.m_p"])
-    return [("vits.out.noise", noise, MODULE)]
+        torch.manual_seed(int(ref.meta["vits_noise_seed"]))
+        noise = torch.randn_like(ref.tensor("vits.out.m_p"))
+    return [Check("vits.out.noise", noise)]
 
 
-def _vits_flow(f: Fixture) -> Outputs:
-    m = f.vits
-    scale = float(f.meta.get("vits_decode_args", {}).get("noise_scale", 0.5))
-    z_p = f["vits.out.m_p"] + f["vits.out.noise"] * torch.exp(f["vits.out.logs_p"]) * scale
+@torch.no_grad()
+def _vits_flow(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    m = _vits(ref)
+    scale = float(ref.meta.get("vits_decode_args", {}).get("noise_scale", 0.5))
+    z_p = t("vits.out.m_p") + t("vits.out.noise") * torch.exp(t("vits.out.logs_p")) * scale
     mask = torch.ones(1, 1, z_p.shape[2], dtype=z_p.dtype)
-    z = m.flow.reverse(f["vits.out.z_p"], mask, _recorded_ge(f))
-    return [("vits.out.z_p", z_p, MODULE), ("vits.out.z", z, MODULE)]
+    z = m.flow.reverse(t("vits.out.z_p"), mask, _recorded_ge(ref))
+    return [Check("vits.out.z_p", z_p), Check("vits.out.z", z)]
 
 
-def _vits_decode(f: Fixture) -> Outputs:
+@torch.no_grad()
+def _vits_decode(ref: Reference) -> list[Check]:
     """End to end from codes, phonemes and the reference spectrogram, with upstream's noise draw."""
-    m = f.vits
-    args = f.meta.get("vits_decode_args", {})
-    out: Outputs = []
+    t = ref.tensor
+    m = _vits(ref)
+    args = ref.meta.get("vits_decode_args", {})
+    out: list[Check] = []
     for name, scale in (("vits.out.wav", float(args.get("noise_scale", 0.5))), ("vits.out.wav_noise0", 0.0)):
-        if name not in f.tensors:
+        if not ref.has(name):
             continue
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(f.meta["vits_noise_seed"]))
-            wav = m.decode(f["vits.in.codes"], f["vits.in.text"], [f["spec.out.spec"]], _sv_list(f), scale,
+            torch.manual_seed(int(ref.meta["vits_noise_seed"]))
+            wav = m.decode(t("vits.in.codes"), t("vits.in.text"), [t("spec.out.spec")], _sv_list(ref), scale,
                            float(args.get("speed", 1)))
-        out.append((name, wav, CHAIN))
+        out.append(Check(name, wav, "chain"))
     return out
 
 
-def _sv_fbank(f: Fixture) -> Outputs:
-    fbank = kaldi_fbank(f["sv.in.wav16k"][0:1], num_mel_bins=f["sv.out.fbank"].shape[-1], sample_frequency=16000)
-    return [("sv.out.fbank", fbank.unsqueeze(0), MODULE)]
+@torch.no_grad()
+def _sv_fbank(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    fbank = kaldi_fbank(t("sv.in.wav16k")[0:1], num_mel_bins=t("sv.out.fbank").shape[-1], sample_frequency=16000)
+    return [Check("sv.out.fbank", fbank.unsqueeze(0))]
 
 
-def _sv_embedding(f: Fixture) -> Outputs:
-    out = [("sv.out.embedding", f.sv(f["sv.out.fbank"]), MODULE)]
-    if f.has("sv.in.fbank_random", "sv.out.embedding_random"):
-        out.append(("sv.out.embedding_random", f.sv(f["sv.in.fbank_random"]), MODULE))
+@torch.no_grad()
+def _sv_embedding(ref: Reference) -> list[Check]:
+    t = ref.tensor
+    out = [Check("sv.out.embedding", _sv(ref)(t("sv.out.fbank")))]
+    if _has(ref, "sv.in.fbank_random", "sv.out.embedding_random"):
+        out.append(Check("sv.out.embedding_random", _sv(ref)(t("sv.in.fbank_random"))))
     return out
 
 
-# (name, the recorded tensors it needs — absent: the folder did not record it, — what it runs)
-STAGES: tuple[tuple[str, tuple[str, ...], Callable[[Fixture], Outputs]], ...] = (
-    ("t2s.embed", ("t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic", "t2s.out.xy_pos"),
-     _t2s_embed),
-    ("t2s.prompt", ("t2s.out.xy_pos", "t2s.out.attn_mask", "t2s.out.prompt_logits"), _t2s_prompt),
-    ("t2s.step", ("t2s.in.step_token", "t2s.out.step_xy_pos", "t2s.out.k_cache.0", "t2s.out.step_logits"),
-     _t2s_step),
-    ("t2s.sample", ("t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic",
-                    "t2s.out.naive_default_y"), _t2s_sample),
-    ("vits.quantizer", ("vits.in.ssl", "vits.out.prompt_codes", "vits.out.prompt_quantized"), _vits_latent),
-    ("spectrogram", ("spec.in.wav32k", "spec.out.spec"), _spectrogram),
-    ("vits.ref_enc", ("spec.out.spec", "vits.out.ref_enc_ge"), _vits_ge),
-    ("vits.text_encoder", ("vits.in.codes", "vits.in.text", "vits.out.ref_enc_ge", "vits.out.m_p"), _vits_prior),
-    ("vits.noise", ("vits.out.m_p", "vits.out.noise"), _vits_noise),
-    ("vits.flow", ("vits.out.m_p", "vits.out.logs_p", "vits.out.noise", "vits.out.z_p", "vits.out.z"), _vits_flow),
-    ("vits.decode", ("vits.in.codes", "vits.in.text", "spec.out.spec", "vits.out.wav"), _vits_decode),
-    ("sv.fbank", ("sv.in.wav16k", "sv.out.fbank"), _sv_fbank),
-    ("sv.embedding", ("sv.out.fbank", "sv.out.embedding"), _sv_embedding),
-)
+def _has(ref: Reference, *names: str) -> bool:
+    return all(ref.has(n) for n in names)
 
 
-def _run(stage: Callable[[Fixture], Outputs], fixture: Fixture) -> list[Check]:
-    """Every model in float32 on the CPU, no autograd."""
-    with torch.no_grad():
-        outputs = stage(fixture)
-    return [Check(o[0], o[1], o[2], o[3] if len(o) > 3 else None) for o in outputs]
-
-
-def stages(ref: Reference) -> list[Stage]:
-    """The stages `ref` recorded (`mizuoto check-reference --engine gptsovits DIR`)."""
-    fixture = Fixture(ref)
-    return [Stage(name, functools.partial(_run, fn, fixture)) for name, needs, fn in STAGES if fixture.has(*needs)]
+def stages(ref: Reference) -> Iterator[Stage]:
+    """The stages `ref` recorded (`mizuoto check-reference --engine gptsovits DIR`): a stage runs
+    when the tensors it needs are in the folder."""
+    if _has(ref, "t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic", "t2s.out.xy_pos"):
+        yield Stage("t2s.embed", lambda: _t2s_embed(ref))
+    if _has(ref, "t2s.out.xy_pos", "t2s.out.attn_mask", "t2s.out.prompt_logits"):
+        yield Stage("t2s.prompt", lambda: _t2s_prompt(ref))
+    if _has(ref, "t2s.in.step_token", "t2s.out.step_xy_pos", "t2s.out.k_cache.0", "t2s.out.step_logits"):
+        yield Stage("t2s.step", lambda: _t2s_step(ref))
+    if _has(ref, "t2s.in.phoneme_ids", "t2s.in.bert_feature", "t2s.in.prompt_semantic", "t2s.out.naive_default_y"):
+        yield Stage("t2s.sample", lambda: _t2s_sample(ref))
+    if _has(ref, "vits.in.ssl", "vits.out.prompt_codes", "vits.out.prompt_quantized"):
+        yield Stage("vits.quantizer", lambda: _vits_latent(ref))
+    if _has(ref, "spec.in.wav32k", "spec.out.spec"):
+        yield Stage("spectrogram", lambda: _spectrogram(ref))
+    if _has(ref, "spec.out.spec", "vits.out.ref_enc_ge"):
+        yield Stage("vits.ref_enc", lambda: _vits_ge(ref))
+    if _has(ref, "vits.in.codes", "vits.in.text", "vits.out.ref_enc_ge", "vits.out.m_p"):
+        yield Stage("vits.text_encoder", lambda: _vits_prior(ref))
+    if _has(ref, "vits.out.m_p", "vits.out.noise"):
+        yield Stage("vits.noise", lambda: _vits_noise(ref))
+    if _has(ref, "vits.out.m_p", "vits.out.logs_p", "vits.out.noise", "vits.out.z_p", "vits.out.z"):
+        yield Stage("vits.flow", lambda: _vits_flow(ref))
+    if _has(ref, "vits.in.codes", "vits.in.text", "spec.out.spec", "vits.out.wav"):
+        yield Stage("vits.decode", lambda: _vits_decode(ref))
+    if _has(ref, "sv.in.wav16k", "sv.out.fbank"):
+        yield Stage("sv.fbank", lambda: _sv_fbank(ref))
+    if _has(ref, "sv.out.fbank", "sv.out.embedding"):
+        yield Stage("sv.embedding", lambda: _sv_embedding(ref))

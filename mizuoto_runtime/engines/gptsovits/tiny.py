@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 
 from ...nn import weight_norm
+from ..tiny import version_of
 from .bert import BERT_FOLDER
+from .engine import GptSovitsEngine
 from .sv import ERes2NetV2, SVConfig
 from .t2s import T2SConfig, Text2Semantic
 from .vits import Synthesizer, VitsConfig
@@ -40,7 +42,8 @@ SV_TINY = SVConfig(m_channels=4, num_blocks=(1, 1, 1, 1), embedding_size=32)
 # Convs upstream wraps in legacy weight norm (saved as weight_g / weight_v).
 WEIGHT_NORMED = re.compile(r"^(dec\.ups\.\d+|dec\.resblocks\.\d+\.convs\d?\.\d+|flow\.flows\.\d+\.enc\."
                            r"(in_layers\.\d+|res_skip_layers\.\d+|cond_layer))\.weight$")
-VERSIONS = {"v2": "v2", "v2pro": "v2Pro"}
+# the version a SoVITS file names, by the version `write` takes
+FILE_VERSIONS = {"v2": "v2", "v2pro": "v2Pro"}
 
 
 def _t2s_state(seed: int) -> dict[str, torch.Tensor]:
@@ -112,13 +115,15 @@ def _write_bert(folder: Path, seed: int) -> None:
     BertForMaskedLM(config).half().eval().save_pretrained(str(folder))
 
 
-def write_voice(folder: str | Path, version: str = "v2", seed: int = 1234, name: str = "tiny",
-                with_features: bool = True) -> Path:
-    """A tiny voice pair in `folder` (`version`: ``v2`` or ``v2pro``); `with_features` adds the
+def write(directory: str | Path, *, version: str | None = None, seed: int = 1234, dtype: torch.dtype | None = None,
+          name: str = "tiny", with_features: bool = True) -> Path:
+    """A tiny voice pair in `directory` (`version`: ``v2`` or ``v2pro``; None: ``v2``), in half
+    precision as published voices are (`dtype`: float16 or None); `with_features` adds the
     HuBERT and BERT folders (and v2Pro's speaker model)."""
-    if version not in VERSIONS:
-        raise ValueError(f"version must be one of {', '.join(VERSIONS)}, got {version!r}")
-    folder = Path(folder)
+    version = version_of(version, GptSovitsEngine.VERSIONS)
+    if dtype not in (None, torch.float16):
+        raise ValueError(f"the tiny GPT-SoVITS voice is float16, as published voices are, not {dtype}")
+    folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     pro = version == "v2pro"
     with torch.random.fork_rng():
@@ -127,8 +132,8 @@ def write_voice(folder: str | Path, version: str = "v2", seed: int = 1234, name:
         torch.save(gpt, folder / f"{name}-e15.ckpt")
         sv_cfg = SV_TINY
         hps = {"model": {**VITS_MODEL, "gin_channels": 32 if pro else 512, "version": "v2"}, "data": dict(VITS_DATA),
-               "train": {"segment_size": 20480}, "name": name, "version": VERSIONS[version]}
-        sovits = {"weight": _vits_state(VERSIONS[version], hps["model"]["gin_channels"], sv_cfg.output_dim, seed + 1),
+               "train": {"segment_size": 20480}, "name": name, "version": FILE_VERSIONS[version]}
+        sovits = {"weight": _vits_state(FILE_VERSIONS[version], hps["model"]["gin_channels"], sv_cfg.output_dim, seed + 1),
                   "config": hps, "info": "8epoch_16iteration"}
         buffer = io.BytesIO()
         torch.save(sovits, buffer)

@@ -45,19 +45,13 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
-from ...loading import build_on_meta, load_safetensors
 from ...phases import RequestContext
 from ...tiling import tiled_1d
-from ...upstream import ImportNoise, WarningNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from ..checkpoint_files import config_from, read_json
+from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
 
-REQUIRED_FILES = (
-    "config.json", "model.safetensors", "tokenizer_config.json",
-    "audio_tokenizer/config.json", "audio_tokenizer/model.safetensors", "audio_tokenizer/preprocessor_config.json",
-)
 DEFAULT_STEPS = 32
 # The constants below were fitted to CPU peaks measured on the tiny checkpoint (bench/engines.py
 # --peaks: 1 and 3 s references) to land 1.0-1.3x above them (M45: never under, not much over); on
@@ -72,30 +66,6 @@ DECODER_COPIES_PER_SAMPLE = 5
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate
 # encoder stage (channels x samples), and upstream's numpy prompt preparation.
 ENCODER_BYTES_PER_SAMPLE = 96
-
-
-def check_layout(folder: Path) -> None:
-    if not folder.is_dir():
-        raise CheckpointError(f"OmniVoice checkpoint folder not found: {folder}")
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
-    if missing:
-        raise CheckpointError(f"{folder}: not an OmniVoice checkpoint folder, missing {', '.join(missing)} "
-                              "(expected the layout of k2-fsa/OmniVoice)")
-    for name, model_type in (("config.json", "omnivoice"), ("audio_tokenizer/config.json", "higgs_audio_v2_tokenizer")):
-        found = read_json(folder / name).get("model_type")
-        if found != model_type:
-            raise CheckpointError(f"{folder / name}: model_type is {found!r}, expected {model_type!r}")
-
-
-#: What importing `omnivoice` says that users cannot act on: pydub's "Couldn't find ffmpeg"
-#: warning. The package hands pydub arrays, never files, so ffmpeg is never called.
-OMNIVOICE_NOISE = ImportNoise(warnings=(
-    WarningNoise(RuntimeWarning, "Couldn't find ffmpeg or avconv", "pydub.utils"),))
-
-
-def import_upstream() -> None:
-    """Import `omnivoice` (an optional extra; needs transformers >= 5.3) without its noise."""
-    quiet_import("omnivoice", OMNIVOICE_NOISE)
 
 
 @functools.cache
@@ -117,37 +87,6 @@ def package_languages() -> tuple[str, ...]:
     return tuple(sorted(module.LANG_NAMES))
 
 
-def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
-    """(`omnivoice.OmniVoice` ready to generate, its codec) built on meta and filled (M27)."""
-    check_layout(folder)
-    import_upstream()
-    from omnivoice import OmniVoice, OmniVoiceConfig
-    from omnivoice.utils.duration import RuleDurationEstimator
-    from transformers import AutoFeatureExtractor, AutoTokenizer, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
-
-    config = config_from(OmniVoiceConfig, folder)
-    model = build_on_meta(lambda: OmniVoice(config), dtype)
-    load_safetensors(model, folder / "model.safetensors")
-    codec_folder = folder / "audio_tokenizer"
-    codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
-    codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
-    load_safetensors(codec, codec_folder / "model.safetensors")
-    try:
-        text_tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        features = AutoFeatureExtractor.from_pretrained(str(codec_folder))
-    except (OSError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
-    model.eval()
-    codec.eval()
-    # What upstream's from_pretrained attaches, without making the codec a submodule.
-    model.text_tokenizer = text_tokenizer
-    object.__setattr__(model, "audio_tokenizer", codec)
-    model.feature_extractor = features
-    model.sampling_rate = features.sampling_rate
-    model.duration_estimator = RuleDurationEstimator()
-    return model, codec
-
-
 def _upstream_error(exc: Exception) -> MizuotoError:
     """The package validates instructs and languages with ValueError."""
     return MizuotoError(f"omnivoice: {exc}")
@@ -158,6 +97,8 @@ class OmniVoiceEngine(Engine):
 
     id = "omnivoice"
     title = "OmniVoice"
+    REQUIREMENTS = "omnivoice"
+    UPSTREAM = "omnivoice"
     PHASED = True
     sample_rate = 24000
     steps = DEFAULT_STEPS  # masked-diffusion steps (upstream's num_step); tests and benches set fewer
@@ -233,10 +174,10 @@ class OmniVoiceEngine(Engine):
             prompt.ref_audio_tokens = prompt.ref_audio_tokens.cpu()
             return prompt
 
-        prompt = ctx.run("voice prompt", [self.audio_encoder, self.quantizer], encode, self.encoder_memory(samples))
+        prompt = ctx.run("voice prompt", [self.audio_encoder, self.quantizer], encode, self.voice_prompt_memory(samples))
         return {"prompt": prompt, "instruct": instruct or None}
 
-    def encoder_memory(self, samples: int) -> int:
+    def voice_prompt_memory(self, samples: int) -> int:
         """M45: the codec encoder's working memory, from the reference length (24 kHz samples):
         the widest DAC encoder stage (float32, its input and output) and the per-sample front-end
         temporaries."""
@@ -298,7 +239,7 @@ class OmniVoiceEngine(Engine):
         return Codes(chunks[0], self.id, {"chunks": chunks, "ref_rms": prompt.ref_rms if prompt else None})
 
     # ---- codec decoder ---------------------------------------------------------------------
-    def decoder_memory(self, frames: int) -> int:
+    def codec_decoder_memory(self, frames: int) -> int:
         """M45: the DAC decoder's working memory for `frames` token frames (float32)."""
         config = self.codec.config
         samples = frames * config.hop_length
@@ -325,7 +266,7 @@ class OmniVoiceEngine(Engine):
                 return [decoder(c.unsqueeze(0))[0].float().cpu().numpy() for c in chunks]
 
         pieces = ctx.run("codec decoder", [self.quantizer, self.audio_decoder], lambda: run(vocode),
-                         self.decoder_memory(max(c.shape[-1] for c in chunks)),
+                         self.codec_decoder_memory(max(c.shape[-1] for c in chunks)),
                          fallback=("tiled_1d", lambda: run(lambda t: tiled_1d(vocode, t))),
                          allow_fallback=allow_fallback)
         wav = pieces[0] if len(pieces) == 1 else cross_fade_chunks(pieces, self.sample_rate)

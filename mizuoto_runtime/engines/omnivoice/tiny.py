@@ -1,6 +1,6 @@
 """Tiny random OmniVoice checkpoints in the published layout, for tests and demos (issue 11).
 
-`write_tiny_checkpoint(dir)` writes the files of ``k2-fsa/OmniVoice``::
+`write(dir)` writes the files of ``k2-fsa/OmniVoice``::
 
     config.json  model.safetensors  tokenizer.json  tokenizer_config.json
     audio_tokenizer/{config.json, model.safetensors, preprocessor_config.json}
@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .engine import import_upstream
+from ..tiny import one_version
+from .checkpoint import import_upstream
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,11 @@ def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None) -> Non
     os.chmod(path, 0o644)
 
 
-def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
-    """Write a tiny random OmniVoice folder; `dtype` is that of ``model.safetensors`` (the codec
-    is float32, as published)."""
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
+    """Write a tiny random OmniVoice folder; `dtype` is that of ``model.safetensors`` (None:
+    float32; the codec is float32, as published)."""
+    one_version(version)
+    dtype = torch.float32 if dtype is None else dtype
     import_upstream()
     from omnivoice import OmniVoice, OmniVoiceConfig
     from transformers import (DacFeatureExtractor, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel,

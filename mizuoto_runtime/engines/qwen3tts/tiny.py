@@ -1,6 +1,6 @@
 """Tiny random Qwen3-TTS (12 Hz) checkpoints in the official Hugging Face layout, for tests.
 
-`write_tiny_checkpoint(dir, model_type)` writes the same files as `Qwen/Qwen3-TTS-12Hz-*`::
+`write(dir, version=model_type)` writes the same files as `Qwen/Qwen3-TTS-12Hz-*`::
 
     config.json  generation_config.json  model.safetensors
     vocab.json  merges.txt  tokenizer_config.json  preprocessor_config.json
@@ -40,13 +40,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..tiny import byte_alphabet, fan_in_std, scale_output, word_merges, write_json
+from ..tiny import byte_alphabet, fan_in_std, scale_output, version_of, word_merges, write_json
 from . import compat
-from .engine import import_upstream
+from .checkpoint import import_upstream
+from .engine import Qwen3TTSEngine
 
 log = logging.getLogger(__name__)
 
-MODEL_TYPES: tuple[str, ...] = ("base", "custom_voice", "voice_design")
 
 CODEBOOK = 64  # real: 2048 (Mimi needs a power of two)
 NUM_GROUPS = 16  # real: 16 (1 talker codebook + 15 code-predictor codebooks)
@@ -272,19 +272,18 @@ def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return by_name[dtype]
 
 
-def write_tiny_checkpoint(directory: str | Path, model_type: str = "base", seed: int = 0,
-                          dtype: str | torch.dtype = torch.float32) -> Path:
-    """Write a tiny random checkpoint of `model_type` (``base``, ``custom_voice`` or
-    ``voice_design``) into `directory`. `dtype` is that of ``model.safetensors``; the speech
-    tokenizer is always float32, as the official checkpoints ship it."""
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
+          dtype: str | torch.dtype | None = None) -> Path:
+    """Write a tiny random checkpoint of the model type `version` (``base``, ``custom_voice`` or
+    ``voice_design``; None: ``base``) into `directory`. `dtype` is that of ``model.safetensors``
+    (None: float32); the speech tokenizer is always float32, as the official checkpoints ship it."""
     import_upstream()
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     from transformers import Qwen2TokenizerFast
 
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
-    run_dtype = _parse_dtype(dtype)
+    model_type = version_of(version, Qwen3TTSEngine.VERSIONS)
+    run_dtype = _parse_dtype(torch.float32 if dtype is None else dtype)
     out = Path(directory)
     (out / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)

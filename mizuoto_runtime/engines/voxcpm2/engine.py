@@ -73,7 +73,6 @@ import math
 import re
 import tempfile
 import threading
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,21 +82,15 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
-from ...loading import load_safetensors, parameters_on_meta
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ...tiling import tiled_1d
 from ...units import plan_units
-from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
-from ..checkpoint_files import read_json
+from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURE = "voxcpm2"
-REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-VAE_FILES = ("audiovae.safetensors", "audiovae.pth")  # the package's order of preference
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # The package's defaults for a request (`VoxCPM.generate`).
 CFG_VALUE = 2.0
 INFERENCE_TIMESTEPS = 10
@@ -121,99 +114,6 @@ DECODER_STAGE_COPIES = 6
 # 16 kHz waveform and the resampler's buffers per input sample.
 ENCODER_STAGE_COPIES = 6
 ENCODER_BYTES_PER_SAMPLE = 48
-
-
-# ---- the upstream package ------------------------------------------------------------------
-def import_upstream() -> None:
-    """Import `voxcpm` (an optional extra); its VAE module's `torch.jit.script` warns (dropped)."""
-    quiet_import("voxcpm", ImportNoise(warnings=(TORCH_JIT_SCRIPT,)))
-
-
-def check_layout(folder: Path) -> dict[str, Any]:
-    """The folder's config.json, after checking it is an official VoxCPM 2 folder."""
-    if not folder.is_dir():
-        raise CheckpointError(f"VoxCPM 2 checkpoint folder not found: {folder}")
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
-    if not any((folder / name).is_file() for name in VAE_FILES):
-        missing.append(" or ".join(VAE_FILES))
-    if missing:
-        raise CheckpointError(f"{folder}: not a VoxCPM 2 checkpoint folder, missing {', '.join(missing)} "
-                              "(expected the layout of openbmb/VoxCPM2)")
-    config = read_json(folder / "config.json")
-    arch = str(config.get("architecture", "voxcpm")).lower()
-    if arch != ARCHITECTURE:
-        raise CheckpointError(f"{folder / 'config.json'}: architecture is {arch!r}, expected {ARCHITECTURE!r} "
-                              "(VoxCPM 1.x checkpoints are not supported by this engine)")
-    return config
-
-
-def _model_config(folder: Path, dtype: torch.dtype) -> Any:
-    from pydantic import ValidationError
-    from voxcpm.model.voxcpm2 import VoxCPMConfig
-
-    try:
-        config = VoxCPMConfig.model_validate_json((folder / "config.json").read_text(encoding="utf-8"))
-    except ValidationError as exc:
-        raise CheckpointError(f"{folder / 'config.json'}: not a valid VoxCPM 2 config ({exc})") from exc
-    config.dtype = DTYPE_NAMES[dtype]  # the package casts its inputs to this
-    config.max_length = 0  # no cache at construction: each generate phase builds its own
-    return config
-
-
-def _load_vae(vae: nn.Module, folder: Path) -> None:
-    """The VAE's weights: `audiovae.safetensors` memory-mapped, else `audiovae.pth` (weights only)."""
-    safetensors = folder / VAE_FILES[0]
-    if safetensors.is_file():
-        load_safetensors(vae, safetensors)
-        return
-    path = folder / VAE_FILES[1]
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as a weights-only PyTorch checkpoint ({exc})") from exc
-    state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{path}: expected a state dict of tensors")
-    try:
-        vae.load_state_dict(state, strict=True)  # copies out of the mapping, tensor by tensor
-    except RuntimeError as exc:
-        raise CheckpointError(f"{path}: does not match the audio VAE: {' '.join(str(exc).split())}") from exc
-
-
-def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
-    """A `voxcpm` `VoxCPM2Model` built on meta in `dtype` and filled from the folder (M27)."""
-    if dtype not in DTYPE_NAMES:
-        raise MizuotoError(f"voxcpm2 runs in {', '.join(DTYPE_NAMES.values())}, not {dtype}")
-    check_layout(folder)
-    import_upstream()
-    from transformers import LlamaTokenizerFast
-    from voxcpm.model.voxcpm2 import VoxCPM2Model
-    from voxcpm.modules.audiovae import AudioVAEConfigV2, AudioVAEV2
-
-    config = _model_config(folder, dtype)
-    try:
-        tokenizer = LlamaTokenizerFast.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{folder / 'tokenizer.json'}: cannot be loaded as the model's tokenizer "
-                              f"({exc})") from exc
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.nn.utils.weight_norm is deprecated
-        # Float32, as it runs, and built for real: weight norm's set-up is slow on meta tensors
-        # (~50 ms a conv), and a float32 module has no precision to save.
-        vae = AudioVAEV2(config=config.audio_vae_config or AudioVAEConfigV2())
-        with parameters_on_meta():
-            model = VoxCPM2Model(config, tokenizer, vae, device="cpu")
-    # As the package's from_local: everything but the VAE in the run dtype, on meta, so
-    # converting costs nothing; floating buffers (rotary tables) convert for real.
-    view = nn.ModuleDict({name: child for name, child in model.named_children() if name != "audio_vae"})
-    view.to(dtype)
-    load_safetensors(view, folder / "model.safetensors")
-    _load_vae(model.audio_vae, folder)
-    for lm in (model.base_lm, model.residual_lm):
-        lm.kv_cache = None  # built per generate phase, at the request's size
-    model.device = str(device)  # the package moves its inputs there
-    model.eval()
-    return model
 
 
 def _weight_norm_names(module: nn.Module) -> list[str]:
@@ -285,6 +185,8 @@ class VoxCPM2Engine(Engine):
 
     id = "voxcpm2"
     title = "VoxCPM 2"
+    REQUIREMENTS = "voxcpm2"
+    UPSTREAM = "voxcpm"
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
@@ -340,7 +242,7 @@ class VoxCPM2Engine(Engine):
         samples = math.ceil(reference.waveform.shape[-1] * self.model._encode_sample_rate / reference.sample_rate)
         # With a transcript the audio is encoded twice, one after the other: one encode's memory.
         prompt = ctx.run("voice prompt", [self.vae_encoder], lambda: self._prompt_cache(reference, transcript),
-                         self.encoder_memory(reference.waveform.shape[-1], samples))
+                         self.voice_prompt_memory(reference.waveform.shape[-1], samples))
         return {"prompt": prompt, "instruct": instruct or None}
 
     def _prompt_cache(self, reference: Audio, transcript: str | None) -> dict[str, Any]:
@@ -359,7 +261,7 @@ class VoxCPM2Engine(Engine):
             except ValueError as exc:
                 raise MizuotoError(f"voxcpm2 voice prompt: {exc}") from exc
 
-    def encoder_memory(self, input_samples: int, samples: int) -> int:
+    def voice_prompt_memory(self, input_samples: int, samples: int) -> int:
         """M45: the voice-prompt phase's working memory, from the reference's length (`samples`
         at the VAE's 16 kHz): the encoder's full-rate stage (float32), which later stages only
         shrink, plus the waveform and the resampler's buffers."""
@@ -403,7 +305,7 @@ class VoxCPM2Engine(Engine):
         head_dim = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
         return 2 * cfg.num_key_value_heads * head_dim * _element(self.dtype)
 
-    def generation_memory(self, plan: GenerationPlan) -> dict[str, int]:
+    def generate_memory(self, plan: GenerationPlan) -> dict[str, int]:
         """M45/M46: the generate phase's working memory, by part: the static KV caches; the
         prefill's per-layer keys and values (kept by the package until the loop ends:
         `peak_bytes` of a cache grown to the prompt); the prefill's activations (both LMs'
@@ -428,7 +330,7 @@ class VoxCPM2Engine(Engine):
         target = self.target_text(text, voice)
         prompt = voice.data.get("prompt")
         plan = self.plan(target, prompt, sampling.max_new_tokens)
-        parts = self.generation_memory(plan)
+        parts = self.generate_memory(plan)
         ctx.report.add_phase("generate", kv_positions=plan.kv_positions, patches_at_most=plan.patches,
                              **{f"{k}_mb": round(v / 2**20, 2) for k, v in parts.items()})
         log.info("voxcpm2 generate: KV caches for %d positions (prompt %d + at most %d patches): %.2f MB "

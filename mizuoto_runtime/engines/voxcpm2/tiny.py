@@ -1,6 +1,6 @@
 """Tiny random VoxCPM 2 checkpoints in the official layout (`openbmb/VoxCPM2`), for tests.
 
-`write_tiny_checkpoint(dir)` writes the files `VoxCPM2Model.from_local` and our engine read::
+`write(dir)` writes the files `VoxCPM2Model.from_local` and our engine read::
 
     config.json  model.safetensors  audiovae.pth
     tokenizer.json  tokenizer_config.json  special_tokens_map.json
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..tiny import fan_in_std, scale_output, word_merges, write_json
+from ..tiny import fan_in_std, one_version, scale_output, word_merges, write_json
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +173,14 @@ def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return value  # type: ignore[return-value]
 
 
-def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | torch.dtype = torch.float32) -> Path:
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
+          dtype: str | torch.dtype | None = None) -> Path:
     """Write a tiny random VoxCPM 2 checkpoint into `directory`. `dtype` is that of
-    ``model.safetensors`` and the config's run precision; the audio VAE is always float32, as
-    the official checkpoint ships it and the package runs it."""
-    from .engine import import_upstream
+    ``model.safetensors`` and the config's run precision (None: float32); the audio VAE is
+    always float32, as the official checkpoint ships it and the package runs it."""
+    from .checkpoint import import_upstream
+
+    one_version(version)
 
     import_upstream()
     from safetensors.torch import save_file
@@ -185,7 +188,7 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | tor
     from voxcpm.model.voxcpm2 import VoxCPM2Model, VoxCPMConfig
     from voxcpm.modules.audiovae import AudioVAEConfigV2, AudioVAEV2
 
-    run_dtype = _parse_dtype(dtype)
+    run_dtype = _parse_dtype(torch.float32 if dtype is None else dtype)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)

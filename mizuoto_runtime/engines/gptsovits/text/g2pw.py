@@ -88,7 +88,7 @@ Predict = Callable[[list[dict[str, torch.Tensor]]], list[torch.Tensor]]
 
 def find_folder(start: Path) -> Path | None:
     """The user's G2PWModel folder for a voice in `start` (see `PLACES`), or None."""
-    from ..layout import find_aux
+    from ..checkpoint import find_aux
 
     return next((found for place in PLACES if (found := find_aux(start, place)) is not None), None)
 

@@ -1,5 +1,5 @@
-"""Loading IndexTTS-2's published folder into our modules (each part on its own, so phases can
-hold them under separate handles).
+"""IndexTTS-2's published folder and loading it into our modules (each part on its own, so phases
+can hold them under separate handles). Every torch file loads with `weights_only=True`.
 
 Layout (as users download it, aux models as upstream's downloader lays them out):
   config.yaml  gpt.pth  s2mel.pth  bpe.model  feat1.pt  feat2.pt  wav2vec2bert_stats.pt
@@ -12,19 +12,86 @@ Layout (as users download it, aux models as upstream's downloader lays them out)
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from ...errors import MizuotoError
+from ...errors import CheckpointError, MizuotoError
 from ...nn.checkpoint import load_state_dict
+from ...nn.weight_norm import fold_state_dict
 from .bigvgan import BigVGAN, BigVGANConfig
 from .campplus import CAMPPlus, CAMPPlusSizes
-from .checkpoint import IGNORED_GPT_KEYS, load_into, load_torch, read_config
 from .s2mel import S2Mel, gpt_projection
 from .semantic_codec import CodecConfig, SemanticCodec
 from .unified_voice import GPTConfig, UnifiedVoice
+
+# Keys a real gpt.pth may hold that the model does not read: GPT-2's unused token and position
+# tables, the causal-mask buffers older transformers saved, the inference wrapper's aliases.
+IGNORED_GPT_KEYS = re.compile(r"^(inference_model\.|gpt\.wte\.|gpt\.wpe\.|gpt\.h\.\d+\.attn\.(bias|masked_bias)$)")
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.yaml"
+    if not path.is_file():
+        raise MizuotoError(f"IndexTTS-2 checkpoint folder {folder} has no config.yaml")
+    import yaml  # an engine requirement: imported when a checkpoint loads, not when the engine table does
+
+    with path.open(encoding="utf-8") as f:
+        cfg = yaml.safe_load(f)
+    if not isinstance(cfg, dict) or "gpt" not in cfg:
+        raise MizuotoError(f"{path}: not an IndexTTS-2 config (no 'gpt' section)")
+    return cfg
+
+
+def load_torch(path: Path) -> Any:
+    if not path.is_file():
+        raise MizuotoError(f"IndexTTS-2 checkpoint file missing: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a bad or unsafe file; report which file
+        raise MizuotoError(f"{path}: cannot be read as a weights-only torch file ({exc})") from exc
+
+
+def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,
+              ignore: re.Pattern[str] | None = None) -> None:
+    """Strict load with one clear error naming missing, unexpected and mis-shaped tensors.
+    Weight-norm pairs are folded into plain weights first (the models hold plain layers)."""
+    state = fold_state_dict(state)
+    own = module.state_dict()
+    unexpected = [k for k in state if k not in own and not (ignore and ignore.match(k))]
+    missing = [k for k in own if k not in state]
+    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in state and state[k].shape != own[k].shape]
+    if unexpected or missing or shapes:
+        raise MizuotoError(f"{source}: does not match the model built from config.yaml: "
+                           f"missing {missing[:8]}, unexpected {unexpected[:8]}, shapes {shapes[:8]}")
+    module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)
+
+
+REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
+
+
+def import_upstream() -> None:
+    """Import what the engine needs beside torch (no upstream package: the model code is ours);
+    the harness of the real-ComfyUI tests calls it to skip where an environment lacks one."""
+    import librosa  # noqa: F401
+    import sentencepiece  # noqa: F401
+    import torchaudio  # noqa: F401
+    import transformers  # noqa: F401
+    import yaml  # noqa: F401
+
+
+def check_layout(folder: Path) -> None:
+    if not folder.is_dir():
+        raise CheckpointError(f"IndexTTS-2 checkpoint folder not found: {folder}")
+    missing = [n for n in REQUIRED if not (folder / n).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: not an IndexTTS-2 folder, missing {', '.join(missing)} "
+                              "(expected the layout of IndexTeam/IndexTTS-2)")
+
 
 AUX = "hf_cache"
 AUX_FILES = {"codec": "semantic_codec_model.safetensors", "campplus": "campplus_cn_common.bin", "bigvgan": "bigvgan",

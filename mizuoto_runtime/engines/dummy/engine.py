@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..audio import Audio
-from ..phases import RequestContext
-from .base import CheckpointInfo, Codes, Engine, Sampling, Voice
+from ...audio import Audio
+from ...phases import RequestContext
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 
 HOP = 128
 
@@ -34,6 +34,7 @@ class DummySynth(nn.Module):
 class DummyEngine(Engine):
     id = "dummy"
     title = "Dummy"
+    TINY = None
     PHASED = False
     BUILTIN = CheckpointInfo("built-in random weights")
     sample_rate = 16000

@@ -7,15 +7,22 @@ checks is reported by the framework as unchecked.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
 from ...reference_check import Check, Reference, Stage
 from . import pipeline
 from .decoding import DecodeSettings
-from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel
+from .bigvgan import BigVGAN
+from .campplus import CAMPPlus
+from .checkpoint import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel
+from .s2mel import S2Mel
+from .semantic_codec import SemanticCodec
+from .unified_voice import UnifiedVoice
+
+T = TypeVar("T")
 
 # output name -> (settings key, seed key or None) in reference.json stages.gpt
 DECODES = {
@@ -32,34 +39,49 @@ def settings_of(raw: dict[str, Any]) -> DecodeSettings:
     return DecodeSettings(**{k: v for k, v in raw.items() if k != "num_return_sequences"})
 
 
-class Models:
-    """The checkpoint's parts, each loaded the first time a stage needs it."""
-
-    LOADERS: dict[str, Callable[[Layout], Any]] = {"gpt": load_gpt, "s2mel": load_s2mel, "codec": load_codec,
-                                                  "campplus": load_campplus, "bigvgan": load_bigvgan}
-
-    def __init__(self, ref: Reference) -> None:
-        self.ref = ref
-        self.layout = ref.shared("indextts2.layout", lambda: Layout.open(ref.ckpt))
-
-    def __getattr__(self, name: str) -> Any:
-        load = type(self).LOADERS.get(name)
-        if load is None:
-            raise AttributeError(name)
-        return self.ref.shared(f"indextts2.{name}", lambda: load(self.layout))
+# ---- the checkpoint's parts, loaded once per folder by the engine's own loader ------------------
+def _layout(ref: Reference) -> Layout:
+    return ref.shared("indextts2.layout", lambda: Layout.open(ref.ckpt))
 
 
+def _part(ref: Reference, name: str, load: Callable[[Layout], T]) -> T:
+    part: T = ref.shared(f"indextts2.{name}", lambda: load(_layout(ref)))
+    return part
+
+
+def _gpt(ref: Reference) -> UnifiedVoice:
+    return _part(ref, "gpt", load_gpt)
+
+
+def _s2mel(ref: Reference) -> S2Mel:
+    return _part(ref, "s2mel", load_s2mel)
+
+
+def _codec(ref: Reference) -> SemanticCodec:
+    return _part(ref, "codec", load_codec)
+
+
+def _campplus(ref: Reference) -> CAMPPlus:
+    return _part(ref, "campplus", load_campplus)
+
+
+def _bigvgan(ref: Reference) -> BigVGAN:
+    return _part(ref, "bigvgan", load_bigvgan)
+
+
+# ---- the stages ---------------------------------------------------------------------------------
 def _lengths(ref: Reference, key: str, fallback: torch.Tensor) -> torch.Tensor:
     gpt_meta = ref.meta.get("stages", {}).get("gpt", {})
     return torch.tensor([int(gpt_meta[key])]) if key in gpt_meta else pipeline.feature_lengths(fallback)
 
 
-def conditioning(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _conditioning(ref: Reference) -> Iterator[Check]:
     t = ref.tensor
     spk, emo = t("gpt.in.spk_cond_emb"), t("gpt.in.emo_cond_emb")
     spk_len = t("gpt.in.cond_lengths") if ref.has("gpt.in.cond_lengths") else _lengths(ref, "cond_lengths", spk)
     emo_len = _lengths(ref, "emo_cond_lengths", emo)
-    gpt = m.gpt
+    gpt = _gpt(ref)
     x, mask = gpt.conditioning_encoder(spk, spk_len)
     yield Check("gpt.out.spk_conformer", x)
     yield Check("gpt.out.spk_conformer_mask", mask, "exact")
@@ -74,88 +96,97 @@ def conditioning(ref: Reference, m: Models) -> Iterator[Check]:
     yield Check("gpt.out.emovec_merged_alpha0p6", gpt.merge_emotion(spk, emo, spk_len, emo_len, 0.6))
 
 
-def _prefix(ref: Reference, m: Models) -> tuple[torch.Tensor, torch.Tensor]:
+def _prefix(ref: Reference) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (speaker latent, prefix embeddings) from the recorded inputs (emotion merged at alpha 1)."""
     def make() -> tuple[torch.Tensor, torch.Tensor]:
         t = ref.tensor
         spk, emo = t("gpt.in.spk_cond_emb"), t("gpt.in.emo_cond_emb")
         spk_len, emo_len = _lengths(ref, "cond_lengths", spk), _lengths(ref, "emo_cond_lengths", emo)
-        latent = m.gpt.speaker_latent(spk, spk_len)
-        emovec = m.gpt.merge_emotion(spk, emo, spk_len, emo_len, 1.0)
+        latent = _gpt(ref).speaker_latent(spk, spk_len)
+        emovec = _gpt(ref).merge_emotion(spk, emo, spk_len, emo_len, 1.0)
         return latent, emovec
     return ref.shared("indextts2.gpt_conditioning", make)
 
 
-def prompt(ref: Reference, m: Models) -> Iterator[Check]:
-    latent, emovec = _prefix(ref, m)
-    conds = m.gpt.conds_latent(latent, emovec)
+@torch.inference_mode()
+def _prompt(ref: Reference) -> Iterator[Check]:
+    latent, emovec = _prefix(ref)
+    conds = _gpt(ref).conds_latent(latent, emovec)
     yield Check("gpt.out.conds_latent", conds)
-    prefix = m.gpt.prefix(conds, ref.tensor("gpt.in.text_tokens"))
+    prefix = _gpt(ref).prefix(conds, ref.tensor("gpt.in.text_tokens"))
     yield Check("gpt.out.prefix_embeds", prefix)
     from .unified_voice import PromptedDecoder
-    ids = PromptedDecoder(m.gpt, prefix).prompt_ids()
+    ids = PromptedDecoder(_gpt(ref), prefix).prompt_ids()
     yield Check("gpt.out.prefix_input_ids", ids, "exact")
     yield Check("gpt.out.prefix_attention_mask", torch.ones_like(ids), "exact")
 
 
-def steps(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _steps(ref: Reference) -> Iterator[Check]:
     from .unified_voice import PromptedDecoder
-    latent, emovec = _prefix(ref, m)
-    prefix = m.gpt.prefix(m.gpt.conds_latent(latent, emovec), ref.tensor("gpt.in.text_tokens"))
-    decoder = PromptedDecoder(m.gpt, prefix)
+    latent, emovec = _prefix(ref)
+    prefix = _gpt(ref).prefix(_gpt(ref).conds_latent(latent, emovec), ref.tensor("gpt.in.text_tokens"))
+    decoder = PromptedDecoder(_gpt(ref), prefix)
     yield Check("gpt.out.step0_logits", decoder.start(1))
     if ref.has("gpt.in.step1_token"):
         yield Check("gpt.out.step1_logits", decoder.step(ref.tensor("gpt.in.step1_token").reshape(1)))
     if ref.has("gpt.in.tf_codes"):
         codes = ref.tensor("gpt.in.tf_codes")
-        yield Check("gpt.out.tf_logits", m.gpt.teacher_forced_logits(prefix, codes))
-        yield Check("gpt.out.tf_latent", m.gpt.latent(latent, ref.tensor("gpt.in.text_tokens"), codes, emovec))
+        yield Check("gpt.out.tf_logits", _gpt(ref).teacher_forced_logits(prefix, codes))
+        yield Check("gpt.out.tf_latent", _gpt(ref).latent(latent, ref.tensor("gpt.in.text_tokens"), codes, emovec))
 
 
-def decodes(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _decodes(ref: Reference) -> Iterator[Check]:
     meta = ref.meta["stages"]["gpt"]
-    latent, emovec = _prefix(ref, m)
+    latent, emovec = _prefix(ref)
     text = ref.tensor("gpt.in.text_tokens")
     for name, (settings_key, seed_key) in DECODES.items():
         if not ref.has(name):
             continue
         if seed_key is not None:
             torch.manual_seed(int(meta[seed_key]))
-        codes = pipeline.decode_codes(m.gpt, latent, text, emovec, settings_of(meta[settings_key]),
+        codes = pipeline.decode_codes(_gpt(ref), latent, text, emovec, settings_of(meta[settings_key]),
                                       int(meta["max_generate_length"]))
         yield Check(name, codes, "exact")
     if ref.has("gpt.out.inference_cond_latent"):
         yield Check("gpt.out.inference_cond_latent", latent)
 
 
-def codec(ref: Reference, m: Models) -> Iterator[Check]:
-    codes, quantized = m.codec.quantize(ref.tensor("codec.in.feat"))
+@torch.inference_mode()
+def _codec_stage(ref: Reference) -> Iterator[Check]:
+    codes, quantized = _codec(ref).quantize(ref.tensor("codec.in.feat"))
     yield Check("codec.out.codes", codes, "exact")
     yield Check("codec.out.quantized", quantized)
     if ref.has("codec.in.vq_codes"):
-        yield Check("codec.out.vq2emb", m.codec.embed(ref.tensor("codec.in.vq_codes")))
+        yield Check("codec.out.vq2emb", _codec(ref).embed(ref.tensor("codec.in.vq_codes")))
 
 
-def campplus(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _campplus_stage(ref: Reference) -> Iterator[Check]:
     raw = ref.tensor("campplus.in.fbank_raw")
     yield Check("campplus.in.fbank", (raw - raw.mean(dim=0, keepdim=True)).unsqueeze(0), want=ref.tensor("campplus.in.fbank"))
-    yield Check("campplus.out.style", pipeline.speaker_style(m.campplus, raw))
+    yield Check("campplus.out.style", pipeline.speaker_style(_campplus(ref), raw))
 
 
-def mel(ref: Reference, m: Models) -> Iterator[Check]:
-    yield Check("mel.out.mel", pipeline.reference_mel(ref.tensor("mel.in.wav_22k"), m.layout.config["s2mel"]))
+@torch.inference_mode()
+def _mel(ref: Reference) -> Iterator[Check]:
+    yield Check("mel.out.mel", pipeline.reference_mel(ref.tensor("mel.in.wav_22k"), _layout(ref).config["s2mel"]))
 
 
-def s2mel(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _s2mel_stage(ref: Reference) -> Iterator[Check]:
+    t = ref.tensor
     if ref.has("s2mel.in.lr_x"):
-        yield Check("s2mel.out.lr_out", m.s2mel.length_regulator(ref.tensor("s2mel.in.lr_x"), ref.tensor("s2mel.in.lr_ylens")))
+        yield Check("s2mel.out.lr_out", _s2mel(ref).length_regulator(t("s2mel.in.lr_x"), t("s2mel.in.lr_ylens")))
     if ref.has("s2mel.in.gpt_layer_x"):
-        yield Check("s2mel.out.gpt_layer", m.s2mel.gpt_layer(ref.tensor("s2mel.in.gpt_layer_x")))
+        yield Check("s2mel.out.gpt_layer", _s2mel(ref).gpt_layer(t("s2mel.in.gpt_layer_x")))
 
 
-def flow(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _flow(ref: Reference) -> Iterator[Check]:
     t, meta = ref.tensor, ref.meta["stages"].get("flow", {})
-    cfm = m.s2mel.cfm
+    cfm = _s2mel(ref).cfm
     if ref.has("flow.in.est_x"):
         yield Check("flow.out.est_out", cfm.estimator(t("flow.in.est_x"), t("flow.in.est_prompt_x"), t("flow.in.est_x_lens"),
                                                       t("flow.in.est_t"), t("flow.in.est_style"), t("flow.in.est_mu")))
@@ -172,21 +203,23 @@ def flow(ref: Reference, m: Models) -> Iterator[Check]:
         yield Check("flow.out.mel_cfg0", cfm.solve(*args, int(meta["cfg0_n_timesteps"]), 0.0), "chain")
 
 
-def vocoder(ref: Reference, m: Models) -> Iterator[Check]:
-    yield Check("vocoder.out.wav", m.bigvgan(ref.tensor("vocoder.in.mel")))
+@torch.inference_mode()
+def _vocoder(ref: Reference) -> Iterator[Check]:
+    yield Check("vocoder.out.wav", _bigvgan(ref)(ref.tensor("vocoder.in.mel")))
 
 
-def end_to_end(ref: Reference, m: Models) -> Iterator[Check]:
+@torch.inference_mode()
+def _end_to_end(ref: Reference) -> Iterator[Check]:
     """infer_v2 for one segment, no emotion audio: voice prompt, one seed, decode, latent, flow, vocoder."""
     t, meta = ref.tensor, ref.meta["stages"]["e2e"]
     spk, text = t("e2e.in.spk_cond_emb"), t("e2e.in.text_tokens")
-    gpt, s2m = m.gpt, m.s2mel
-    ref_mel = pipeline.reference_mel(t("e2e.in.wav_22k"), m.layout.config["s2mel"])
+    gpt, s2m = _gpt(ref), _s2mel(ref)
+    ref_mel = pipeline.reference_mel(t("e2e.in.wav_22k"), _layout(ref).config["s2mel"])
     yield Check("e2e.out.ref_mel", ref_mel)
-    codes, quantized, condition = pipeline.semantic_prompt(m.codec, s2m, spk, ref_mel.shape[-1])
+    codes, quantized, condition = pipeline.semantic_prompt(_codec(ref), s2m, spk, ref_mel.shape[-1])
     yield Check("e2e.out.S_ref_codes", codes, "exact")
     yield Check("e2e.out.S_ref", quantized)
-    style = pipeline.speaker_style(m.campplus, t("e2e.in.fbank_raw"))
+    style = pipeline.speaker_style(_campplus(ref), t("e2e.in.fbank_raw"))
     yield Check("e2e.out.style", style)
     yield Check("e2e.out.prompt_condition", condition)
     lengths = pipeline.feature_lengths(spk)
@@ -201,7 +234,7 @@ def end_to_end(ref: Reference, m: Models) -> Iterator[Check]:
     cut = pipeline.cut_at_stop(raw, gpt.cfg.stop_mel_token)
     yield Check("e2e.out.codes", cut, "exact")
     yield Check("e2e.out.spk_cond_latent", voice.spk_latent)
-    latent, projected, embedded = pipeline.content(gpt, s2m, m.codec, voice.spk_latent, text, cut, emovec)
+    latent, projected, embedded = pipeline.content(gpt, s2m, _codec(ref), voice.spk_latent, text, cut, emovec)
     yield Check("e2e.out.gpt_latent", latent, "chain")
     yield Check("e2e.out.gpt_layer", projected, "chain")
     yield Check("e2e.out.vq2emb", embedded)
@@ -216,33 +249,30 @@ def end_to_end(ref: Reference, m: Models) -> Iterator[Check]:
     yield Check("e2e.out.vc_target_full", full, "chain")
     mel_out = full[:, :, ref_mel.shape[-1]:]
     yield Check("e2e.out.mel", mel_out, "chain")
-    wav = pipeline.vocode(m.bigvgan, mel_out)
+    wav = pipeline.vocode(_bigvgan(ref), mel_out)
     yield Check("e2e.out.wav", wav, "chain")
     yield Check("e2e.out.wav_pcm_scaled", pipeline.pcm_scale(wav), "chain")
 
 
-STAGES: dict[str, tuple[str, Callable[[Reference, Models], Iterator[Check]]]] = {
-    "gpt.conditioning": ("gpt.in.spk_cond_emb", conditioning),
-    "gpt.prompt": ("gpt.in.text_tokens", prompt),
-    "gpt.steps": ("gpt.in.text_tokens", steps),
-    "gpt.decode": ("gpt.in.text_tokens", decodes),
-    "codec": ("codec.in.feat", codec),
-    "campplus": ("campplus.in.fbank_raw", campplus),
-    "mel": ("mel.in.wav_22k", mel),
-    "s2mel": ("s2mel.in.lr_x", s2mel),
-    "flow": ("flow.in.mu", flow),
-    "vocoder": ("vocoder.in.mel", vocoder),
-    "e2e": ("e2e.in.spk_cond_emb", end_to_end),
-}
-
-
-def stages(ref: Reference) -> Iterable[Stage]:
-    models = Models(ref)
-
-    def runner(fn: Callable[[Reference, Models], Iterator[Check]]) -> Callable[[], list[Check]]:
-        def run() -> list[Check]:
-            with torch.inference_mode():
-                return list(fn(ref, models))
-        return run
-
-    return [Stage(name, runner(fn)) for name, (needs, fn) in STAGES.items() if ref.has(needs)]
+def stages(ref: Reference) -> Iterator[Stage]:
+    """The stages `ref` recorded: a stage runs when the folder records its input."""
+    if ref.has("gpt.in.spk_cond_emb"):
+        yield Stage("gpt.conditioning", lambda: _conditioning(ref))
+    if ref.has("gpt.in.text_tokens"):
+        yield Stage("gpt.prompt", lambda: _prompt(ref))
+        yield Stage("gpt.steps", lambda: _steps(ref))
+        yield Stage("gpt.decode", lambda: _decodes(ref))
+    if ref.has("codec.in.feat"):
+        yield Stage("codec", lambda: _codec_stage(ref))
+    if ref.has("campplus.in.fbank_raw"):
+        yield Stage("campplus", lambda: _campplus_stage(ref))
+    if ref.has("mel.in.wav_22k"):
+        yield Stage("mel", lambda: _mel(ref))
+    if ref.has("s2mel.in.lr_x"):
+        yield Stage("s2mel", lambda: _s2mel_stage(ref))
+    if ref.has("flow.in.mu"):
+        yield Stage("flow", lambda: _flow(ref))
+    if ref.has("vocoder.in.mel"):
+        yield Stage("vocoder", lambda: _vocoder(ref))
+    if ref.has("e2e.in.spk_cond_emb"):
+        yield Stage("e2e", lambda: _end_to_end(ref))

@@ -49,7 +49,7 @@ from .decoding import DecodeSettings
 from ...lru import LruCache
 from .emotion_text import EmotionModel, parse
 from .emotion import EMOTIONS, Emotion
-from .loader import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
+from .checkpoint import Layout, check_layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .text import GLOSSARY_FILE, TextTokenizer
 from .w2v import W2VBert
 
@@ -71,26 +71,6 @@ SILENCE_MS = 200  # between segments, as upstream
 # or audios holds a few hundred KB at most, while repeating a recent request skips its phase.
 EMOTIONS_KEPT = 64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-REQUIRED = ("config.yaml", "gpt.pth", "s2mel.pth", "bpe.model", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt")
-
-
-def import_upstream() -> None:
-    """Import what the engine needs beside torch (no upstream package: the model code is ours);
-    the harness of the real-ComfyUI tests calls it to skip where an environment lacks one."""
-    import librosa  # noqa: F401
-    import sentencepiece  # noqa: F401
-    import torchaudio  # noqa: F401
-    import transformers  # noqa: F401
-    import yaml  # noqa: F401
-
-
-def check_layout(folder: Path) -> None:
-    if not folder.is_dir():
-        raise CheckpointError(f"IndexTTS-2 checkpoint folder not found: {folder}")
-    missing = [n for n in REQUIRED if not (folder / n).is_file()]
-    if missing:
-        raise CheckpointError(f"{folder}: not an IndexTTS-2 folder, missing {', '.join(missing)} "
-                              "(expected the layout of IndexTeam/IndexTTS-2)")
 
 
 def _mono(audio: Audio) -> torch.Tensor:
@@ -119,6 +99,8 @@ class IndexTTS2Engine(Engine):
 
     id = "indextts2"
     title = "IndexTTS-2"
+    REQUIREMENTS = "indextts2"
+    REFERENCE = "reference"
     sample_rate = SAMPLE_RATE
     VOICE_OPTIONS = ("emotion",)
 
@@ -211,9 +193,9 @@ class IndexTTS2Engine(Engine):
                     "style": style.cpu(), "semantic": quantized.transpose(1, 2).cpu(),
                     "ref_mel": pipeline.reference_mel(wav_22k, self.config["s2mel"]).cpu()}
 
-        return ctx.run("voice prompt", handles, run, self.prompt_memory(wav_16k.shape[-1]))
+        return ctx.run("voice prompt", handles, run, self.voice_prompt_memory(wav_16k.shape[-1]))
 
-    def prompt_memory(self, samples_16k: int) -> int:
+    def voice_prompt_memory(self, samples_16k: int) -> int:
         """M45: the voice prompt's working memory (float32), its two big parts together (they
         run one after the other, but what each returns stays to the phase's end; the sum bounds
         that, measured 1.15x): w2v-BERT over the prompt's frames (50 per second: the hidden state
@@ -282,7 +264,7 @@ class IndexTTS2Engine(Engine):
             def run() -> torch.Tensor:
                 return self.merged_emotion(base.to(self.device), wav, emotion.alpha).cpu()
 
-            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run, self.prompt_memory(wav.shape[-1]))
+            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run, self.voice_prompt_memory(wav.shape[-1]))
             self.emotions[key] = cached
         return cached
 

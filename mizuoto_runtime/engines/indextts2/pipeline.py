@@ -19,7 +19,7 @@ from ...nn.features import mel_spectrogram
 from .bigvgan import BigVGAN
 from .campplus import CAMPPlus
 from .decoding import DecodeSettings, generate
-from .loader import Tables
+from .checkpoint import Tables
 from .s2mel import S2Mel
 from .semantic_codec import SemanticCodec
 from .unified_voice import PromptedDecoder, UnifiedVoice

@@ -18,7 +18,7 @@ import yaml
 from torch import nn
 
 from ...nn import weight_norm
-from ..tiny import fan_in_std, write_json
+from ..tiny import fan_in_std, one_version, write_json
 from .bigvgan import BigVGAN, BigVGANConfig
 from .campplus import CAMPPlus, CAMPPlusSizes
 from .s2mel import S2Mel
@@ -134,8 +134,12 @@ def write_w2v_bert(folder: Path, seed: int) -> None:
     SeamlessM4TFeatureExtractor().save_pretrained(str(folder))
 
 
-def write_tiny_checkpoint(directory: str | Path, seed: int = 0, dtype: str | torch.dtype = torch.float32) -> Path:
-    if dtype not in ("float32", torch.float32):
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
+          dtype: str | torch.dtype | None = None) -> Path:
+    """Write a tiny random IndexTTS-2 folder; `dtype` must be float32 or None, as the published
+    files are."""
+    one_version(version)
+    if dtype not in (None, "float32", torch.float32):
         raise ValueError("the tiny IndexTTS-2 checkpoint is float32, as the published files")
     out = Path(directory)
     (out / "hf_cache" / "bigvgan").mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,1 @@
+"""The dummy engine: a tiny unphased engine with no checkpoint, for the runtime's tests."""
