@@ -22,7 +22,6 @@ import contextlib
 import logging
 import math
 import numbers
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,6 +30,7 @@ import torch
 from .calibration import PhaseMeter
 from .errors import ArgumentError, DeviceTooSmallError
 from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, Where, mb, where
+from .rng import GLOBAL_RNG
 from .streamer import StreamCharge, charging
 
 if TYPE_CHECKING:
@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_OOM_RETRIES = 2  # M40
-# Torch's global RNG is one per process. Code that draws from it (upstream engines' sampling, in
-# `Engine.seeded`) and the retry's restore of it hold this lock, so two requests at once
-# (`compute.gpu_jobs` > 1, M8) take turns there instead of drawing from each other's sequence.
-GLOBAL_RNG = threading.RLock()
 
 
 class _RngState:

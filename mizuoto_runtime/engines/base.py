@@ -33,7 +33,7 @@ from torch import nn
 from ..audio import Audio
 from ..errors import ArgumentError, CheckpointError
 from ..lru import LruCache
-from ..phases import GLOBAL_RNG
+from ..rng import GLOBAL_RNG
 
 if TYPE_CHECKING:
     from ..handle import Kind, ModelHandle
