@@ -196,7 +196,7 @@ class ModelManager:
             handle.unload()
 
     def key(self, handle: ModelHandle) -> str:
-        return f"{handle.engine}:{handle.name}" if handle.engine else handle.name
+        return handle.key
 
     def request(self, *, generator: torch.Generator | None = None,
                 cancel_check: Callable[[], None] | None = None,
