@@ -83,11 +83,11 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
+from ...handle import ModelHandle
 from ...loading import load_safetensors, parameters_on_meta
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ...tiling import tiled_1d
-from ...units import plan_units
 from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 from ..checkpoint_files import read_json
@@ -244,7 +244,7 @@ def _check_weight_norm_units(module: nn.Module, name: str) -> None:
     registered before it: weight norm's, registered at construction, would compute from weights
     not yet there. So no unit may be a weight-normed layer itself (in VoxCPM 2 the units are
     whole blocks, the normed convs inside them)."""
-    bad = [u.name for u in plan_units(module).units if _weight_norm_names(u.module)]
+    bad = [u.name for u in ModelHandle.units_of(module) if _weight_norm_names(u.module)]
     if bad:
         raise MizuotoError(f"voxcpm2 {name}: units {', '.join(bad)} are weight-normed layers themselves; "
                            "their weights could not be streamed in before weight norm reads them")
