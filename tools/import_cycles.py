@@ -134,28 +134,38 @@ def cycles(names: list[str], graph: list[Edge]) -> list[list[str]]:
     return sorted(found)
 
 
+def group(name: str, depth: int) -> str:
+    """`name`'s first `depth` parts (all of it for 0)."""
+    return ".".join(name.split(".")[:depth]) if depth else name
+
+
+def find(package: Path, *, depth: int = 0, typing: bool = True) -> tuple[list[list[str]], list[Edge]]:
+    """The import cycles in `package` (modules taken together by `depth`, imports under
+    TYPE_CHECKING counted with `typing`), and the imports that close them."""
+    known = modules(package.resolve())
+    graph = [e for e in edges(known) if typing or e.kind != "typing"]
+    across = [e for e in graph if group(e.source, depth) != group(e.target, depth)]
+    names = list(dict.fromkeys(group(n, depth) for n in known))
+    found = cycles(names, [dataclasses.replace(e, source=group(e.source, depth), target=group(e.target, depth))
+                           for e in across])
+    members = {m for c in found for m in c}
+    closing = [e for e in across if group(e.source, depth) in members and group(e.target, depth) in members]
+    return found, sorted(closing, key=lambda e: (e.source, e.line, e.target))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package", nargs="?", default=str(Path(__file__).parent.parent / "mizuoto_runtime"))
     parser.add_argument("--no-typing", action="store_true", help="leave out imports under TYPE_CHECKING")
     parser.add_argument("--depth", type=int, default=0, help="take modules together by their first N name parts")
     args = parser.parse_args(argv)
-    known = modules(Path(args.package).resolve())
-    graph = [e for e in edges(known) if not (args.no_typing and e.kind == "typing")]
-
-    def group(name: str) -> str:
-        return ".".join(name.split(".")[: args.depth]) if args.depth else name
-
-    names = list(dict.fromkeys(map(group, known)))
-    found = cycles(names, [dataclasses.replace(e, source=group(e.source), target=group(e.target))
-                           for e in graph if group(e.source) != group(e.target)])
+    found, closing = find(Path(args.package), depth=args.depth, typing=not args.no_typing)
     for component in found:
-        members = set(component)
         print(f"cycle of {len(component)} modules: {', '.join(component)}")
-        for e in sorted((e for e in graph if group(e.source) in members and group(e.target) in members
-                         and group(e.source) != group(e.target)), key=lambda e: (e.source, e.line)):
-            print(f"    {e.source}:{e.line} -> {e.target} ({e.kind})")
-    print(f"{len(found)} cycle(s) in {len(names)} modules, {len(graph)} imports")
+        for e in closing:
+            if group(e.source, args.depth) in component:
+                print(f"    {e.source}:{e.line} -> {e.target} ({e.kind})")
+    print(f"{len(found)} cycle(s)")
     return 1 if found else 0
 
 
