@@ -152,8 +152,8 @@ class UnitHooks:
 
         def pre(module: nn.Module, args: Any, kwargs: Any) -> None:
             posts = module._forward_hooks
-            if next(reversed(posts)) != post_id:
-                posts.move_to_end(post_id)  # ours last: a user's post-hook still sees the weights
+            if next(reversed(posts)) != post_id:  # ours last: a user's post-hook still sees the weights
+                posts.move_to_end(post_id)  # type: ignore[attr-defined]
             capture = calls.capture
             if capture is not None:
                 capture.enter(module)  # M24: per-leaf copies into the graph's memory
