@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .audio import Audio, read_wav, write_wav
-    from .devices import DeviceService, OomInjector
+    from .devices import DeviceService
     from .errors import (
         ArgumentError, CancelledError, CheckpointError, DeviceTooSmallError, MizuotoError, SettingError,
         StrictDeviceError,
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .phases import RequestContext
     from .policy import VramPolicy
     from .runtime import Runtime
+    from .testing import OomInjector
     from .tiling import tiled_1d
     from .units import plan_units
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 # command line writes the CUDA allocator's environment before torch loads (`entry`, M54).
 _HOMES = {
     "Audio": "audio", "read_wav": "audio", "write_wav": "audio", "DeviceService": "devices",
-    "OomInjector": "devices", "ArgumentError": "errors", "CancelledError": "errors", "CheckpointError": "errors",
+    "OomInjector": "testing", "ArgumentError": "errors", "CancelledError": "errors", "CheckpointError": "errors",
     "DeviceTooSmallError": "errors", "MizuotoError": "errors", "SettingError": "errors",
     "StrictDeviceError": "errors", "ModelHandle": "handle", "build_on_meta": "loading",
     "load_safetensors": "loading", "ModelManager": "manager", "RequestContext": "phases",

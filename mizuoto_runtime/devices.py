@@ -285,22 +285,6 @@ class DeviceService:
         }
 
 
-class OomInjector:
-    """A `DeviceService.fault_hook` that raises `torch.OutOfMemoryError` at the Nth counted
-    allocation/copy on a non-CPU-offload device (tests of M40: exact retry)."""
-
-    def __init__(self, at: int | list[int]) -> None:
-        self.at = set([at] if isinstance(at, int) else at)
-        self.count = 0
-        self.raised = 0
-
-    def __call__(self, device: torch.device, nbytes: int) -> None:
-        self.count += 1
-        if self.count in self.at:
-            self.raised += 1
-            raise torch.OutOfMemoryError(f"injected OOM at allocation #{self.count} ({nbytes} bytes on {device})")
-
-
 # ---- CUDA Graphs' private pools ---------------------------------------------------------------
 #: Live CUDA Graphs (`graphs.CapturedGraph`) -> (device index, private pool id). A graph's
 #: pool keeps its free blocks for that graph's replays: no other allocation can use them.

@@ -47,9 +47,9 @@ from torch import nn
 from .cuda_allocator import ALLOC_CONF, allocator_env
 from .devices import track_graph_pool
 from .errors import MizuotoError
-from .phases import GLOBAL_RNG
 from .pinning import releases_deferred
 from .policy import VramPolicy
+from .rng import GLOBAL_RNG
 
 if TYPE_CHECKING:
     from .handle import ModelHandle

@@ -2,59 +2,39 @@
 
 A handle owns a module's weights as *slots* (see `units.py`). `load(budget)` places the
 fixed part, then `hot` units, then the rest by kind (M15: `sequence` in run order, `oneshot`
-largest first). Units that do not fit stay in host RAM and get forward pre/post hooks — on
-the unit and on each leaf holding its weights — that swap the weights to a streamer copy for
-the call and back after (M17). Where the copy runs beside compute, each leaf swaps in its own
-weights when it runs, once their copy is ready; until then they are the stand-in (strict) or
-the host tensor, never a copy still being written. A handle placed whole has no hooks at all.
+largest first). Units that do not fit stay in host RAM and stream: their forward hooks, and
+the swap of their weights to a streamer copy for the call, are the handle's `UnitHooks`
+(`hooks.py`). A handle placed whole has no hooks at all. Placed weights keep their host copy
+or give it up by `compute.host_copies` (M25, M29).
 
 Two requests may run one handle at once (`compute.gpu_jobs` > 1, M8). While a request uses
 it (`in_use`), its placement is frozen: the manager budgets around it and nothing re-plans,
 yields or replaces it (M31); placement calls made while a thread is inside a streamed unit
-raise. The hooks' state is per call: each thread counts its own entries, so a post-hook runs
-our exit only where our pre-hook ran (a user pre-hook that raised first leaves nothing to
-undo); threads inside the same unit share its copy, kept until the last one leaves (see
-`streamer.py`). Our pre-hooks run before any other pre-hook on the module (legacy
-`nn.utils.weight_norm` computes the weight from `weight_g`/`weight_v` in one), our post-hooks
-after every other post-hook. A `BaseException` (KeyboardInterrupt) inside a unit skips
-PyTorch's post-hooks: `end_call`, run when the thread's phase ends and before any placement
-change, leaves every unit the thread entered — nothing stays entered, swapped or held.
+raise, and each first leaves what the calling thread left entered (`end_call`).
 """
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Literal
 
 import psutil
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
-from .devices import AbsentParameter, AbsentTensor, DeviceService, absent_like
+from .devices import AbsentParameter, AbsentTensor, DeviceService
 from .errors import MizuotoError
+from .hooks import Calls, Capture, Standins, UnitHooks
 from .pinning import released_together
 from .policy import VramPolicy
+from .profiling import label
 from .streamer import Streamer
-from .units import LeafNeed, Slot, Unit, UnitPlan, plan_units
+from .units import Slot, Unit, UnitPlan, plan_units
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["sequence", "oneshot"]
 Mark = Literal["hot", "fixed"]
-
-
-class _Calls(threading.local):
-    """The calling thread's entries into a handle's streamed units: per module, how many of our
-    pre-hooks ran and await their post-hook; per unit, how deep the thread is inside it, and
-    whether its entry swapped all the unit's weights in (else each leaf swaps in its own)."""
-
-    def __init__(self) -> None:
-        self.modules: dict[int, int] = {}
-        self.units: dict[int, int] = {}
-        self.whole: dict[int, bool] = {}  # per unit entered: whether all its weights were swapped in
-        self.capture: Any = None  # M24: a `graphs.LeafCopies` while this thread captures a CUDA Graph
 
 
 class ModelHandle:
@@ -92,16 +72,15 @@ class ModelHandle:
         self.unloaded = False
         self._hot: list[str] = []  # M15 marks, by path: they survive `replace` (M28)
         self._fixed: list[str] = []
-        self._hooks: dict[int, list[RemovableHandle]] = {}
-        self._calls = _Calls()
-        self._derived: dict[tuple[int, str], torch.Tensor] = {}  # legacy weight norm's stand-ins
+        self.standins = Standins(devices, self.name, module)
+        self.hooks = UnitHooks(self, self.streamer, self.standins)
         self._set_module(module)
 
     # ---- structure -----------------------------------------------------------------------
     def _set_module(self, module: nn.Module) -> None:
         self.module = module
         self.plan: UnitPlan = plan_units(module, self._marked(self._fixed))
-        self._derived.clear()
+        self.standins.reset(module)
         absent = [s.name for s in self._all_slots() if isinstance(s.current(), (AbsentParameter, AbsentTensor))]
         if absent:
             raise MizuotoError(f"handle {self.name!r}: {absent[0]} (and {len(absent) - 1} more) hold no weights: the "
@@ -109,11 +88,11 @@ class ModelHandle:
         self._fixed_placed = False
         self._resident: list[Unit] = []  # in placement order (M32 yields in reverse)
         self._device_slots: dict[int, torch.Tensor] = {}  # id(slot) -> its device tensor
-        self.streamer.configure(self, self.copies, self.prefetch_depth)
+        self.streamer.configure(self, self.copies, self.prefetch_depth, self.name)
         if self.devices.strict:
             for slot in self._all_slots():
-                slot.hold_absent(slot.host, self._label(slot))
-            self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
+                self.standins.hold_rest(slot)
+            self.standins.drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
         if self.plan.size_bytes and self.plan.fixed_bytes * 2 > self.plan.size_bytes:
             log.info("%s: %d units stream; %s", self.name, len(self.plan.units), self.plan.describe_fixed())
 
@@ -123,6 +102,12 @@ class ModelHandle:
     @property
     def units(self) -> list[Unit]:
         return self.plan.units
+
+    @staticmethod
+    def units_of(module: nn.Module) -> list[Unit]:
+        """The units a handle of `module` would stream (M11–M13; no marks), before one is
+        made: an engine may check the layout before it registers the module."""
+        return plan_units(module).units
 
     @property
     def copies(self) -> int:
@@ -206,6 +191,10 @@ class ModelHandle:
         self._check_alive()
         if not self.devices.moves(self.device):
             return 0  # M5: on plain CPU nothing moves
+        with label("mizuoto::load", self.key):
+            return self._load(budget, stream_all)
+
+    def _load(self, budget: int | None, stream_all: bool) -> int:
         self._check_between_calls("load")
         target = [] if stream_all else self._target_units(budget)
         before = self.loaded_bytes
@@ -219,7 +208,7 @@ class ModelHandle:
         for unit in target:
             if unit not in self._resident:
                 self._place_unit(unit, keep)
-        self._sync_hooks()
+        self._placed()
         self.last_used = time.monotonic()
         return max(0, self.loaded_bytes - before)
 
@@ -264,18 +253,23 @@ class ModelHandle:
         Cached streamer copies go first; when the units are not enough, the whole component
         leaves the device. Returns the bytes really freed.
         """
+        with label("mizuoto::partially_unload", self.key):
+            return self._give_back(nbytes)
+
+    def offload(self) -> int:
+        """Move the whole component off the device (host copies make this free, M25)."""
+        with label("mizuoto::offload", self.key):
+            return self._give_back(self.device_bytes + 1)
+
+    def _give_back(self, nbytes: int) -> int:
         self._check_between_calls("yield")
         freed = self.streamer.drop(self)
         while freed < nbytes and self._resident:
             freed += self._unplace_unit(self._resident[-1])
         if freed < nbytes and self._fixed_placed:
             freed += self._unplace_fixed()
-        self._sync_hooks()
+        self._placed()
         return freed
-
-    def offload(self) -> int:
-        """Move the whole component off the device (host copies make this free, M25)."""
-        return self.partially_unload(self.device_bytes + 1)
 
     def drop_host_copies(self) -> int:
         """M29: a whole-loaded component gives up the host copies of its placed parameters (VRAM
@@ -289,12 +283,16 @@ class ModelHandle:
                 if id(slot) in self._device_slots and slot.host is not None and not slot.is_buffer:
                     slot.host = None
                     released += slot.nbytes
-            self._sync_hooks()  # the copy engine unpins what it pinned for them (M22)
+            self._placed()  # the copy engine unpins what it pinned for them (M22)
         return released
 
     def unload(self) -> int:
         """M26: free everything, device and host, without copying back. The handle is spent.
         Works whatever the slots hold: device tensors, host tensors or strict stand-ins."""
+        with label("mizuoto::unload", self.key):
+            return self._unload()
+
+    def _unload(self) -> int:
         self.end_call()
         freed = self.streamer.forget(self)
         with released_together(self.streamer.engine.pinner):  # one device sync for all (issue 27)
@@ -302,10 +300,10 @@ class ModelHandle:
                 if self._device_slots.pop(id(slot), None) is not None:
                     self.devices.release(self.device, slot.nbytes)
                     freed += slot.nbytes
-                slot.hold_absent(None, self._label(slot))
+                slot.hold_absent(None, self.standins.label(slot))
                 slot.host = None
-        self._drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
-        self._remove_hooks()
+        self.standins.drop_derived(self.plan.derived + [d for u in self.plan.units for d in u.derived])
+        self.hooks.remove()
         self._fixed_placed = False
         self._resident.clear()
         self.cap_bytes = None
@@ -320,14 +318,11 @@ class ModelHandle:
             raise MizuotoError(f"handle {self.name!r} is in use; replace it between requests")
         self._marked(self._hot + self._fixed, module)  # every mark must exist in the new module
         self.offload()
-        self._remove_hooks()
+        self.hooks.remove()
         self.streamer.forget(self)
         self._set_module(module)
 
     # ---- slots ---------------------------------------------------------------------------
-    def _label(self, slot: Slot) -> str:
-        return f"{self.name}.{slot.name}"
-
     def _keep_host(self) -> bool:
         """M25: whether placed parameters keep their host tensor."""
         mode = self.policy.host_copies
@@ -357,36 +352,9 @@ class ModelHandle:
             with torch.inference_mode(False):
                 current = slot.current()
                 slot.host = current.detach().to(self.devices.offload_device, copy=True)
-        self._hold_rest(slot)
+        self.standins.hold_rest(slot)
         self.devices.release(self.device, slot.nbytes)
         return slot.nbytes
-
-    def _hold_rest(self, slot: Slot) -> None:
-        """What a slot holds off the device: the host tensor, or a strict stand-in (M56)."""
-        if self.devices.strict:
-            slot.hold_absent(slot.host, self._label(slot))
-        else:
-            slot.hold(slot.host)  # type: ignore[arg-type]
-
-    def _drop_derived(self, derived: list[tuple[nn.Module, str]]) -> None:
-        """Legacy weight norm leaves the weight it computed from placed or streamed tensors on the
-        layer: once those leave, it becomes a stand-in (strict: one that names it), so no device
-        tensor outlives its placement or its unit."""
-        for module, attr in derived:
-            current = module.__dict__.get(attr)
-            if not isinstance(current, torch.Tensor):
-                continue
-            key = (id(module), attr)
-            standin = self._derived.get(key)
-            if standin is None or standin.shape != current.shape or standin.dtype != current.dtype:
-                label = f"{self.name}.{self._module_path(module)}.{attr} (computed by weight_norm)"
-                standin = (absent_like(current, label, False) if self.devices.strict
-                           else torch.empty_like(current, device="meta"))
-                self._derived[key] = standin
-            module.__dict__[attr] = standin
-
-    def _module_path(self, module: nn.Module) -> str:
-        return next((n for n, m in self.module.named_modules() if m is module), type(module).__name__)
 
     def _restore_rest_state(self) -> None:
         """Give the module its host tensors back (before re-planning its units)."""
@@ -406,7 +374,7 @@ class ModelHandle:
     def _unplace_fixed(self) -> int:
         freed = sum(self._unplace_slot(s) for s in self.plan.fixed)
         freed += sum(self._unplace_unit(u) for u in list(reversed(self._resident)))
-        self._drop_derived(self.plan.derived)
+        self.standins.drop_derived(self.plan.derived)
         self._fixed_placed = False
         self.cap_bytes = None  # M40: the cap lasts until the component leaves the device
         self.partial_reason = None
@@ -425,24 +393,15 @@ class ModelHandle:
     def _unplace_unit(self, unit: Unit) -> int:
         freed = sum(self._unplace_slot(s) for s in unit.slots)
         self._resident.remove(unit)
-        self._drop_derived(unit.derived)
+        self.standins.drop_derived(unit.derived)
         return freed
 
-    # ---- hooks (M17) ---------------------------------------------------------------------
-    def _sync_hooks(self) -> None:
-        """Streamed units get hooks; resident units and a whole or absent handle have none."""
-        streamed = {id(u) for u in self.streamed_units}
-        for unit in self.plan.units:
-            hooked = id(unit) in self._hooks
-            if id(unit) in streamed and not hooked:
-                self._add_hooks(unit)
-            elif id(unit) not in streamed and hooked:
-                for h in self._hooks.pop(id(unit)):
-                    h.remove()
-            elif hooked:
-                for pre, post in zip(self._hooks[id(unit)][::2], self._hooks[id(unit)][1::2]):
-                    _order(pre, post)
-        # M21–M23: pin host copies, size copy buffers, run compiled parents eagerly.
+    # ---- streamed units (hooks.py) ---------------------------------------------------------
+    def _placed(self) -> None:
+        """After a placement change: streamed units get hooks, resident ones lose theirs; the
+        copy engine pins host copies, sizes copy buffers and runs compiled parents eagerly
+        (M21–M23)."""
+        self.hooks.sync(self.plan.units, self.streamed_units)
         self.streamer.placed(self, self.module, self.streamed_units, self._kept_host_slots(),
                              self.policy.pinned_budget_bytes())
 
@@ -450,133 +409,28 @@ class ModelHandle:
         """Placed slots that keep their host tensor (M25; pinned under M22's budget)."""
         return [s for s in self._all_slots() if id(s) in self._device_slots and s.host is not None]
 
-    def _add_hooks(self, unit: Unit) -> None:
-        hooks: list[RemovableHandle] = []
-        for module in unit.hooked():
-            post = module.register_forward_hook(self._post_hook(unit), with_kwargs=True, always_call=True)
-            # Ours first: another pre-hook (legacy weight norm) may read the weights.
-            pre = module.register_forward_pre_hook(self._pre_hook(unit, post.id), with_kwargs=True, prepend=True)
-            hooks += [pre, post]
-        self._hooks[id(unit)] = hooks
-
-    def _remove_hooks(self) -> None:
-        for hooks in self._hooks.values():
-            for h in hooks:
-                h.remove()
-        self._hooks.clear()
-
     def has_hooks(self) -> bool:
-        return bool(self._hooks)
+        return self.hooks.installed()
 
     @property
-    def graph_capture(self) -> Any:
+    def graph_capture(self) -> Capture | None:
         """M24: this thread's `graphs.LeafCopies` while it captures a CUDA Graph, else None —
-        per thread, as `_Calls`: another request's calls meanwhile stream as usual."""
-        return self._calls.capture
+        per thread: another request's calls meanwhile stream as usual."""
+        return self.hooks.calls.capture
 
     @graph_capture.setter
-    def graph_capture(self, leaves: Any) -> None:
-        self._calls.capture = leaves
+    def graph_capture(self, leaves: Capture | None) -> None:
+        self.hooks.calls.capture = leaves
 
-    def _pre_hook(self, unit: Unit, post_id: int) -> Any:
-        def pre(module: nn.Module, args: Any, kwargs: Any) -> None:
-            posts = module._forward_hooks
-            if next(reversed(posts)) != post_id:
-                posts.move_to_end(post_id)  # ours last: a user's post-hook still sees the weights
-            if self.graph_capture is not None:
-                self.graph_capture.enter(module)  # M24: per-leaf copies into the graph's memory
-            else:
-                self.enter(module, unit)
-
-        return pre
-
-    def _post_hook(self, unit: Unit) -> Any:
-        def post(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            if self.graph_capture is not None:
-                self.graph_capture.exit(module)
-            else:
-                self.exit(module, unit)
-
-        return post
-
-    def enter(self, module: nn.Module, unit: Unit) -> None:
-        """The calling thread enters `unit` through `module`: on its first entry the unit's
-        weights are swapped to their device copy (nested entries reuse it, M17)."""
-        calls = self._calls
-        calls.modules[id(module)] = calls.modules.get(id(module), 0) + 1
-        depth = calls.units.get(unit.index, 0)
-        calls.units[unit.index] = depth + 1
-        acquired = False
-        try:
-            if not depth:
-                calls.whole[unit.index] = self._swap_in(unit)
-                acquired = True
-            need = unit.needs.get(id(module))
-            if need is not None and not calls.whole[unit.index]:
-                self._swap_in_leaf(unit, need)
-        except BaseException:
-            if acquired:
-                self._swap_out(unit)
-            if depth:
-                calls.units[unit.index] = depth
-            else:
-                calls.units.pop(unit.index, None)
-            calls.modules[id(module)] -= 1
-            raise
-
-    def exit(self, module: nn.Module, unit: Unit) -> None:
-        """The calling thread leaves `module`; on its last exit from `unit` the copy goes back."""
-        calls = self._calls
-        entered = calls.modules.get(id(module), 0)
-        if not entered:
-            return  # our pre-hook did not run for this call (a pre-hook before it raised)
-        calls.modules[id(module)] = entered - 1
-        depth = calls.units.get(unit.index, 0) - 1
-        if depth > 0:
-            calls.units[unit.index] = depth
-            return
-        calls.units.pop(unit.index, None)
-        self._swap_out(unit)
+    @property
+    def _calls(self) -> Calls:
+        """The calling thread's entries into the streamed units (none is left after a phase)."""
+        return self.hooks.calls
 
     def end_call(self) -> None:
         """The calling thread's phase with this handle ended: leave every unit it is still
         inside (a `BaseException` skipped their post-hooks) and forget its learned position."""
-        calls = self._calls
-        stale = [u for u in self.plan.units if calls.units.get(u.index)]
-        calls.units.clear()
-        calls.modules.clear()
-        calls.whole.clear()
-        for unit in stale:
-            self._swap_out(unit)
-        self.streamer.end_call(self)
-
-    def _swap_in(self, unit: Unit) -> bool:
-        """Take the unit's copy; when all of it is ready, swap every weight in and return True.
-        Else each leaf swaps its own weights in as it runs (`_swap_in_leaf`): a weight read
-        before its leaf's forward is the strict stand-in, never a copy still being written."""
-        with self.streamer.lock:
-            tensors = self.streamer.acquire(self, unit)
-            if not self.streamer.is_ready(self, unit):
-                return False
-            # Also when another thread is inside: its leaves may have swapped in only theirs.
-            for slot, tensor in zip(unit.slots, tensors):
-                slot.hold(tensor)
-            return True
-
-    def _swap_in_leaf(self, unit: Unit, need: LeafNeed) -> None:
-        """A leaf about to run: wait for its weights' copy, then swap them in (M17)."""
-        with self.streamer.lock:
-            tensors = self.streamer.ready(self, unit, need.group)
-            for i in need.slots:
-                unit.slots[i].hold(tensors[i])
-
-    def _swap_out(self, unit: Unit) -> None:
-        with self.streamer.lock:
-            if self.streamer.users(self, unit) == 1:  # the last thread inside: swap back
-                for slot in unit.slots:
-                    self._hold_rest(slot)
-                self._drop_derived(unit.derived)
-            self.streamer.release(self, unit)
+        self.hooks.end_call(self.plan.units)
 
     def _check_between_calls(self, what: str) -> None:
         """Placement changes only between calls: never while a thread is inside a streamed unit."""
@@ -587,6 +441,11 @@ class ModelHandle:
                                f"unit {running[0]}; its placement changes only between calls")
 
     # ---- misc ----------------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        """The component's name in logs, reports and profiler labels (`engine:name`)."""
+        return f"{self.engine}:{self.name}" if self.engine else self.name
+
     def _check_alive(self) -> None:
         if self.unloaded:
             raise MizuotoError(f"handle {self.name!r} was unloaded; load the model again")
@@ -613,11 +472,3 @@ class ModelHandle:
         return (f"ModelHandle({self.engine}:{self.name}, {self.kind}, {self.loaded_bytes}/{self.size_bytes} B, "
                 f"{len(self._resident)}/{len(self.plan.units)} units)")
 
-
-def _order(pre: RemovableHandle, post: RemovableHandle) -> None:
-    """Our pre-hook first and our post-hook last on their module, whatever was added since."""
-    pres, posts = pre.hooks_dict_ref(), post.hooks_dict_ref()
-    if pres is not None and pre.id in pres:
-        pres.move_to_end(pre.id, last=False)  # type: ignore[attr-defined]
-    if posts is not None and post.id in posts:
-        posts.move_to_end(post.id)  # type: ignore[attr-defined]

@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -54,13 +54,11 @@ from .calibration import Calibration
 from .devices import DeviceService
 from .errors import DeviceTooSmallError, MizuotoError
 from .handle import Kind, ModelHandle
+from .phases import RequestContext
 from .policy import VramPolicy
 from .report import REASON_BUDGET, REASON_CAPPED, REASON_MODE, REASON_YIELDED, Placement, RequestLog
 from .slots import DeviceSlots
 from .streamer import Streamer
-
-if TYPE_CHECKING:
-    from .phases import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +194,12 @@ class ModelManager:
             handle.unload()
 
     def key(self, handle: ModelHandle) -> str:
-        return f"{handle.engine}:{handle.name}" if handle.engine else handle.name
+        return handle.key
 
     def request(self, *, generator: torch.Generator | None = None,
                 cancel_check: Callable[[], None] | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> RequestContext:
-        from .phases import RequestContext
-
+        """A new request: its phases place this manager's components (`phases.py`)."""
         return RequestContext(self, generator=generator, cancel_check=cancel_check, on_progress=on_progress)
 
     @contextlib.contextmanager

@@ -14,7 +14,14 @@ retries, which add up over its phases (`meta.applied.oom_retries`, M40).
 
 It also keeps its timeline (M50, issue 15): when each phase began and ended, who yielded VRAM
 for it, its retries and fallbacks; and it publishes its request report (`report.py`) to the
-manager's `requests` log whenever a phase begins or ends and when its meta is read.
+manager's `requests` log whenever a phase begins or ends and when its meta is read. In a
+PyTorch profiler trace each phase is a ``mizuoto::phase (name)`` range (`profiling.py`).
+
+An engine that replays a step as a CUDA Graph asks the context for it (`graph_capture`, M24):
+the context knows the request's device slots, which a capture needs alone.
+
+The context reaches the manager only through `Manager`, what a request asks of it: the
+manager makes contexts (`ModelManager.request`), so this module imports nothing of it.
 """
 from __future__ import annotations
 
@@ -22,29 +29,29 @@ import contextlib
 import logging
 import math
 import numbers
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
+from . import graphs
 from .calibration import PhaseMeter
 from .errors import ArgumentError, DeviceTooSmallError
-from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, Where, mb, where
+from .profiling import label
+from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, RequestLog, Where, mb, where
+from .rng import GLOBAL_RNG
 from .streamer import StreamCharge, charging
 
 if TYPE_CHECKING:
+    from .devices import DeviceService
     from .handle import ModelHandle
-    from .manager import ModelManager
+    from .policy import VramPolicy
+    from .slots import DeviceSlots
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_OOM_RETRIES = 2  # M40
-# Torch's global RNG is one per process. Code that draws from it (upstream engines' sampling, in
-# `Engine.seeded`) and the retry's restore of it hold this lock, so two requests at once
-# (`compute.gpu_jobs` > 1, M8) take turns there instead of drawing from each other's sequence.
-GLOBAL_RNG = threading.RLock()
 
 
 class _RngState:
@@ -66,6 +73,28 @@ class _RngState:
             g.set_state(s)
 
 
+class Manager(Protocol):
+    """What a request asks of the manager (`manager.ModelManager`): to place and release its
+    phases' components, to make room after an OOM, and to publish its report."""
+
+    @property
+    def devices(self) -> DeviceService: ...
+    @property
+    def policy(self) -> VramPolicy: ...
+    @property
+    def requests(self) -> RequestLog: ...
+    @property
+    def handles(self) -> list[ModelHandle]: ...
+    def key(self, handle: ModelHandle) -> str: ...
+    def acquire(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
+                cancel_check: Callable[[], None] | None = None) -> list[Placement]: ...
+    def release(self, handles: Sequence[ModelHandle]) -> None: ...
+    def phase_slots(self, handles: Sequence[ModelHandle]) -> DeviceSlots | None: ...
+    def calibrate(self, handles: Sequence[ModelHandle], phase: str, estimate: int, measured: int) -> None: ...
+    def after_oom(self, handles: Sequence[ModelHandle]) -> None: ...
+    def is_oom(self, exc: BaseException) -> bool: ...
+
+
 def _check_memory(memory: object, phase: str) -> None:
     """A working-memory estimate is a finite number of bytes >= 0 (M10: bad input is named)."""
     if isinstance(memory, bool) or not isinstance(memory, numbers.Real) or not math.isfinite(memory) or memory < 0:
@@ -80,7 +109,7 @@ def _held_copies(handles: Sequence[ModelHandle]) -> int:
 class RequestContext:
     """One request: its phases, its generator, and its `meta` (memory report, what was applied)."""
 
-    def __init__(self, manager: ModelManager, *, generator: torch.Generator | None = None,
+    def __init__(self, manager: Manager, *, generator: torch.Generator | None = None,
                  cancel_check: Callable[[], None] | None = None,
                  on_progress: Callable[[int, int], None] | None = None) -> None:
         self.manager = manager
@@ -194,7 +223,7 @@ class RequestContext:
         """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends."""
         record = self._begin(name)
         try:
-            with self._attempt(handles, memory, name, record) as placements:
+            with label("mizuoto::phase", name), self._attempt(handles, memory, name, record) as placements:
                 yield placements
         finally:
             self._end(record)
@@ -250,6 +279,28 @@ class RequestContext:
             meter.placed_now(_held_copies(handles))
         return meter
 
+    def graph_capture(self, handle: ModelHandle, fn: Callable[[], Any], *, what: str,
+                      keep_rng: bool = False) -> tuple[graphs.CapturedGraph | None, str]:
+        """M24: `fn()`, which reads static inputs, captured as a CUDA Graph over `handle`'s
+        placement, for the engine to `replay()` at each step: (the graph, "captured"), or
+        (None, why not), and the engine runs `fn` eagerly, with the same numbers.
+
+        Called inside a phase that lists `handle`. No capture where `graphs.eligible` says no
+        (not a CUDA device, partly placed, cudaMallocAsync, a host that forbids it), nor while
+        another request holds the device. A capture that fails leaves nothing behind, and
+        `what` names it in the log, once per kind of failure. `keep_rng`: the warm-up's random
+        draws are undone, so the replays draw what eager runs would.
+        """
+        ok, reason = graphs.eligible(handle)
+        if not ok:
+            return None, reason
+        try:
+            return graphs.capture(handle, fn, keep_rng=keep_rng, slots=self.manager.phase_slots([handle])), "captured"
+        except graphs.GraphRefused as exc:  # another request holds the device
+            return None, str(exc).rpartition("no CUDA Graph: ")[2]
+        except RuntimeError as exc:  # a kernel that cannot be captured: `capture` undid what it did
+            return None, graphs.note_failure(what, exc)
+
     def run(self, name: str, handles: Sequence[ModelHandle], fn: Callable[[], T], memory: int = 0,
             generators: Sequence[torch.Generator] = (), fallback: tuple[str, Callable[[], T]] | None = None,
             allow_fallback: bool | None = None) -> T:
@@ -261,7 +312,8 @@ class RequestContext:
         """
         record = self._begin(name)
         try:
-            return self._run(record, name, handles, fn, memory, generators, fallback, allow_fallback)
+            with label("mizuoto::phase", name):
+                return self._run(record, name, handles, fn, memory, generators, fallback, allow_fallback)
         finally:
             self._end(record)
 

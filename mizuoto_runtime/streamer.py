@@ -67,6 +67,7 @@ import torch
 from torch import nn
 
 from .devices import DeviceService
+from .profiling import label
 from .transfer import BufferedCopyEngine, Lease, make_copy_engine
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ class _HandleCopies:
     order: _Order = dataclasses.field(default_factory=_Order)
     streamed: int = 0  # bytes this handle's units were copied from host RAM
     placements: int = 0  # counts `placed` calls (a CUDA Graph checks its placement then, M24)
+    name: str = ""  # the handle's, in profiler labels
 
 
 class Streamer:
@@ -165,14 +167,15 @@ class Streamer:
         self._handles: dict[int, _HandleCopies] = {}
 
     # ---- registration --------------------------------------------------------------------
-    def configure(self, owner: object, capacity: int, prefetch: int) -> None:
-        """Set how many copies `owner` (a handle) may keep, and how far ahead to copy."""
+    def configure(self, owner: object, capacity: int, prefetch: int, name: str = "") -> None:
+        """Set how many copies `owner` (a handle, `name` in profiler labels) may keep, and how
+        far ahead to copy."""
         with self.lock:
             state = self._handles.get(id(owner))
             if state is None:
-                self._handles[id(owner)] = _HandleCopies(id(owner), max(1, capacity), max(0, prefetch))
+                self._handles[id(owner)] = _HandleCopies(id(owner), max(1, capacity), max(0, prefetch), name=name)
             else:
-                state.capacity, state.prefetch = max(1, capacity), max(0, prefetch)
+                state.capacity, state.prefetch, state.name = max(1, capacity), max(0, prefetch), name
 
     def forget(self, owner: object) -> int:
         """Drop `owner`'s copies and learned order; returns bytes freed."""
@@ -360,7 +363,8 @@ class Streamer:
         charge = _charge.get()
         if charge is not None:
             charge.check()  # M23: every copy checks for cancellation
-        copy = UnitCopy(unit, self.engine.copy_unit(state.key, unit, ahead=ahead), unit.nbytes)
+        with label("mizuoto::copy_ahead" if ahead else "mizuoto::copy", state.name, unit.name):
+            copy = UnitCopy(unit, self.engine.copy_unit(state.key, unit, ahead=ahead), unit.nbytes)
         state.copies[unit.index] = copy
         self._count(state, unit.nbytes)
         return copy

@@ -36,11 +36,8 @@ computes. A unit of one group entered now, and pageable units on CUDA (synchrono
 neither copied ahead nor split), are copied on the spot on the compute stream. A unit entered
 out of the learned order is copied on the spot too, so correctness never depends on the order.
 
-Copy rules (M23): copies are made outside inference mode, in the weight's own dtype.
-Compiled modules (`torch.compile(module)`, `module.compile()`) above streamed units run
-eagerly while those units stream — a compiled graph would hold the weights — and compile
-again when the component is whole. A compiled *function* wrapping a component cannot be
-seen from the handle; engines must not compile across streamed units that way.
+Copy rules (M23): copies are made outside inference mode, in the weight's own dtype. After
+each placement the engine makes compiled parents of streamed units run eagerly (`compiled.py`).
 """
 from __future__ import annotations
 
@@ -48,7 +45,6 @@ import dataclasses
 import functools
 import logging
 import queue
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from .compiled import Restore, run_compiled_eagerly
 from .devices import DeviceService
 from .pinning import Pinner, shared_pinner
 from .units import ALIGN
@@ -339,7 +336,7 @@ class BufferedCopyEngine:
         self.streams = streams
         self.pinner = pinner
         self._pools: dict[int, _Pool] = {}
-        self._eager: dict[int, list[_Restore]] = {}  # key -> compiled modules made eager (M23)
+        self._eager: dict[int, list[Restore]] = {}  # key -> compiled modules made eager (M23)
 
     # ---- placement -----------------------------------------------------------------------
     def placed(self, key: int, root: nn.Module, streamed: Sequence[Unit], kept: Sequence[Slot],
@@ -594,52 +591,6 @@ def _host_of(slot: Slot) -> torch.Tensor:
     if host is None:
         raise RuntimeError(f"{slot.name}: a streamed weight has no host copy")
     return host
-
-
-# ---- M23: compiled modules above streamed units run eagerly --------------------------------
-_Restore = Any  # a zero-argument callable that undoes one change
-
-
-def _optimized_module_type() -> type | None:
-    # Without torch._dynamo imported no module can have been compiled; don't import it (slow).
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    return getattr(eval_frame, "OptimizedModule", None) if eval_frame else None
-
-
-def run_compiled_eagerly(root: nn.Module, streamed: Sequence[Unit]) -> list[_Restore]:
-    """Make every compiled module whose subtree holds a streamed unit run eagerly (M23).
-
-    `torch.compile(module)` wraps it in an `OptimizedModule` whose `forward` is the compiled
-    call; `module.compile()` sets `_compiled_call_impl`. Both are switched to the eager call;
-    the returned callables switch them back (when the component is whole again).
-    """
-    hooked = {id(m) for u in streamed for m in [u.module, *u.leaves]}
-    optimized = _optimized_module_type()
-    restores: list[_Restore] = []
-    for module in root.modules():
-        if optimized is not None and isinstance(module, optimized):
-            compiled = module.__dict__.get("forward")
-            if compiled is None or not _holds(module, hooked):
-                continue
-            original = module._orig_mod
-            assert isinstance(original, nn.Module)
-            module.forward = original.__call__
-            restores.append(_setter(module, "forward", compiled))
-        elif module._compiled_call_impl is not None and _holds(module, hooked):
-            compiled_call = module._compiled_call_impl
-            module._compiled_call_impl = None
-            restores.append(_setter(module, "_compiled_call_impl", compiled_call))
-    if restores:
-        log.info("%d compiled module(s) above streamed units run eagerly while they stream", len(restores))
-    return restores
-
-
-def _holds(module: nn.Module, hooked: set[int]) -> bool:
-    return any(id(m) in hooked for m in module.modules())
-
-
-def _setter(module: nn.Module, attr: str, value: Any) -> _Restore:
-    return lambda: setattr(module, attr, value)
 
 
 def make_copy_engine(devices: DeviceService, device: torch.device) -> BufferedCopyEngine:

@@ -40,7 +40,7 @@ from torch import nn
 from ..audio import Audio
 from ..errors import ArgumentError, CheckpointError, MizuotoError
 from ..lru import LruCache
-from ..phases import GLOBAL_RNG
+from ..rng import GLOBAL_RNG
 from .lora import LoraAdapter, LoraChoice, applied_lora
 
 if TYPE_CHECKING:

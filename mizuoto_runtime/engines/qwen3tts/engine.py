@@ -56,7 +56,6 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
-from ...slots import DeviceSlots
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from ..lora import LoraAdapter
 from . import loop as lean_loop
@@ -344,8 +343,7 @@ class Qwen3TTSEngine(Engine):
 
         def talk() -> torch.Tensor:
             tick = self._progress_tick(ctx, total)
-            slots = ctx.manager.phase_slots([self.talker])  # a capture needs the device alone
-            with self.seeded(sampling.seed), self._loop(kv_cache, tick, reports, slots):
+            with self.seeded(sampling.seed), self._loop(kv_cache, tick, reports, ctx.graph_capture):
                 try:
                     codes, _hidden = model.generate(**inputs, **settings)
                 except (ValueError, NotImplementedError) as exc:
@@ -366,15 +364,16 @@ class Qwen3TTSEngine(Engine):
 
     @contextlib.contextmanager
     def _loop(self, kv_cache: str, tick: Any, reports: list[lean_loop.LoopReport],
-              slots: DeviceSlots | None) -> Iterator[None]:
+              capture: lean_loop.GraphCapture) -> Iterator[None]:
         """This thread's talker loop for the block: the lean one, or the package's (the
-        progress hook `tick` is then called by the talker's forward)."""
+        progress hook `tick` is then called by the talker's forward). `capture`: the request's
+        CUDA Graph capture (M24)."""
         if self.talker_loop == "upstream":
             with lean_loop.forward_ticks(self.tts.model.talker, tick):
                 yield
             return
         loop = lean_loop.LeanLoop(self.talker, kv_cache=kv_cache, graphs_wanted=self.cuda_graphs, on_step=tick,
-                                  slots=slots)
+                                  capture=capture)
         reports.append(loop.report)
         with lean_loop.loop_in_this_thread(self.tts.model.talker, loop):
             yield

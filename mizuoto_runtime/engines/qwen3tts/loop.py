@@ -29,16 +29,17 @@ KV caches (M53). ``compute.kv_cache = dynamic``: transformers' ``DynamicCache``,
 ``static``: `BufferCache` — the talker's prefilled cache moves into doubling buffers, the code
 predictor's 16 positions reuse one buffer every frame.
 
-CUDA Graphs (M24). On a CUDA device, when `graphs.eligible` allows it (the talker resident, or
-graphable with pinned streamed units; not under cudaMallocAsync; not while a host such as
-ComfyUI's dynamic VRAM refuses capture), the code predictor's 15 steps of a frame, with their
-sampling, are captured once per request and replayed every frame: fixed shapes, same kernels,
-same random numbers (the warm-up's draws are undone before capture, and a graph's RNG ops draw
-from the generator's offset at replay as eager ops would). The talker's own step stays eager:
-its attention length grows every frame, and a padded, masked attention would sum in another
-order. Capture refused (another request holds the device, `compute.gpu_jobs` > 1) or failed:
-eager, with the same codes — a failed capture puts the device generator back as it was
-(`graphs.capture`) — and `meta.applied.cuda_graphs` says why; a failure is logged once.
+CUDA Graphs (M24). On a CUDA device, when the request context's `graph_capture` allows it (the
+talker resident, or graphable with pinned streamed units; not under cudaMallocAsync; not while
+a host such as ComfyUI's dynamic VRAM refuses capture), the code predictor's 15 steps of a
+frame, with their sampling, are captured once per request and replayed every frame: fixed
+shapes, same kernels, same random numbers (the warm-up's draws are undone before capture, and
+a graph's RNG ops draw from the generator's offset at replay as eager ops would). The talker's
+own step stays eager: its attention length grows every frame, and a padded, masked attention
+would sum in another order. Capture refused (another request holds the device,
+`compute.gpu_jobs` > 1) or failed: eager, with the same codes — a failed capture puts the
+device generator back as it was — and `meta.applied.cuda_graphs` says why; a failure is
+logged once.
 
 Settings the lean loop does not reproduce (a batch of several prompts, an attention other
 than ``sdpa``, a generation config that asks for other logits processors) make it hand the call
@@ -57,9 +58,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import graphs
 from ...nn.kv_cache import BufferCache, Kind
-from ...slots import DeviceSlots
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,11 @@ UNSUPPORTED_GENERATION = (
     "epsilon_cutoff", "eta_cutoff", "watermarking_config", "renormalize_logits", "max_time",
     "stop_strings", "min_length", "prefix_allowed_tokens_fn", "constraints", "force_words_ids",
 )
+
+
+#: `RequestContext.graph_capture`: (handle, fn, *, what, keep_rng) -> (a graph to replay, or
+#: None, and why not).
+GraphCapture = Callable[..., tuple[Any, str]]
 
 
 class Unsupported(Exception):
@@ -292,9 +296,9 @@ class LeanLoop:
     """Answers the package's ``talker.generate(inputs_embeds=..., ...)`` call for one request."""
 
     def __init__(self, talker_handle: Any, kv_cache: Kind = "dynamic", graphs_wanted: bool = True,
-                 on_step: Callable[[], None] | None = None, slots: DeviceSlots | None = None) -> None:
+                 on_step: Callable[[], None] | None = None, capture: GraphCapture | None = None) -> None:
         self.handle = talker_handle
-        self.slots = slots  # the device's request slots: no capture while another request holds it
+        self.capture = capture  # the request's: no capture while another request holds the device
         self.talker: nn.Module = talker_handle.module
         self.kv_cache: Kind = kv_cache
         self.graphs_wanted = graphs_wanted
@@ -428,20 +432,15 @@ class LeanLoop:
 
     def _capture(self, predictor: _Predictor, past_hidden: torch.Tensor, token: torch.Tensor) -> Any:
         """The code predictor's frame as a CUDA Graph, or None with the reason recorded."""
-        if not self.graphs_wanted:
+        if not self.graphs_wanted or self.capture is None:
             self.report.cuda_graphs = "off: not requested"
             return None
-        ok, reason = graphs.eligible(self.handle)
-        if not ok:
+        step = _PredictorGraph(predictor, past_hidden, token)
+        step.graph, reason = self.capture(self.handle, step.frame, what="qwen3tts code predictor", keep_rng=True)
+        if step.graph is None:
             self.report.cuda_graphs = f"off: {reason}"
             return None
-        try:
-            return _PredictorGraph(self.handle, predictor, past_hidden, token, self.slots)
-        except graphs.GraphRefused as exc:  # another request holds the device
-            self.report.cuda_graphs = f"off: {str(exc).rpartition('no CUDA Graph: ')[2]}"
-        except RuntimeError as exc:  # a kernel that cannot be captured: `capture` undid what it did
-            self.report.cuda_graphs = f"off: {graphs.note_failure('qwen3tts code predictor', exc)}"
-        return None
+        return step
 
 
 def _until_stop(frames: list[torch.Tensor], eos: int | None) -> list[torch.Tensor]:
@@ -524,12 +523,15 @@ class _Predictor:
 class _PredictorGraph:
     """`_Predictor.frame` captured as one CUDA Graph over static inputs (M24)."""
 
-    def __init__(self, handle: Any, predictor: _Predictor, past_hidden: torch.Tensor, token: torch.Tensor,
-                 slots: DeviceSlots | None) -> None:
+    def __init__(self, predictor: _Predictor, past_hidden: torch.Tensor, token: torch.Tensor) -> None:
+        self.predictor = predictor
         self.hidden = past_hidden.clone()
         self.token = token.clone()
-        self.graph = graphs.capture(handle, lambda: predictor.frame(self.hidden, self.token), keep_rng=True,
-                                    slots=slots)
+        self.graph: Any = None  # set once `frame` is captured
+
+    def frame(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the graph records: the frame over the static inputs."""
+        return self.predictor.frame(self.hidden, self.token)
 
     def __call__(self, past_hidden: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.hidden.copy_(past_hidden)

@@ -82,10 +82,10 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
+from ...handle import ModelHandle
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ...tiling import tiled_1d
-from ...units import plan_units
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 from .checkpoint import check_layout, load_model
 
@@ -144,7 +144,7 @@ def _check_weight_norm_units(module: nn.Module, name: str) -> None:
     registered before it: weight norm's, registered at construction, would compute from weights
     not yet there. So no unit may be a weight-normed layer itself (in VoxCPM 2 the units are
     whole blocks, the normed convs inside them)."""
-    bad = [u.name for u in plan_units(module).units if _weight_norm_names(u.module)]
+    bad = [u.name for u in ModelHandle.units_of(module) if _weight_norm_names(u.module)]
     if bad:
         raise MizuotoError(f"voxcpm2 {name}: units {', '.join(bad)} are weight-normed layers themselves; "
                            "their weights could not be streamed in before weight norm reads them")
