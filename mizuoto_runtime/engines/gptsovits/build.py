@@ -9,10 +9,11 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
+from ...nn.checkpoint import load_weights_only
 from .sv import ERes2NetV2, config_for
 from .t2s import T2SConfig, Text2Semantic, load_state
 from .vits import Synthesizer, VitsConfig
-from .weights import GptFile, SovitsFile, _torch_load
+from .weights import GptFile, SovitsFile
 
 
 def build_t2s(gpt: GptFile, dtype: torch.dtype = torch.float32) -> Text2Semantic:
@@ -60,7 +61,7 @@ def read_sv_state(path: Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such speaker-verification (ERes2NetV2) file")
-    state = _torch_load(path, path, [])
+    state = load_weights_only(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: not an ERes2NetV2 state dict")
     return state

@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import torch
 
 from ...errors import CheckpointError
 from ...nn import weight_norm
+from ...nn.checkpoint import load_weights_only
 
 ZIP_MAGIC = b"PK"
 SUPPORTED_TAGS = {b"05": "v2Pro", b"06": "v2ProPlus"}
@@ -79,18 +78,6 @@ class SovitsFile:
     info: str
 
 
-def _torch_load(source: Path | io.BytesIO, path: Path, allow: list[tuple[type, str]]) -> Any:
-    try:
-        with torch.serialization.safe_globals(allow):
-            return torch.load(source, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: refused to load: its pickle needs something other than tensors and "
-                              f"plain values ({first})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as a torch checkpoint, truncated or damaged ({exc})") from None
-
-
 def _as_dict(obj: Any, path: Path, what: str) -> dict[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("weight"), dict) or "config" not in obj:
         keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
@@ -104,7 +91,7 @@ def read_gpt(path: Path) -> GptFile:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such GPT (.ckpt) file")
-    obj = _as_dict(_torch_load(path, path, []), path, "GPT (.ckpt)")
+    obj = _as_dict(load_weights_only(path), path, "GPT (.ckpt)")
     config = obj["config"]
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise CheckpointError(f"{path}: its 'config' has no 'model' section")
@@ -140,9 +127,9 @@ def read_sovits(path: Path) -> SovitsFile:
         raise CheckpointError(f"{path}: a GPT-SoVITS {version} SoVITS file; only v2, v2Pro and v2ProPlus are supported")
     allow = [(HParamsStandIn, "utils.HParams")]
     if tag == ZIP_MAGIC:
-        obj = _torch_load(path, path, allow)
+        obj = load_weights_only(path, allow=allow)
     else:  # the tag replaced the zip's magic: restore it in memory
-        obj = _torch_load(io.BytesIO(ZIP_MAGIC + path.read_bytes()[2:]), path, allow)
+        obj = load_weights_only(path, source=io.BytesIO(ZIP_MAGIC + path.read_bytes()[2:]), allow=allow)
     obj = _as_dict(obj, path, "SoVITS (.pth)")
     hps = _plain(obj["config"])
     if not isinstance(hps, dict) or not isinstance(hps.get("model"), dict) or not isinstance(hps.get("data"), dict):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...errors import MizuotoError
+from ...nn.checkpoint import load_weights_only
 from ...nn.weight_norm import fold_state_dict
 
 # Keys a real gpt.pth may hold that the model does not read: GPT-2's unused token and position
@@ -37,10 +38,7 @@ def read_config(folder: Path) -> dict[str, Any]:
 def load_torch(path: Path) -> Any:
     if not path.is_file():
         raise MizuotoError(f"IndexTTS-2 checkpoint file missing: {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a bad or unsafe file; report which file
-        raise MizuotoError(f"{path}: cannot be read as a weights-only torch file ({exc})") from exc
+    return load_weights_only(path)
 
 
 def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,
