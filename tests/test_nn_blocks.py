@@ -121,12 +121,16 @@ class Opaque:  # a class, not a tensor: no file of weights holds one
     pass
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")
 def test_a_refused_pickle_says_what_it_holds_and_what_to_do(tmp_path: Path) -> None:
     """Issue 31: PyTorch's own message advises loading with the safety off; ours names the class
-    the file holds and says to get the file as weights or convert it, never to turn it off."""
+    the file holds (where PyTorch's message names it) and says to get the file as weights or
+    convert it, never to turn the safety off."""
     torch.save({"weight": torch.ones(2), "extra": Opaque()}, tmp_path / "custom.pt")
-    (tmp_path / "plain.pkl").write_bytes(pickle.dumps({"weight": Opaque()}, protocol=2))
-    for name, holds in (("custom.pt", f"a pickled {Opaque.__module__}.Opaque"), ("plain.pkl", "a pickled object")):
+    (tmp_path / "plain2.pkl").write_bytes(pickle.dumps({"weight": Opaque()}, protocol=2))
+    (tmp_path / "plain4.pkl").write_bytes(pickle.dumps({"weight": Opaque()}, protocol=4))  # refused by opcode
+    named = f"a pickled {Opaque.__module__}.Opaque"
+    for name, holds in (("custom.pt", named), ("plain2.pkl", named), ("plain4.pkl", "a pickled object")):
         for load in (load_weights_only, load_state_dict):
             with pytest.raises(CheckpointError) as info:
                 load(tmp_path / name)
