@@ -69,6 +69,7 @@ def voices(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Pat
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("variant", ["v2", "v2pro"])
 def test_check_reference_passes_every_recorded_stage(variant: str, capsys: pytest.CaptureFixture[str]) -> None:
+    require_engine("gptsovits")
     folder = FIXTURES / variant
     if not folder.is_dir():
         pytest.skip(f"no reference data at {folder} (a user's clone has none)")
