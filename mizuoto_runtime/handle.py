@@ -182,21 +182,24 @@ class ModelHandle:
         return [u for u in self.plan.units if id(u) not in resident] if self._fixed_placed else []
 
     # ---- placement -----------------------------------------------------------------------
-    def load(self, budget: int | None = None, *, stream_all: bool = False) -> int:
+    def load(self, budget: int | None = None, *, stream_all: bool = False,
+             noted: set[ModelHandle] | None = None) -> int:
         """Place the component within `budget` bytes (None: whole). Returns bytes placed now.
 
-        Below the minimum working set the load is still tried at the minimum (M7), with a
-        warning — except with `stream_all` (`vram_mode = none`: every unit streams, as asked).
-        """
+        Below the minimum working set the load is still tried at the minimum (M7), and an INFO
+        line says so: that is the documented behaviour, not a fault to act on. `noted`: the
+        handles a request has already said it for (it says so once per handle and request, not
+        once per chunk); None, outside a request, says it every time. Not with `stream_all`
+        (`vram_mode = none`: every unit streams, as asked)."""
         self._check_alive()
         if not self.devices.moves(self.device):
             return 0  # M5: on plain CPU nothing moves
         with label("mizuoto::load", self.key):
-            return self._load(budget, stream_all)
+            return self._load(budget, stream_all, noted)
 
-    def _load(self, budget: int | None, stream_all: bool) -> int:
+    def _load(self, budget: int | None, stream_all: bool, noted: set[ModelHandle] | None) -> int:
         self._check_between_calls("load")
-        target = [] if stream_all else self._target_units(budget)
+        target = [] if stream_all else self._target_units(budget, noted)
         before = self.loaded_bytes
         self.streamer.drop(self)  # placement changes: cached copies may now be resident units
         for unit in [u for u in reversed(self._resident) if u not in target]:
@@ -212,17 +215,18 @@ class ModelHandle:
         self.last_used = time.monotonic()
         return max(0, self.loaded_bytes - before)
 
-    def _target_units(self, budget: int | None) -> list[Unit]:
+    def _target_units(self, budget: int | None, noted: set[ModelHandle] | None = None) -> list[Unit]:
         """Which units are resident for this budget, in placement order (M15, M16)."""
         if self.cap_bytes is not None:
             budget = self.cap_bytes if budget is None else min(budget, self.cap_bytes)
         if budget is None or budget >= self.size_bytes:
             return list(self.plan.units)
         if budget < self.min_working_set:
-            log.warning(
-                "%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum; %s",
-                self.name, budget / 2**20, self.min_working_set / 2**20, self.plan.describe_fixed(),
-            )
+            if noted is None or self not in noted:
+                log.info("%s: budget %.1f MB is below the minimum working set %.1f MB; trying at the minimum; %s",
+                         self.name, budget / 2**20, self.min_working_set / 2**20, self.plan.describe_fixed())
+                if noted is not None:
+                    noted.add(self)
             budget = self.min_working_set
             if budget >= self.size_bytes:
                 return list(self.plan.units)  # streaming needs no less (copies' alignment, M16)

@@ -226,15 +226,16 @@ class ModelManager:
 
     # ---- placement -----------------------------------------------------------------------
     def acquire(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
-                cancel_check: Callable[[], None] | None = None) -> list[Placement]:
+                cancel_check: Callable[[], None] | None = None,
+                noted: set[ModelHandle] | None = None) -> list[Placement]:
         """Hold a slot of the device (M8), place `handles` for a phase and mark them in use (M2,
-        M31) until `release`."""
+        M31) until `release`. `noted`: see `ModelHandle.load`."""
         slots = self.phase_slots(handles)
         if slots is not None:
             slots.take(cancel_check, self.wait_timeout_s)
         try:
             with self._cond:
-                placements = self.load(handles, memory, phase=phase, cancel_check=cancel_check)
+                placements = self.load(handles, memory, phase=phase, cancel_check=cancel_check, noted=noted)
                 for h in handles:
                     h.in_use += 1
                     h.last_used = time.monotonic()
@@ -281,8 +282,11 @@ class ModelManager:
         return self.slots(handles[0].device)
 
     def load(self, handles: Sequence[ModelHandle], memory: int = 0, *, phase: str = "",
-             cancel_check: Callable[[], None] | None = None) -> list[Placement]:
-        """M6: place `handles` with room for `memory` bytes of working memory."""
+             cancel_check: Callable[[], None] | None = None,
+             noted: set[ModelHandle] | None = None) -> list[Placement]:
+        """M6: place `handles` with room for `memory` bytes of working memory. `noted`: the
+        handles whose placement below their minimum working set the request has said already
+        (`ModelHandle.load`)."""
         handles = list(dict.fromkeys(handles))
         if not handles:
             return []
@@ -305,7 +309,7 @@ class ModelManager:
             placements = []
             for h in handles:
                 if h in movable:
-                    placed = h.load(budgets[h], stream_all=self.policy.vram_mode == "none")
+                    placed = h.load(budgets[h], stream_all=self.policy.vram_mode == "none", noted=noted)
                     self.events.append(("place", self.key(h), placed))
                     h.partial_reason = self._reason(h, reasons.get(h))
                     h.gave_up_for = []

@@ -120,6 +120,7 @@ class RequestContext:
         self.applied: dict[str, Any] = {"oom_retries": 0, "fallbacks": []}
         self.charge = StreamCharge(cancel_check)  # its streamed bytes and cancel check (M23, M50)
         self._handles: dict[str, ModelHandle] = {}
+        self._noted: set[ModelHandle] = set()  # placed below their minimum, said once (ModelHandle.load)
         self.id = manager.requests.new_id()
         self.clock = RequestClock()
         self._running = 0  # phases begun and not ended
@@ -253,7 +254,8 @@ class RequestContext:
         """`use` without the timeline: place, run the block, calibrate, release."""
         _check_memory(memory, name)
         self.check_cancelled()
-        placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check)
+        placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check,
+                                          noted=self._noted)
         try:
             for h, p in zip(dict.fromkeys(handles), placements):
                 self._handles[p.component] = h

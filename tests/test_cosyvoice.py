@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import require_engine
 from oom import allocations_during
 from mizuoto_runtime import CheckpointError, MizuotoError, OomInjector, Runtime
 from mizuoto_runtime.audio import Audio
@@ -28,6 +29,7 @@ PLACEMENTS = ("none", "half", "whole")
 
 @pytest.fixture(scope="session")
 def cosyvoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    require_engine("cosyvoice")
     from mizuoto_runtime.engines.cosyvoice.tiny import write
 
     made: dict[int, Path] = {}
@@ -206,6 +208,7 @@ def test_describe_checkpoint_lists_speakers(cosyvoice_checkpoint: Checkpoint, tm
 
 
 def test_cli_say_and_tiny_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    require_engine("cosyvoice")
     assert main(["tiny-checkpoint", str(tmp_path / "cv3"), "--engine", "cosyvoice", "--version", "3"]) == 0
     written = json.loads(capsys.readouterr().out)
     assert "cosyvoice3.yaml" in written["files"] and "CosyVoice-BlankEN/model.safetensors" in written["files"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require_engine
 
 from mizuoto_runtime import cli
 from mizuoto_runtime.reference_check import check_reference, mkl_intel_path
@@ -28,6 +29,7 @@ ILL_CONDITIONED = {"features.out.mel", "features.out.prompt_feat", "vocoder.out.
 
 
 def _folder(model: str) -> Path:
+    require_engine("cosyvoice")
     folder = FIXTURES / model
     if not (folder / "reference.json").is_file():
         pytest.skip(f"no CosyVoice reference data at {folder} (../shared/fixtures is not in this checkout)")

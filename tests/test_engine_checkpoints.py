@@ -1,8 +1,8 @@
 """Each engine lists its own checkpoint folders and no other engine's (`describe_checkpoint`,
 configs only), so the loader's list and ComfyUI's dropdowns offer F5-TTS, OmniVoice and VoxCPM 2
 checkpoints under their engines, as they do Qwen3-TTS's (tests/test_checkpoints.py). Each case
-runs on the engine's tiny checkpoint in its published layout, and skips where the engine's
-package is not installed (its tiny writer needs it).
+runs on the engine's tiny checkpoint in its published layout, and skips where a package of the
+engine's requirements file is not installed (conftest.require_engine).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_qwen_tts
+from conftest import require_engine, require_qwen_tts
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_engines", REPO / "bench" / "engines.py")
@@ -45,11 +45,7 @@ PHASES = {  # the phases each engine must report (with components: where weights
                   "vocoder (vocoder)"},
     "gptsovits": {"voice prompt (hubert+vits)", "bert (bert)", "talker (t2s)", "decoder (vits)"},
 }
-# What each native engine's tiny checkpoint and phases import (absent from the core venv).
-NATIVE_PACKAGES = {"cosyvoice": ("transformers", "onnx", "onnx2torch", "s3tokenizer"), "fishspeech": ("tokenizers",),
-                   "indextts2": ("transformers", "sentencepiece", "yaml", "torchaudio", "librosa"),
-                   # the Chinese frontend too: the requests speak Chinese, so the BERT phase runs
-                   "gptsovits": ("transformers", "torchaudio", "jieba", "pypinyin")}
+NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits")  # engines whose folders bench/engines.py writes
 
 
 @pytest.fixture
@@ -58,9 +54,8 @@ def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Pa
         if engine_id == "demo":
             return None  # random weights, no folder
         native = bench_engines.RUNTIME_IDS.get(engine_id, engine_id)
-        if native in NATIVE_PACKAGES:
-            for package in NATIVE_PACKAGES[native]:
-                pytest.importorskip(package)
+        if native in NATIVE:
+            require_engine(native)
             return bench_engines.checkpoint_folders([engine_id], tmp_path)[engine_id]
         if engine_id == "qwen3tts":
             require_qwen_tts()

@@ -22,6 +22,7 @@ import torch
 pytest.importorskip("tokenizers", reason="Fish Speech's S2-Pro tokenizer.json needs the tokenizers package (an engine "
                                          "requirement, requirements/fishspeech.txt)")
 
+from conftest import require_engine
 from oom import allocations_during
 from mizuoto_runtime import OomInjector, Runtime
 from mizuoto_runtime.audio import Audio, write_wav
@@ -47,6 +48,7 @@ Folder = Callable[[str], Path]
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
+    require_engine("fishspeech")
     made: dict[str, Path] = {}
 
     def make(version: str) -> Path:
@@ -67,6 +69,7 @@ def _one_thread(one_torch_thread: None) -> None:
 @pytest.mark.parametrize("variant", ["s2pro"])
 def test_equal_to_upstream_on_its_reference_data(variant: str) -> None:
     """Every recorded stage within the fixture README's tolerance; sampled codes identical."""
+    require_engine("fishspeech")
     directory = FIXTURES / variant
     if not directory.is_dir():
         pytest.skip(f"no reference data at {directory} (the fixtures sit beside the repository, not in it)")

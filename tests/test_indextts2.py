@@ -19,6 +19,7 @@ pytest.importorskip("sentencepiece", reason="IndexTTS-2's tokenizer is SentenceP
 pytest.importorskip("yaml", reason="IndexTTS-2 reads config.yaml")
 pytest.importorskip("torchaudio", reason="IndexTTS-2 resamples its reference audio")
 
+from conftest import require_engine  # noqa: E402
 from oom import allocations_during  # noqa: E402
 from mizuoto_runtime import OomInjector, Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
@@ -36,6 +37,7 @@ PROMPT_ENCODERS = {"indextts2:w2v_bert", "indextts2:semantic_codec", "indextts2:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_engine("indextts2")
     from mizuoto_runtime.engines.indextts2.tiny import write
 
     return write(tmp_path_factory.mktemp("indextts2"))

@@ -7,9 +7,9 @@ import io
 from pathlib import Path
 
 import pytest
+from conftest import require_engine
 
-pytest.importorskip("transformers", reason="IndexTTS-2's GPT-2 leaves are transformers' Conv1D")
-pytest.importorskip("yaml", reason="IndexTTS-2 reads config.yaml")
+require_engine("indextts2")
 
 import torch  # noqa: E402
 

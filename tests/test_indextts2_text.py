@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import require_engine
 
 if not any(importlib.util.find_spec(p) for p in ("tn", "wetext")):
     pytest.skip("IndexTTS-2's number grammars need WeTextProcessing or wetext", allow_module_level=True)
@@ -273,8 +274,7 @@ def test_token_ids_are_upstreams(tmp_path: Path, glossary_file: Path) -> None:
 def test_the_engine_reads_the_glossary_in_its_model_folder(tmp_path: Path) -> None:
     """`glossary.yaml` beside `config.yaml` is read when the engine loads (as upstream's); a bad
     one stops the load with the error naming it."""
-    pytest.importorskip("transformers", reason="IndexTTS-2 needs transformers")
-    pytest.importorskip("torchaudio", reason="IndexTTS-2 resamples its reference audio")
+    require_engine("indextts2")
     from mizuoto_runtime import Runtime
     from mizuoto_runtime.engines.indextts2.tiny import write
 

@@ -3,6 +3,7 @@ kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (i
 from __future__ import annotations
 
 import math
+import pickle
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto_runtime.nn import conformer, features, weight_norm
-from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
+from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict, load_weights_only
 
 
 @pytest.mark.parametrize("module", [nn.Conv1d(6, 4, 3), nn.ConvTranspose1d(6, 4, 5, 2)])
@@ -114,3 +115,26 @@ def test_checkpoint_reader(tmp_path: Path) -> None:
     torch.save({"cfg": {"x": 1}}, tmp_path / "empty.pt")
     with pytest.raises(CheckpointError, match="no tensors"):
         load_state_dict(tmp_path / "empty.pt")
+
+
+class Opaque:  # a class, not a tensor: no file of weights holds one
+    pass
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")
+def test_a_refused_pickle_says_what_it_holds_and_what_to_do(tmp_path: Path) -> None:
+    """Issue 31: PyTorch's own message advises loading with the safety off; ours names the class
+    the file holds (where PyTorch's message names it) and says to get the file as weights or
+    convert it, never to turn the safety off."""
+    torch.save({"weight": torch.ones(2), "extra": Opaque()}, tmp_path / "custom.pt")
+    (tmp_path / "plain2.pkl").write_bytes(pickle.dumps({"weight": Opaque()}, protocol=2))
+    (tmp_path / "plain4.pkl").write_bytes(pickle.dumps({"weight": Opaque()}, protocol=4))  # refused by opcode
+    named = f"a pickled {Opaque.__module__}.Opaque"
+    for name, holds in (("custom.pt", named), ("plain2.pkl", named), ("plain4.pkl", "a pickled object")):
+        for load in (load_weights_only, load_state_dict):
+            with pytest.raises(CheckpointError) as info:
+                load(tmp_path / name)
+            message = str(info.value)
+            assert message.startswith(f"{tmp_path / name}: refused to load: it holds {holds}, which is not a tensor")
+            assert "publisher" in message and "convert it" in message
+            assert "weights_only" not in message and "False" not in message and "trust" not in message

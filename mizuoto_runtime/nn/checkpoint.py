@@ -4,15 +4,51 @@ state_dict, with one clear error naming the file when it is not a tensor dict.""
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["CheckpointError", "load_state_dict"]
+__all__ = ["CheckpointError", "load_state_dict", "load_weights_only"]
+
+# PyTorch's weights-only unpickler names the class it refused as "GLOBAL module.Name"
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _refused(path: Path, exc: pickle.UnpicklingError) -> CheckpointError:
+    """The error for a pickle the weights-only reader refused. PyTorch's own message advises
+    loading with the safety off; ours says what the file holds and what to do instead."""
+    named = _REFUSED_GLOBAL.search(str(exc))
+    holds = f"a pickled {named.group(1)}" if named else "a pickled object"
+    return CheckpointError(
+        f"{path}: refused to load: it holds {holds}, which is not a tensor or a plain value. Only weights "
+        "are read from torch files, so that opening one never runs code from it. Get the file from its "
+        "publisher as weights (a .safetensors file or a state dict of tensors), or convert it to one.")
+
+
+def load_weights_only(path: Path, *, source: IO[bytes] | None = None, mmap: bool = False,
+                      allow: Sequence[Any] = ()) -> Any:
+    """``torch.load(weights_only=True)`` of `path` (or of `source`, that file's bytes prepared
+    by the caller), on the CPU: the one place the pack loads a torch file. `allow`: classes the
+    file may also hold (``torch.serialization.safe_globals``). `mmap`: memory-map it, falling
+    back to reading a legacy (non-zip) file, which cannot be mapped. Raises CheckpointError
+    naming the file: for a refused pickle (what it holds, what to do) or an unreadable file."""
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path if source is None else source, map_location="cpu", weights_only=True,
+                              mmap=mmap and source is None)
+    except pickle.UnpicklingError as exc:
+        raise _refused(path, exc) from None
+    except (RuntimeError, ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+        if mmap and "mmap" in str(exc):
+            return load_weights_only(path, source=source, allow=allow)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot be read as a torch checkpoint, truncated or damaged ({first})") from exc
 
 
 def load_state_dict(path: str | Path, *, wrappers: Sequence[str] = ("state_dict", "model", "net"),
@@ -25,12 +61,7 @@ def load_state_dict(path: str | Path, *, wrappers: Sequence[str] = ("state_dict"
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError) as exc:
-        if mmap and "mmap" in str(exc):  # a legacy (non-zip) file cannot be memory-mapped
-            return load_state_dict(path, wrappers=wrappers, strip_prefixes=strip_prefixes, mmap=False)
-        raise CheckpointError(f"{path}: not a weights-only torch checkpoint ({exc})") from exc
+    data = load_weights_only(path, mmap=mmap)
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, got {type(data).__name__}")
     if not any(isinstance(v, torch.Tensor) for v in data.values()):

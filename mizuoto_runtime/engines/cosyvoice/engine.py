@@ -57,6 +57,7 @@ import torch
 from ...audio import Audio
 from ...chunking import chunk_seed
 from ...errors import CheckpointError, MizuotoError
+from ...nn.checkpoint import load_weights_only
 from ...nn.decoder import KVCache
 from ...nn.kv_cache import BufferCache, peak_bytes
 from ...phases import RequestContext
@@ -103,10 +104,7 @@ def read_speakers(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
     path = folder / SPK2INFO
     if not path.is_file():
         return {}
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: not a weights-only torch file ({exc})") from exc
+    data = load_weights_only(path)
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise CheckpointError(f"{path}: expected speaker name -> dict of tensors")
     bad = [name for name, info in data.items()

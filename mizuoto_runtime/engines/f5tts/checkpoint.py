@@ -12,6 +12,7 @@ from torch import nn
 
 from ...errors import CheckpointError
 from ...loading import build_on_meta, load_safetensors
+from ...nn.checkpoint import load_weights_only
 from ..checkpoint_files import read_yaml
 from .upstream import import_upstream, package_config, vocos_classes
 
@@ -126,10 +127,7 @@ def load_vocoder(folder: Path) -> nn.Module:
         return Vocos(**{part: cls(**args) for part, (cls, args) in parts.items()})
 
     vocoder = build_on_meta(build, torch.float32)
-    try:
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{folder / 'pytorch_model.bin'}: cannot be read as a weights file ({exc})") from exc
+    state = load_weights_only(folder / "pytorch_model.bin", mmap=True)
     expected = vocoder.state_dict(keep_vars=True)
     wanted = {k: v for k, v in state.items() if not k.startswith("feature_extractor.")}  # the mel is computed by F5
     missing = sorted(set(expected) - set(wanted) - {k for k in expected if k.startswith("feature_extractor.")})

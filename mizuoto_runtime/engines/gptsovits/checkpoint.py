@@ -47,9 +47,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import pickle
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,7 @@ from torch import nn
 
 from ...errors import CheckpointError
 from ...nn import weight_norm
+from ...nn.checkpoint import load_weights_only
 from .sv import ERes2NetV2, config_for
 from .t2s import T2SConfig, Text2Semantic, load_state
 from .vits import Synthesizer, VitsConfig
@@ -200,18 +199,6 @@ class SovitsFile:
     info: str
 
 
-def _torch_load(source: Path | io.BytesIO, path: Path, allow: list[tuple[type, str]]) -> Any:
-    try:
-        with torch.serialization.safe_globals(allow):
-            return torch.load(source, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: refused to load: its pickle needs something other than tensors and "
-                              f"plain values ({first})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as a torch checkpoint, truncated or damaged ({exc})") from None
-
-
 def _as_dict(obj: Any, path: Path, what: str) -> dict[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("weight"), dict) or "config" not in obj:
         keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
@@ -225,7 +212,7 @@ def read_gpt(path: Path) -> GptFile:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such GPT (.ckpt) file")
-    obj = _as_dict(_torch_load(path, path, []), path, "GPT (.ckpt)")
+    obj = _as_dict(load_weights_only(path), path, "GPT (.ckpt)")
     config = obj["config"]
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise CheckpointError(f"{path}: its 'config' has no 'model' section")
@@ -261,9 +248,9 @@ def read_sovits(path: Path) -> SovitsFile:
         raise CheckpointError(f"{path}: a GPT-SoVITS {version} SoVITS file; only v2, v2Pro and v2ProPlus are supported")
     allow = [(HParamsStandIn, "utils.HParams")]
     if tag == ZIP_MAGIC:
-        obj = _torch_load(path, path, allow)
+        obj = load_weights_only(path, allow=allow)
     else:  # the tag replaced the zip's magic: restore it in memory
-        obj = _torch_load(io.BytesIO(ZIP_MAGIC + path.read_bytes()[2:]), path, allow)
+        obj = load_weights_only(path, source=io.BytesIO(ZIP_MAGIC + path.read_bytes()[2:]), allow=allow)
     obj = _as_dict(obj, path, "SoVITS (.pth)")
     hps = _plain(obj["config"])
     if not isinstance(hps, dict) or not isinstance(hps.get("model"), dict) or not isinstance(hps.get("data"), dict):
@@ -337,7 +324,7 @@ def read_sv_state(path: Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such speaker-verification (ERes2NetV2) file")
-    state = _torch_load(path, path, [])
+    state = load_weights_only(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: not an ERes2NetV2 state dict")
     return state

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError, MizuotoError
-from ...nn.checkpoint import load_state_dict
+from ...nn.checkpoint import load_state_dict, load_weights_only
 from ...nn.weight_norm import fold_state_dict
 from .bigvgan import BigVGAN, BigVGANConfig
 from .campplus import CAMPPlus, CAMPPlusSizes
@@ -49,10 +49,7 @@ def read_config(folder: Path) -> dict[str, Any]:
 def load_torch(path: Path) -> Any:
     if not path.is_file():
         raise MizuotoError(f"IndexTTS-2 checkpoint file missing: {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a bad or unsafe file; report which file
-        raise MizuotoError(f"{path}: cannot be read as a weights-only torch file ({exc})") from exc
+    return load_weights_only(path)
 
 
 def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,

@@ -7,6 +7,7 @@ Every GPT-2 block and DiT block is above the runtime's 64 KB unit floor, so they
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -79,12 +80,24 @@ BIGVGAN = {"resblock": "1", "upsample_rates": [4, 4, 2, 2, 2, 2], "upsample_kern
            "n_fft": 1024, "hop_size": 256, "win_size": 1024, "sampling_rate": 22050, "fmin": 0, "fmax": None}
 
 
+KEPT_AS_BUILT = ("norm.weight", "norm.bias", "norm_final.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight", "gamma")
+
+
+def kept_as_built(module: nn.Module, name: str) -> bool:
+    """Whether parameter `name` keeps the constant it is built with (a norm's ones and zeros):
+    the names above, and the parameters of a LayerNorm named `norm...` (the GPT-2 blocks' ln_1 /
+    ln_2 biases are drawn). Decided by the layer that owns it, not by a `.norm` anywhere in its
+    path: the DiT's `transformer.norm.project_layer` is a Linear, whose bias nn.Linear would
+    otherwise leave as drawn from the unseeded global RNG."""
+    owner = module.get_submodule(name.rpartition(".")[0])
+    return name.endswith(KEPT_AS_BUILT) or ".norm" in name and isinstance(owner, nn.LayerNorm)
+
+
 @torch.no_grad()
 def randomize(module: nn.Module, gen: torch.Generator) -> None:
     """Seeded weights at fan-in scale; norms stay at one and zero, as built."""
     for name, p in module.named_parameters():
-        if name.endswith(("norm.weight", "norm.bias", "norm_final.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight",
-                          "gamma")) or ".norm" in name and p.ndim == 1:
+        if kept_as_built(module, name):
             continue
         std = fan_in_std(p) if p.ndim >= 2 else 0.02
         p.copy_(torch.randn(p.shape, generator=gen) * std)
@@ -111,16 +124,17 @@ def weight_normed(state: dict[str, torch.Tensor], pattern: re.Pattern[str]) -> d
 
 
 def write_tokenizer(out: Path, vocab: int) -> None:
+    """bpe.model, the same bytes wherever it is written: SentencePiece records its training
+    options in the model, the corpus file's and the output's paths among them, so the corpus
+    goes in as an iterator and the model comes back as bytes; one thread, which it records too."""
     import sentencepiece as spm
 
-    corpus = out / "corpus.txt"
     lines = [w.upper() for w in WORDS.split()] + [WORDS.upper()] * 3 + [". , ! ? ' -"]
-    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(out / "bpe"), vocab_size=vocab,
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab,
                                    model_type="bpe", character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=2,
-                                   user_defined_symbols=[], hard_vocab_limit=False, minloglevel=2)
-    corpus.unlink()
-    (out / "bpe.vocab").unlink()
+                                   user_defined_symbols=[], hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    (out / "bpe.model").write_bytes(model.getvalue())
 
 
 def write_w2v_bert(folder: Path, seed: int) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 from ...errors import CheckpointError, MizuotoError
 from ...loading import load_safetensors, parameters_on_meta
 from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
+from ...nn.checkpoint import load_weights_only
 from ..checkpoint_files import read_json
 
 ARCHITECTURE = "voxcpm2"
@@ -71,10 +72,7 @@ def _load_vae(vae: nn.Module, folder: Path) -> None:
         load_safetensors(vae, safetensors)
         return
     path = folder / VAE_FILES[1]
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: cannot be read as a weights-only PyTorch checkpoint ({exc})") from exc
+    loaded = load_weights_only(path, mmap=True)
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a state dict of tensors")
