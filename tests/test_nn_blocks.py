@@ -1,5 +1,6 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22)."""
+kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22); the
+audio blocks: Snake, causal and reflect convs, HiFi-GAN resblocks, WaveNet, ConvNeXt (issue 32)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, features, weight_norm
+from mizuoto_runtime.nn import conformer, conv, features, hifigan, snake, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -114,3 +115,96 @@ def test_checkpoint_reader(tmp_path: Path) -> None:
     torch.save({"cfg": {"x": 1}}, tmp_path / "empty.pt")
     with pytest.raises(CheckpointError, match="no tensors"):
         load_state_dict(tmp_path / "empty.pt")
+
+
+# Audio and conv blocks (issue 32): Snake, causal / reflect convs, HiFi-GAN resblocks, WaveNet,
+# ConvNeXt. Their equality with each engine's former copy is what the engines' tests and
+# check-reference show; these pin the parameters that tell the engines' uses apart.
+
+def _random_(module: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape) * 0.3)
+    return module.eval()
+
+
+def test_snake_layouts_and_scales() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9)
+    plain = _random_(snake.Snake(4))
+    assert plain.alpha.shape == (4,)
+    a = plain.alpha.detach()[None, :, None]
+    assert torch.equal(plain(x), x + 1.0 / (a + 1e-9) * torch.sin(x * a) ** 2)  # upstream's form, exactly
+    column = snake.Snake(4, column=True)
+    assert column.alpha.shape == (1, 4, 1)  # DAC's stored layout
+    column.load_state_dict({"alpha": plain.alpha.detach().view(1, 4, 1)})
+    assert torch.equal(column(x), plain(x))
+    log = snake.Snake(4, logscale=True)
+    assert torch.equal(log.alpha, torch.zeros(4))  # exp(0) = 1, as the linear scale's ones
+    log.load_state_dict({"alpha": plain.alpha.detach().log().nan_to_num()})
+    positive = plain.alpha.detach() > 0
+    assert torch.allclose(log(x)[:, positive], plain(x)[:, positive], atol=1e-6)
+
+    beta = _random_(snake.SnakeBeta(4))
+    assert set(beta.state_dict()) == {"alpha", "beta"}
+    b = beta.beta.detach()[None, :, None]
+    a = beta.alpha.detach()[None, :, None]
+    assert torch.equal(beta(x), x + 1.0 / (b + 1e-9) * torch.sin(x * a).pow(2))
+    logbeta = snake.SnakeBeta(4, logscale=True)
+    logbeta.load_state_dict(beta.state_dict())
+    assert torch.equal(logbeta(x), snake.snake(x, a.exp(), b.exp()))
+
+
+def test_causal_conv_padding_and_direction() -> None:
+    assert [conv.causal_padding(k) for k in (1, 2, 3, 4, 7)] == [0, 1, 2, 3, 6]
+    assert conv.causal_padding(3, 2) == 4
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 12)
+    later = x.clone()
+    later[..., 8:] = torch.randn(1, 3, 4)
+    past = _random_(conv.CausalConv1d(3, 5, 3, dilation=2))
+    assert past(x).shape == (1, 5, 12)
+    assert torch.equal(past(x)[..., :8], past(later)[..., :8])
+    ahead = _random_(conv.CausalConv1d(3, 5, 4, right=True))  # looks 3 samples ahead
+    assert ahead(x).shape == (1, 5, 12)
+    assert torch.equal(ahead(x)[..., :5], ahead(later)[..., :5])
+    assert not torch.equal(ahead(x)[..., 5:8], ahead(later)[..., 5:8])
+    down = _random_(conv.CausalConv1d(3, 5, 4, stride=2, padding=1))  # HiFT's source downsampling
+    assert down(x).shape == (1, 5, 5)
+    assert torch.equal(down(x), F.conv1d(F.pad(x, (1, 0)), down.weight, down.bias, stride=2))
+
+
+def test_resblock1_activation_names_and_causality() -> None:
+    pairs = hifigan.ResBlock1(4, 3, (1, 3), activation=snake.Snake)
+    assert [k for k in pairs.state_dict() if "activations" in k] == [
+        "activations1.0.alpha", "activations1.1.alpha", "activations2.0.alpha", "activations2.1.alpha"]
+    interleaved = hifigan.ResBlock1(4, 3, (1, 3), activation=snake.SnakeBeta, names=hifigan.ActivationNames.INTERLEAVED)
+    assert [k for k in interleaved.state_dict() if "activations" in k] == [
+        f"activations.{i}.{p}" for i in range(4) for p in ("alpha", "beta")]
+    plain = _random_(hifigan.ResBlock1(4, 3, (1, 3)))
+    assert set(plain.state_dict()) == {f"convs{j}.{i}.{p}" for j in (1, 2) for i in (0, 1) for p in ("weight", "bias")}
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 16)
+    want = x
+    for c1, c2 in zip(plain.convs1, plain.convs2):
+        want = c2(F.leaky_relu(c1(F.leaky_relu(want, 0.1)), 0.1)) + want
+    assert torch.equal(plain(x), want)
+    _random_(pairs)
+    causal = _random_(hifigan.ResBlock1(4, 3, (1, 3), activation=snake.Snake, causal=True))
+    assert isinstance(causal.convs1[1], conv.CausalConv1d)
+    later = x.clone()
+    later[..., 10:] = torch.randn(1, 4, 6)
+    assert torch.equal(causal(x)[..., :10], causal(later)[..., :10])
+    assert not torch.equal(pairs(x)[..., :10], pairs(later)[..., :10])  # zero padded: sees ahead
+
+
+def test_resblock2_and_mean() -> None:
+    torch.manual_seed(0)
+    block = _random_(hifigan.ResBlock2(4, 3, (1, 3)))
+    x = torch.randn(1, 4, 10)
+    want = x
+    for c in block.convs:
+        want = c(F.leaky_relu(want, 0.1)) + want
+    assert torch.equal(block(x), want)
+    blocks = nn.ModuleList([block, _random_(hifigan.ResBlock1(4, 3, (1,))), _random_(hifigan.ResBlock2(4, 5, (2,)))])
+    assert torch.equal(hifigan.resblock_mean(blocks, x), (blocks[0](x) + blocks[1](x) + blocks[2](x)) / 3)

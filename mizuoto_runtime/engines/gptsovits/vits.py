@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-LRELU_SLOPE = 0.1
+from ...nn.hifigan import LRELU_SLOPE, ResBlock1, ResBlock2, resblock_mean
+
 V2_SYMBOLS = 732  # len(symbols2): the v2 phoneme set (v1's 322 is not supported)
 PRO_VERSIONS = ("v2Pro", "v2ProPlus")
 
@@ -319,37 +320,6 @@ class Flow(nn.Module):
         return x
 
 
-def _padding(kernel: int, dilation: int = 1) -> int:
-    return (kernel * dilation - dilation) // 2
-
-
-class ResBlock1(nn.Module):
-    def __init__(self, ch: int, kernel: int, dilations: tuple[int, ...]) -> None:
-        super().__init__()
-        self.convs1 = nn.ModuleList(nn.Conv1d(ch, ch, kernel, 1, dilation=d, padding=_padding(kernel, d))
-                                    for d in dilations)
-        self.convs2 = nn.ModuleList(nn.Conv1d(ch, ch, kernel, 1, dilation=1, padding=_padding(kernel))
-                                    for _ in dilations)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c2(F.leaky_relu(c1(F.leaky_relu(x, LRELU_SLOPE)), LRELU_SLOPE))
-            x = xt + x
-        return x
-
-
-class ResBlock2(nn.Module):
-    def __init__(self, ch: int, kernel: int, dilations: tuple[int, ...]) -> None:
-        super().__init__()
-        self.convs = nn.ModuleList(nn.Conv1d(ch, ch, kernel, 1, dilation=d, padding=_padding(kernel, d))
-                                   for d in dilations)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for c in self.convs:
-            x = c(F.leaky_relu(x, LRELU_SLOPE)) + x
-        return x
-
-
 class Generator(nn.Module):
     """HiFi-GAN: conv_pre (+ cond), upsampling stages each followed by the mean of its resblocks,
     a final leaky ReLU with slope 0.01 (torch's default), conv_post without bias, tanh."""
@@ -375,10 +345,7 @@ class Generator(nn.Module):
             x = x + self.cond(g)
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, LRELU_SLOPE))
-            xs = self.resblocks[i * self.num_kernels](x)
-            for j in range(1, self.num_kernels):
-                xs = xs + self.resblocks[i * self.num_kernels + j](x)
-            x = xs / self.num_kernels
+            x = resblock_mean(self.resblocks[i * self.num_kernels:(i + 1) * self.num_kernels], x)
         return torch.tanh(self.conv_post(F.leaky_relu(x)))
 
 
