@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, conv, features, hifigan, snake, weight_norm
+from mizuoto_runtime.nn import conformer, conv, features, hifigan, snake, wavenet, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -174,6 +174,15 @@ def test_causal_conv_padding_and_direction() -> None:
     assert torch.equal(down(x), F.conv1d(F.pad(x, (1, 0)), down.weight, down.bias, stride=2))
 
 
+def test_reflect_conv_keeps_length_and_key_path() -> None:
+    torch.manual_seed(0)
+    layer = _random_(conv.ReflectConv1d(3, 4, 5, dilation=2))
+    assert set(layer.state_dict()) == {"conv.conv.weight", "conv.conv.bias"}
+    x = torch.randn(1, 3, 20)
+    assert torch.equal(layer(x), layer.conv.conv(F.pad(x, (4, 4), mode="reflect")))
+    assert layer(torch.randn(1, 3, 3)).shape == (1, 4, 3)  # shorter than the padding
+
+
 def test_resblock1_activation_names_and_causality() -> None:
     pairs = hifigan.ResBlock1(4, 3, (1, 3), activation=snake.Snake)
     assert [k for k in pairs.state_dict() if "activations" in k] == [
@@ -208,3 +217,21 @@ def test_resblock2_and_mean() -> None:
     assert torch.equal(block(x), want)
     blocks = nn.ModuleList([block, _random_(hifigan.ResBlock1(4, 3, (1,))), _random_(hifigan.ResBlock2(4, 5, (2,)))])
     assert torch.equal(hifigan.resblock_mean(blocks, x), (blocks[0](x) + blocks[1](x) + blocks[2](x)) / 3)
+
+
+def test_wavenet_condition_dilation_and_mask() -> None:
+    torch.manual_seed(0)
+    net = _random_(wavenet.WaveNet(4, 3, 3, 2, dilation_rate=2))
+    assert [layer.dilation[0] for layer in net.in_layers] == [1, 2, 4]
+    assert net.cond_layer is not None and net.res_skip_layers[-1].out_channels == 4
+    x, g = torch.randn(1, 4, 12), torch.randn(1, 2, 1)
+    mask = torch.ones(1, 1, 12)
+    mask[..., 9:] = 0
+    y = net(x, mask, g)
+    assert y.shape == x.shape and torch.all(y[..., 9:] == 0)
+    assert not torch.equal(y, net(x, mask, None))  # the condition is added
+    bare = wavenet.WaveNet(4, 3, 2, 0)
+    assert bare.cond_layer is None and not any(k.startswith("cond_layer") for k in bare.state_dict())
+    reflect = wavenet.WaveNet(4, 5, 2, 4, conv=conv.ReflectConv1d)
+    assert "in_layers.1.conv.conv.weight" in reflect.state_dict()
+    assert reflect(x, torch.ones(1, 1, 12), torch.randn(1, 4, 1)).shape == x.shape

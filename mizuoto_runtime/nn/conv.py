@@ -3,7 +3,10 @@
 - `CausalConv1d`: CosyVoice's causal conv (its flow U-Net and its HiFT vocoder): zeros on the
   left so that output ``t`` sees no input after ``t`` (or, `right=True`, on the right: a conv
   that looks ahead), the output as long as the input at stride one.
-It is a plain layer: weight norm, where a checkpoint stores it, is folded at load
+- `ReflectConv1d`: a conv padded by reflection to keep the length (IndexTTS-2's s2mel WaveNet;
+  upstream's ``SConv1d``, whose ``conv.conv`` key path it keeps).
+
+Both are plain layers: weight norm, where a checkpoint stores it, is folded at load
 (`mizuoto_runtime.nn.weight_norm`).
 """
 from __future__ import annotations
@@ -32,3 +35,23 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pad = (0, self.causal_padding) if self.right else (self.causal_padding, 0)
         return super().forward(F.pad(x, pad, value=0.0))
+
+
+class ReflectConv1d(nn.Module):
+    """A stride-one conv padded by reflection to keep the length: ``(k - 1) * d`` samples, the
+    odd one on the left. Inputs shorter than the padding are zero-extended on the right first
+    (reflection needs more samples than it pads), and the extension is cut off again."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Module()  # upstream's SConv1d > NormConv1d > Conv1d: the key is `conv.conv`
+        self.conv.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation)
+        total = (kernel_size - 1) * dilation
+        self.pad = (total - total // 2, total // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad != (0, 0):
+            extra = max(self.pad) - x.shape[-1] + 1 if x.shape[-1] <= max(self.pad) else 0
+            x = F.pad(F.pad(x, (0, extra)), self.pad, mode="reflect")
+            x = x[..., :x.shape[-1] - extra]
+        return self.conv.conv(x)

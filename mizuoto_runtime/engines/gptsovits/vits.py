@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...nn.hifigan import LRELU_SLOPE, ResBlock1, ResBlock2, resblock_mean
+from ...nn.wavenet import WaveNet
 
 V2_SYMBOLS = 732  # len(symbols2): the v2 phoneme set (v1's 322 is not supported)
 PRO_VERSIONS = ("v2Pro", "v2ProPlus")
@@ -250,36 +251,6 @@ class TextEncoder(nn.Module):
             y_mask = F.interpolate(y_mask, size=y.shape[-1], mode="nearest")
         m, logs = torch.split(self.proj(y) * y_mask, self.out_channels, dim=1)
         return x, m, logs, y_mask
-
-
-class WaveNet(nn.Module):
-    """Gated dilated convs with a global condition (upstream's ``modules.WN``, dilation 1)."""
-
-    def __init__(self, hidden: int, kernel_size: int, layers: int, gin: int) -> None:
-        super().__init__()
-        self.hidden = hidden
-        self.cond_layer = nn.Conv1d(gin, 2 * hidden * layers, 1) if gin else None
-        self.in_layers = nn.ModuleList(
-            nn.Conv1d(hidden, 2 * hidden, kernel_size, padding=(kernel_size - 1) // 2) for _ in range(layers))
-        self.res_skip_layers = nn.ModuleList(
-            nn.Conv1d(hidden, 2 * hidden if i < layers - 1 else hidden, 1) for i in range(layers))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        cond = self.cond_layer(g) if (g is not None and self.cond_layer is not None) else None
-        last = len(self.in_layers) - 1
-        for i, (in_layer, res_skip) in enumerate(zip(self.in_layers, self.res_skip_layers)):
-            x_in = in_layer(x)
-            g_l = cond[:, i * 2 * self.hidden:(i + 1) * 2 * self.hidden] if cond is not None else torch.zeros_like(x_in)
-            a = x_in + g_l
-            acts = torch.tanh(a[:, :self.hidden]) * torch.sigmoid(a[:, self.hidden:])
-            rs = res_skip(acts)
-            if i < last:
-                x = (x + rs[:, :self.hidden]) * mask
-                out = out + rs[:, self.hidden:]
-            else:
-                out = out + rs
-        return out * mask
 
 
 class CouplingLayer(nn.Module):
