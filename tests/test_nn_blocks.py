@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, conv, features, hifigan, snake, wavenet, weight_norm
+from mizuoto_runtime.nn import conformer, conv, convnext, features, hifigan, snake, wavenet, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -235,3 +235,20 @@ def test_wavenet_condition_dilation_and_mask() -> None:
     reflect = wavenet.WaveNet(4, 5, 2, 4, conv=conv.ReflectConv1d)
     assert "in_layers.1.conv.conv.weight" in reflect.state_dict()
     assert reflect(x, torch.ones(1, 1, 12), torch.randn(1, 4, 1)).shape == x.shape
+
+
+def test_convnext_block_and_its_depthwise_conv() -> None:
+    torch.manual_seed(0)
+    block = _random_(convnext.ConvNeXtBlock(4, 6))
+    assert set(block.state_dict()) == {"gamma", "dwconv.weight", "dwconv.bias", "norm.weight", "norm.bias",
+                                       "pwconv1.weight", "pwconv1.bias", "pwconv2.weight", "pwconv2.bias"}
+    x = torch.randn(1, 4, 11)
+    assert block(x).shape == x.shape
+    causal = _random_(convnext.ConvNeXtBlock(4, 6, conv.CausalConv1d(4, 4, 7)))
+    later = x.clone()
+    later[..., 6:] = torch.randn(1, 4, 5)
+    assert torch.equal(causal(x)[..., :6], causal(later)[..., :6])
+    assert not torch.equal(block(x)[..., :6], block(later)[..., :6])
+    with torch.no_grad():
+        block.gamma.zero_()
+    assert torch.equal(block(x), x)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...nn.convnext import ConvNeXtBlock
 from ...nn.norm import RMSNorm
 from ...nn.snake import Snake
 from .dual_ar import FeedForward, apply_rope, rope_table
@@ -238,21 +239,6 @@ class Decoder(nn.Module):
         return self.model(x)
 
 
-class ConvNeXtBlock(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, 4 * dim)
-        self.pwconv2 = nn.Linear(4 * dim, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.norm(self.dwconv(x).permute(0, 2, 1))
-        y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
-        return x + y.permute(0, 2, 1)
-
-
 class Codebook(nn.Module):
     """One codebook with its 1x1 in/out projections (keys as the ``dac`` package names them)."""
 
@@ -303,14 +289,18 @@ class Codebooks(nn.Module):
         return z
 
 
+def _convnext(dim: int) -> ConvNeXtBlock:
+    return ConvNeXtBlock(dim, 4 * dim, CausalConv(dim, dim, 7, groups=dim))
+
+
 def _downsample(cfg: CodecConfig) -> nn.Sequential:
     d = cfg.latent_dim
-    return nn.Sequential(*[nn.Sequential(CausalConv(d, d, f, stride=f), ConvNeXtBlock(d)) for f in cfg.downsample_factor])
+    return nn.Sequential(*[nn.Sequential(CausalConv(d, d, f, stride=f), _convnext(d)) for f in cfg.downsample_factor])
 
 
 def _upsample(cfg: CodecConfig) -> nn.Sequential:
     d = cfg.latent_dim
-    return nn.Sequential(*[nn.Sequential(CausalConvTranspose(d, d, f, f), ConvNeXtBlock(d))
+    return nn.Sequential(*[nn.Sequential(CausalConvTranspose(d, d, f, f), _convnext(d))
                            for f in reversed(cfg.downsample_factor)])
 
 

@@ -15,19 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class ConvNeXtBlock(nn.Module):
-    def __init__(self, dim: int, inner: int) -> None:
-        super().__init__()
-        self.dwconv = nn.Conv1d(dim, dim, kernel_size=7, padding=3, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, inner)
-        self.pwconv2 = nn.Linear(inner, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x).transpose(1, 2)))))
-        return x + (self.gamma * y).transpose(1, 2)
+from ...nn.convnext import ConvNeXtBlock
 
 
 class VocosBackbone(nn.Module):
