@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, conv, convnext, features, hifigan, snake, wavenet, weight_norm
+from mizuoto_runtime.nn import conformer, conv, convnext, features, hifigan, snake, vq, wavenet, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -252,3 +252,11 @@ def test_convnext_block_and_its_depthwise_conv() -> None:
     with torch.no_grad():
         block.gamma.zero_()
     assert torch.equal(block(x), x)
+
+
+def test_nearest_codes_picks_the_closest_normalised_row() -> None:
+    torch.manual_seed(0)
+    book = torch.randn(6, 3)
+    codes = torch.tensor([[4, 0, 5, 5], [1, 2, 3, 0]])
+    z_e = (F.embedding(codes, book) * torch.rand(2, 4, 1) * 3 + 0.01).transpose(1, 2)  # scaled: same direction
+    assert torch.equal(vq.nearest_codes(z_e, book), codes)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ...nn.convnext import ConvNeXtBlock
 from ...nn.norm import RMSNorm
 from ...nn.snake import Snake
+from ...nn.vq import nearest_codes
 from .dual_ar import FeedForward, apply_rope, rope_table
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
@@ -251,10 +252,7 @@ class Codebook(nn.Module):
     def quantize(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """(codes ``[B, T]``, what it takes out of `z` ``[B, dim, T]``)."""
         z_e = self.in_proj(z)
-        enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))
-        book = F.normalize(self.codebook.weight)
-        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
-        codes = (-dist).max(1)[1].view(z.shape[0], -1)
+        codes = nearest_codes(z_e, self.codebook.weight)
         z_q = self.lookup(codes)
         return codes, self.out_proj(z_e + (z_q - z_e))
 

@@ -12,10 +12,10 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...nn.convnext import ConvNeXtBlock
+from ...nn.vq import nearest_codes
 
 
 class VocosBackbone(nn.Module):
@@ -45,11 +45,7 @@ class FactorizedVQ(nn.Module):
     def encode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """z (B, D, T) -> indices (B, T) and the quantized (B, D, T)."""
         z_e = self.in_project(z)
-        b = z_e.shape[0]
-        enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))
-        book = F.normalize(self.codebook.weight)
-        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
-        indices = (-dist).max(1)[1].view(b, -1)
+        indices = nearest_codes(z_e, self.codebook.weight)
         z_q = self.codebook(indices).transpose(1, 2)
         return indices, self.out_project(z_e + (z_q - z_e))
 
