@@ -169,6 +169,9 @@ def test_causal_conv_padding_and_direction() -> None:
     assert ahead(x).shape == (1, 5, 12)
     assert torch.equal(ahead(x)[..., :5], ahead(later)[..., :5])
     assert not torch.equal(ahead(x)[..., 5:8], ahead(later)[..., 5:8])
+    grouped = _random_(conv.CausalConv1d(4, 4, 5, groups=2))  # CosyVoice 3's DiT position embedding
+    x4 = torch.randn(1, 4, 12)
+    assert torch.equal(grouped(x4), F.conv1d(F.pad(x4, (4, 0)), grouped.weight, grouped.bias, groups=2))
     down = _random_(conv.CausalConv1d(3, 5, 4, stride=2, padding=1))  # HiFT's source downsampling
     assert down(x).shape == (1, 5, 5)
     assert torch.equal(down(x), F.conv1d(F.pad(x, (1, 0)), down.weight, down.bias, stride=2))

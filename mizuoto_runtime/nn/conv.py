@@ -1,8 +1,9 @@
 """Padded 1-D convolutions more than one model uses (issue 32).
 
-- `CausalConv1d`: CosyVoice's causal conv (its flow U-Net and its HiFT vocoder): zeros on the
-  left so that output ``t`` sees no input after ``t`` (or, `right=True`, on the right: a conv
-  that looks ahead), the output as long as the input at stride one.
+- `CausalConv1d`: CosyVoice's causal conv (its flow U-Net, its DiT's position embedding and its
+  HiFT vocoder): zeros on the left so that output ``t`` sees no input after ``t`` (or,
+  `right=True`, on the right: a conv that looks ahead), the output as long as the input at
+  stride one.
 - `ReflectConv1d`: a conv padded by reflection to keep the length (IndexTTS-2's s2mel WaveNet;
   upstream's ``SConv1d``, whose ``conv.conv`` key path it keeps).
 
@@ -27,8 +28,8 @@ class CausalConv1d(nn.Conv1d):
     `causal_padding` of its kernel and dilation, which keeps the length at stride one."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, *,
-                 stride: int = 1, right: bool = False, padding: int | None = None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, dilation=dilation)
+                 stride: int = 1, groups: int = 1, right: bool = False, padding: int | None = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, dilation=dilation, groups=groups)
         self.causal_padding = causal_padding(kernel_size, dilation) if padding is None else padding
         self.right = right
 
