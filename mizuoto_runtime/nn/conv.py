@@ -38,15 +38,23 @@ class CausalConv1d(nn.Conv1d):
         return super().forward(F.pad(x, pad, value=0.0))
 
 
+class _Holder(nn.Module):
+    """Upstream's ``NormConv1d`` (weight norm folded): the conv under ``conv``."""
+
+    def __init__(self, conv: nn.Conv1d) -> None:
+        super().__init__()
+        self.conv = conv
+
+
 class ReflectConv1d(nn.Module):
     """A stride-one conv padded by reflection to keep the length: ``(k - 1) * d`` samples, the
     odd one on the left. Inputs shorter than the padding are zero-extended on the right first
-    (reflection needs more samples than it pads), and the extension is cut off again."""
+    (reflection needs more samples than it pads), and the extension is cut off again. The conv's
+    key path is upstream's ``SConv1d`` > ``NormConv1d`` > ``Conv1d``: ``conv.conv``."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Module()  # upstream's SConv1d > NormConv1d > Conv1d: the key is `conv.conv`
-        self.conv.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation)
+        self.conv = _Holder(nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation))
         total = (kernel_size - 1) * dilation
         self.pad = (total - total // 2, total // 2)
 
