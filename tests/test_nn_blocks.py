@@ -1,5 +1,6 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22)."""
+kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22); the
+audio blocks: Snake, causal and reflect convs, HiFi-GAN resblocks, WaveNet, ConvNeXt (issue 32)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, features, weight_norm
+from mizuoto_runtime.nn import conformer, conv, convnext, features, hifigan, snake, vq, wavenet, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict, load_weights_only
 
 
@@ -138,3 +139,151 @@ def test_a_refused_pickle_says_what_it_holds_and_what_to_do(tmp_path: Path) -> N
             assert message.startswith(f"{tmp_path / name}: refused to load: it holds {holds}, which is not a tensor")
             assert "publisher" in message and "convert it" in message
             assert "weights_only" not in message and "False" not in message and "trust" not in message
+
+
+# Audio and conv blocks (issue 32): Snake, causal / reflect convs, HiFi-GAN resblocks, WaveNet,
+# ConvNeXt. Their equality with each engine's former copy is what the engines' tests and
+# check-reference show; these pin the parameters that tell the engines' uses apart.
+
+def _random_(module: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape) * 0.3)
+    return module.eval()
+
+
+def test_snake_layouts_and_scales() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9)
+    plain = _random_(snake.Snake(4))
+    assert plain.alpha.shape == (4,)
+    a = plain.alpha.detach()[None, :, None]
+    assert torch.equal(plain(x), x + 1.0 / (a + 1e-9) * torch.sin(x * a) ** 2)  # upstream's form, exactly
+    column = snake.Snake(4, column=True)
+    assert column.alpha.shape == (1, 4, 1)  # DAC's stored layout
+    column.load_state_dict({"alpha": plain.alpha.detach().view(1, 4, 1)})
+    assert torch.equal(column(x), plain(x))
+    log = snake.Snake(4, logscale=True)
+    assert torch.equal(log.alpha, torch.zeros(4))  # exp(0) = 1, as the linear scale's ones
+    log.load_state_dict({"alpha": plain.alpha.detach().log().nan_to_num()})
+    positive = plain.alpha.detach() > 0
+    assert torch.allclose(log(x)[:, positive], plain(x)[:, positive], atol=1e-6)
+
+    beta = _random_(snake.SnakeBeta(4))
+    assert set(beta.state_dict()) == {"alpha", "beta"}
+    b = beta.beta.detach()[None, :, None]
+    a = beta.alpha.detach()[None, :, None]
+    assert torch.equal(beta(x), x + 1.0 / (b + 1e-9) * torch.sin(x * a).pow(2))
+    logbeta = snake.SnakeBeta(4, logscale=True)
+    logbeta.load_state_dict(beta.state_dict())
+    assert torch.equal(logbeta(x), snake.snake(x, a.exp(), b.exp()))
+
+
+def test_causal_conv_padding_and_direction() -> None:
+    assert [conv.causal_padding(k) for k in (1, 2, 3, 4, 7)] == [0, 1, 2, 3, 6]
+    assert conv.causal_padding(3, 2) == 4
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 12)
+    later = x.clone()
+    later[..., 8:] = torch.randn(1, 3, 4)
+    past = _random_(conv.CausalConv1d(3, 5, 3, dilation=2))
+    assert past(x).shape == (1, 5, 12)
+    assert torch.equal(past(x)[..., :8], past(later)[..., :8])
+    ahead = _random_(conv.CausalConv1d(3, 5, 4, right=True))  # looks 3 samples ahead
+    assert ahead(x).shape == (1, 5, 12)
+    assert torch.equal(ahead(x)[..., :5], ahead(later)[..., :5])
+    assert not torch.equal(ahead(x)[..., 5:8], ahead(later)[..., 5:8])
+    grouped = _random_(conv.CausalConv1d(4, 4, 5, groups=2))  # CosyVoice 3's DiT position embedding
+    x4 = torch.randn(1, 4, 12)
+    assert torch.equal(grouped(x4), F.conv1d(F.pad(x4, (4, 0)), grouped.weight, grouped.bias, groups=2))
+    down = _random_(conv.CausalConv1d(3, 5, 4, stride=2, padding=1))  # HiFT's source downsampling
+    assert down(x).shape == (1, 5, 5)
+    assert torch.equal(down(x), F.conv1d(F.pad(x, (1, 0)), down.weight, down.bias, stride=2))
+
+
+def test_reflect_conv_keeps_length_and_key_path() -> None:
+    torch.manual_seed(0)
+    layer = _random_(conv.ReflectConv1d(3, 4, 5, dilation=2))
+    assert set(layer.state_dict()) == {"conv.conv.weight", "conv.conv.bias"}
+    x = torch.randn(1, 3, 20)
+    assert torch.equal(layer(x), layer.conv.conv(F.pad(x, (4, 4), mode="reflect")))
+    assert layer(torch.randn(1, 3, 3)).shape == (1, 4, 3)  # shorter than the padding
+
+
+def test_resblock1_activation_names_and_causality() -> None:
+    pairs = hifigan.ResBlock1(4, 3, (1, 3), activation=snake.Snake)
+    assert [k for k in pairs.state_dict() if "activations" in k] == [
+        "activations1.0.alpha", "activations1.1.alpha", "activations2.0.alpha", "activations2.1.alpha"]
+    interleaved = hifigan.ResBlock1(4, 3, (1, 3), activation=snake.SnakeBeta, names=hifigan.ActivationNames.INTERLEAVED)
+    assert [k for k in interleaved.state_dict() if "activations" in k] == [
+        f"activations.{i}.{p}" for i in range(4) for p in ("alpha", "beta")]
+    plain = _random_(hifigan.ResBlock1(4, 3, (1, 3)))
+    assert set(plain.state_dict()) == {f"convs{j}.{i}.{p}" for j in (1, 2) for i in (0, 1) for p in ("weight", "bias")}
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 16)
+    want = x
+    for c1, c2 in zip(plain.convs1, plain.convs2):
+        want = c2(F.leaky_relu(c1(F.leaky_relu(want, 0.1)), 0.1)) + want
+    assert torch.equal(plain(x), want)
+    _random_(pairs)
+    causal = _random_(hifigan.ResBlock1(4, 3, (1, 3), activation=snake.Snake, causal=True))
+    assert isinstance(causal.convs1[1], conv.CausalConv1d)
+    later = x.clone()
+    later[..., 10:] = torch.randn(1, 4, 6)
+    assert torch.equal(causal(x)[..., :10], causal(later)[..., :10])
+    assert not torch.equal(pairs(x)[..., :10], pairs(later)[..., :10])  # zero padded: sees ahead
+
+
+def test_resblock2_and_mean() -> None:
+    torch.manual_seed(0)
+    block = _random_(hifigan.ResBlock2(4, 3, (1, 3)))
+    x = torch.randn(1, 4, 10)
+    want = x
+    for c in block.convs:
+        want = c(F.leaky_relu(want, 0.1)) + want
+    assert torch.equal(block(x), want)
+    blocks = nn.ModuleList([block, _random_(hifigan.ResBlock1(4, 3, (1,))), _random_(hifigan.ResBlock2(4, 5, (2,)))])
+    assert torch.equal(hifigan.resblock_mean(blocks, x), (blocks[0](x) + blocks[1](x) + blocks[2](x)) / 3)
+
+
+def test_wavenet_condition_dilation_and_mask() -> None:
+    torch.manual_seed(0)
+    net = _random_(wavenet.WaveNet(4, 3, 3, 2, dilation_rate=2))
+    assert [layer.dilation[0] for layer in net.in_layers] == [1, 2, 4]
+    assert net.cond_layer is not None and net.res_skip_layers[-1].out_channels == 4
+    x, g = torch.randn(1, 4, 12), torch.randn(1, 2, 1)
+    mask = torch.ones(1, 1, 12)
+    mask[..., 9:] = 0
+    y = net(x, mask, g)
+    assert y.shape == x.shape and torch.all(y[..., 9:] == 0)
+    assert not torch.equal(y, net(x, mask, None))  # the condition is added
+    bare = wavenet.WaveNet(4, 3, 2, 0)
+    assert bare.cond_layer is None and not any(k.startswith("cond_layer") for k in bare.state_dict())
+    reflect = wavenet.WaveNet(4, 5, 2, 4, conv=conv.ReflectConv1d)
+    assert "in_layers.1.conv.conv.weight" in reflect.state_dict()
+    assert reflect(x, torch.ones(1, 1, 12), torch.randn(1, 4, 1)).shape == x.shape
+
+
+def test_convnext_block_and_its_depthwise_conv() -> None:
+    torch.manual_seed(0)
+    block = _random_(convnext.ConvNeXtBlock(4, 6))
+    assert set(block.state_dict()) == {"gamma", "dwconv.weight", "dwconv.bias", "norm.weight", "norm.bias",
+                                       "pwconv1.weight", "pwconv1.bias", "pwconv2.weight", "pwconv2.bias"}
+    x = torch.randn(1, 4, 11)
+    assert block(x).shape == x.shape
+    causal = _random_(convnext.ConvNeXtBlock(4, 6, conv.CausalConv1d(4, 4, 7)))
+    later = x.clone()
+    later[..., 6:] = torch.randn(1, 4, 5)
+    assert torch.equal(causal(x)[..., :6], causal(later)[..., :6])
+    assert not torch.equal(block(x)[..., :6], block(later)[..., :6])
+    with torch.no_grad():
+        block.gamma.zero_()
+    assert torch.equal(block(x), x)
+
+
+def test_nearest_codes_picks_the_closest_normalised_row() -> None:
+    torch.manual_seed(0)
+    book = torch.randn(6, 3)
+    codes = torch.tensor([[4, 0, 5, 5], [1, 2, 3, 0]])
+    z_e = (F.embedding(codes, book) * torch.rand(2, 4, 1) * 3 + 0.01).transpose(1, 2)  # scaled: same direction
+    assert torch.equal(vq.nearest_codes(z_e, book), codes)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.conv import CausalConv1d
 from .flow import sinusoidal_embedding
 
 
@@ -45,15 +46,11 @@ class RotaryEmbedding(nn.Module):
 class CausalConvPositionEmbedding(nn.Module):
     def __init__(self, dim: int, kernel_size: int = 31, groups: int = 16) -> None:
         super().__init__()
-        self.kernel_size = kernel_size
-        self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
-        self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
+        self.conv1 = nn.Sequential(CausalConv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
+        self.conv2 = nn.Sequential(CausalConv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.permute(0, 2, 1)
-        x = self.conv1(F.pad(x, (self.kernel_size - 1, 0, 0, 0)))
-        x = self.conv2(F.pad(x, (self.kernel_size - 1, 0, 0, 0)))
-        return x.permute(0, 2, 1)
+        return self.conv2(self.conv1(x.permute(0, 2, 1))).permute(0, 2, 1)
 
 
 class InputEmbedding(nn.Module):

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.conv import CausalConv1d
+from ...nn.hifigan import ResBlock1, resblock_mean
+from ...nn.snake import Snake
+
 HARMONICS = 8  # nb_harmonics: 9 sines in all
 SAMPLE_RATE = 24000
-
-
-def _padding(kernel: int, dilation: int = 1) -> int:
-    return int((kernel * dilation - dilation) / 2)
 
 
 def periodic_hann(n: int) -> torch.Tensor:
@@ -44,71 +44,15 @@ def periodic_hann(n: int) -> torch.Tensor:
     return torch.from_numpy(w[:-1].astype(np.float32))
 
 
-class CausalConv1d(nn.Conv1d):
-    """Upstream's HiFT ``CausalConv1d``: zero padding on the left (or the right, `right=True`)
-    of ``(k*d - d) // 2 * 2 + (k + 1) % 2`` samples; output as long as the input."""
+class CausalConv1dUpsample(CausalConv1d):
+    """Nearest-neighbour upsampling by `stride`, then a causal conv (``kernel_size - 1`` zeros)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
-                 right: bool = False) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, dilation=dilation)
-        self.causal_padding = int((kernel_size * dilation - dilation) / 2) * 2 + (kernel_size + 1) % 2
-        self.right = right
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pad = (0, self.causal_padding) if self.right else (self.causal_padding, 0)
-        return super().forward(F.pad(x, pad, value=0.0))
-
-
-class CausalConv1dDownSample(nn.Conv1d):
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride)
-        self.causal_padding = stride - 1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(F.pad(x, (self.causal_padding, 0), value=0.0))
-
-
-class CausalConv1dUpsample(nn.Conv1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         super().__init__(in_channels, out_channels, kernel_size)
-        self.causal_padding = kernel_size - 1
         self.stride_up = stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(x, scale_factor=float(self.stride_up), mode="nearest")
-        return super().forward(F.pad(x, (self.causal_padding, 0), value=0.0))
-
-
-class Snake(nn.Module):
-    """``x + sin(alpha x)^2 / (alpha + 1e-9)``, alpha per channel (linear scale)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
-        return x + (1.0 / (alpha + 0.000000001)) * torch.pow(torch.sin(x * alpha), 2)
-
-
-class ResBlock(nn.Module):
-    def __init__(self, channels: int, kernel_size: int, dilations: list[int], causal: bool) -> None:
-        super().__init__()
-
-        def conv(d: int) -> nn.Conv1d:
-            if causal:
-                return CausalConv1d(channels, channels, kernel_size, dilation=d)
-            return nn.Conv1d(channels, channels, kernel_size, 1, dilation=d, padding=_padding(kernel_size, d))
-
-        self.convs1 = nn.ModuleList(conv(d) for d in dilations)
-        self.convs2 = nn.ModuleList(conv(1) for _ in dilations)
-        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
-        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
-            x = c2(a2(c1(a1(x)))) + x
-        return x
+        return super().forward(F.interpolate(x, scale_factor=float(self.stride_up), mode="nearest"))
 
 
 class F0Predictor(nn.Module):
@@ -288,16 +232,16 @@ class HiFT(nn.Module):
             if u == 1:
                 down: nn.Module = (CausalConv1d(spec.n_fft + 2, ch, 1) if causal else nn.Conv1d(spec.n_fft + 2, ch, 1, 1))
             else:
-                down = (CausalConv1dDownSample(spec.n_fft + 2, ch, u * 2, u) if causal
+                down = (CausalConv1d(spec.n_fft + 2, ch, u * 2, stride=u, padding=u - 1) if causal
                         else nn.Conv1d(spec.n_fft + 2, ch, u * 2, u, padding=u // 2))
             self.source_downs.append(down)
-            self.source_resblocks.append(ResBlock(ch, k, list(d), causal))
+            self.source_resblocks.append(ResBlock1(ch, k, d, activation=Snake, causal=causal))
         self.resblocks = nn.ModuleList()
         ch = base
         for i in range(len(self.ups)):
             ch = base // (2 ** (i + 1))
             for k, d in zip(spec.resblock_kernel_sizes, spec.resblock_dilation_sizes):
-                self.resblocks.append(ResBlock(ch, k, list(d), causal))
+                self.resblocks.append(ResBlock1(ch, k, d, activation=Snake, causal=causal))
         self.conv_post = CausalConv1d(ch, spec.n_fft + 2, 7) if causal else nn.Conv1d(ch, spec.n_fft + 2, 7, 1, padding=3)
         self.f0_predictor = F0Predictor(spec.in_channels, spec.f0_cond_channels, causal)
         if causal:  # upstream runs this predictor in float64 (and keeps it there)
@@ -330,12 +274,7 @@ class HiFT(nn.Module):
             if i == len(self.ups) - 1:
                 x = F.pad(x, (1, 0), mode="reflect")
             x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
-            xs = None
-            for j in range(kernels):
-                r = self.resblocks[i * kernels + j](x)
-                xs = r if xs is None else xs + r
-            assert xs is not None
-            x = xs / kernels
+            x = resblock_mean(self.resblocks[i * kernels:(i + 1) * kernels], x)
         x = self.conv_post(F.leaky_relu(x))
         half = spec.n_fft // 2 + 1
         magnitude = torch.clip(torch.exp(x[:, :half, :]), max=1e2)

@@ -15,18 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.conv import CausalConv1d
 from .flow import sinusoidal_embedding
-
-
-class CausalConv1d(nn.Conv1d):
-    """A stride-1 conv with ``kernel_size - 1`` zeros on the left."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
-        super().__init__(in_channels, out_channels, kernel_size)
-        self.causal_padding = kernel_size - 1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(F.pad(x, (self.causal_padding, 0), value=0.0))
 
 
 class Transpose(nn.Module):

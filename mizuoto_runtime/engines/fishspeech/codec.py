@@ -29,7 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...nn.convnext import ConvNeXtBlock
 from ...nn.norm import RMSNorm
+from ...nn.snake import Snake
+from ...nn.vq import nearest_codes
 from .dual_ar import FeedForward, apply_rope, rope_table
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
@@ -74,20 +77,8 @@ class CodecConfig:
         return math.prod(self.encoder_rates) * math.prod(self.downsample_factor)
 
 
-def snake(x: Tensor, alpha: Tensor) -> Tensor:
-    shape = x.shape
-    x = x.reshape(shape[0], shape[1], -1)
-    x = x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
-    return x.reshape(shape)
-
-
-class Snake(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return snake(x, self.alpha)
+def _snake(channels: int) -> Snake:
+    return Snake(channels, column=True)  # DAC stores alpha as a (1, C, 1) column
 
 
 class CausalConv(nn.Module):
@@ -121,7 +112,7 @@ class CausalConvTranspose(nn.Module):
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int) -> None:
         super().__init__()
-        self.block = nn.Sequential(Snake(dim), CausalConv(dim, dim, 7, dilation=dilation), Snake(dim),
+        self.block = nn.Sequential(_snake(dim), CausalConv(dim, dim, 7, dilation=dilation), _snake(dim),
                                    CausalConv(dim, dim, 1))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -209,7 +200,7 @@ class Chain(nn.Module):
 class EncoderBlock(Chain):
     def __init__(self, dim: int, stride: int, transformer: TransformerConfig | None) -> None:
         half = dim // 2
-        layers: list[nn.Module] = [ResidualUnit(half, 1), ResidualUnit(half, 3), ResidualUnit(half, 9), Snake(half),
+        layers: list[nn.Module] = [ResidualUnit(half, 1), ResidualUnit(half, 3), ResidualUnit(half, 9), _snake(half),
                                    CausalConv(half, dim, 2 * stride, stride=stride)]
         if transformer is not None:
             layers.append(WindowTransformer(transformer, dim))
@@ -225,12 +216,12 @@ class Encoder(Chain):
             t = (TransformerConfig(n_layer=n_layer, dim=d, n_head=d // HEAD_DIM, intermediate_size=3 * d,
                                    window=ENCODER_WINDOW) if n_layer else None)
             blocks.append(EncoderBlock(d, stride, t))
-        super().__init__([*blocks, Snake(d), CausalConv(d, cfg.latent_dim, 3)])
+        super().__init__([*blocks, _snake(d), CausalConv(d, cfg.latent_dim, 3)])
 
 
 class DecoderBlock(Chain):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__([Snake(cin), CausalConvTranspose(cin, cout, 2 * stride, stride),
+        super().__init__([_snake(cin), CausalConvTranspose(cin, cout, 2 * stride, stride),
                           ResidualUnit(cout, 1), ResidualUnit(cout, 3), ResidualUnit(cout, 9)])
 
 
@@ -242,26 +233,11 @@ class Decoder(nn.Module):
         for i, stride in enumerate(cfg.decoder_rates):
             cin, out = cfg.decoder_dim // 2 ** i, cfg.decoder_dim // 2 ** (i + 1)
             layers.append(DecoderBlock(cin, out, stride))
-        layers += [Snake(out), CausalConv(out, 1, 7), nn.Tanh()]
+        layers += [_snake(out), CausalConv(out, 1, 7), nn.Tanh()]
         self.model = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
-
-
-class ConvNeXtBlock(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, 4 * dim)
-        self.pwconv2 = nn.Linear(4 * dim, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.norm(self.dwconv(x).permute(0, 2, 1))
-        y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
-        return x + y.permute(0, 2, 1)
 
 
 class Codebook(nn.Module):
@@ -276,10 +252,7 @@ class Codebook(nn.Module):
     def quantize(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """(codes ``[B, T]``, what it takes out of `z` ``[B, dim, T]``)."""
         z_e = self.in_proj(z)
-        enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))
-        book = F.normalize(self.codebook.weight)
-        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
-        codes = (-dist).max(1)[1].view(z.shape[0], -1)
+        codes = nearest_codes(z_e, self.codebook.weight)
         z_q = self.lookup(codes)
         return codes, self.out_proj(z_e + (z_q - z_e))
 
@@ -314,14 +287,18 @@ class Codebooks(nn.Module):
         return z
 
 
+def _convnext(dim: int) -> ConvNeXtBlock:
+    return ConvNeXtBlock(dim, 4 * dim, CausalConv(dim, dim, 7, groups=dim))
+
+
 def _downsample(cfg: CodecConfig) -> nn.Sequential:
     d = cfg.latent_dim
-    return nn.Sequential(*[nn.Sequential(CausalConv(d, d, f, stride=f), ConvNeXtBlock(d)) for f in cfg.downsample_factor])
+    return nn.Sequential(*[nn.Sequential(CausalConv(d, d, f, stride=f), _convnext(d)) for f in cfg.downsample_factor])
 
 
 def _upsample(cfg: CodecConfig) -> nn.Sequential:
     d = cfg.latent_dim
-    return nn.Sequential(*[nn.Sequential(CausalConvTranspose(d, d, f, f), ConvNeXtBlock(d))
+    return nn.Sequential(*[nn.Sequential(CausalConvTranspose(d, d, f, f), _convnext(d))
                            for f in reversed(cfg.downsample_factor)])
 
 

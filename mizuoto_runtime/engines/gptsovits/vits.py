@@ -26,7 +26,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-LRELU_SLOPE = 0.1
+from ...nn.hifigan import LRELU_SLOPE, ResBlock1, ResBlock2, resblock_mean
+from ...nn.wavenet import WaveNet
+
 V2_SYMBOLS = 732  # len(symbols2): the v2 phoneme set (v1's 322 is not supported)
 PRO_VERSIONS = ("v2Pro", "v2ProPlus")
 
@@ -251,36 +253,6 @@ class TextEncoder(nn.Module):
         return x, m, logs, y_mask
 
 
-class WaveNet(nn.Module):
-    """Gated dilated convs with a global condition (upstream's ``modules.WN``, dilation 1)."""
-
-    def __init__(self, hidden: int, kernel_size: int, layers: int, gin: int) -> None:
-        super().__init__()
-        self.hidden = hidden
-        self.cond_layer = nn.Conv1d(gin, 2 * hidden * layers, 1) if gin else None
-        self.in_layers = nn.ModuleList(
-            nn.Conv1d(hidden, 2 * hidden, kernel_size, padding=(kernel_size - 1) // 2) for _ in range(layers))
-        self.res_skip_layers = nn.ModuleList(
-            nn.Conv1d(hidden, 2 * hidden if i < layers - 1 else hidden, 1) for i in range(layers))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        cond = self.cond_layer(g) if (g is not None and self.cond_layer is not None) else None
-        last = len(self.in_layers) - 1
-        for i, (in_layer, res_skip) in enumerate(zip(self.in_layers, self.res_skip_layers)):
-            x_in = in_layer(x)
-            g_l = cond[:, i * 2 * self.hidden:(i + 1) * 2 * self.hidden] if cond is not None else torch.zeros_like(x_in)
-            a = x_in + g_l
-            acts = torch.tanh(a[:, :self.hidden]) * torch.sigmoid(a[:, self.hidden:])
-            rs = res_skip(acts)
-            if i < last:
-                x = (x + rs[:, :self.hidden]) * mask
-                out = out + rs[:, self.hidden:]
-            else:
-                out = out + rs
-        return out * mask
-
-
 class CouplingLayer(nn.Module):
     """Mean-only affine coupling: the second half moves by a WaveNet of the first."""
 
@@ -319,37 +291,6 @@ class Flow(nn.Module):
         return x
 
 
-def _padding(kernel: int, dilation: int = 1) -> int:
-    return (kernel * dilation - dilation) // 2
-
-
-class ResBlock1(nn.Module):
-    def __init__(self, ch: int, kernel: int, dilations: tuple[int, ...]) -> None:
-        super().__init__()
-        self.convs1 = nn.ModuleList(nn.Conv1d(ch, ch, kernel, 1, dilation=d, padding=_padding(kernel, d))
-                                    for d in dilations)
-        self.convs2 = nn.ModuleList(nn.Conv1d(ch, ch, kernel, 1, dilation=1, padding=_padding(kernel))
-                                    for _ in dilations)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c2(F.leaky_relu(c1(F.leaky_relu(x, LRELU_SLOPE)), LRELU_SLOPE))
-            x = xt + x
-        return x
-
-
-class ResBlock2(nn.Module):
-    def __init__(self, ch: int, kernel: int, dilations: tuple[int, ...]) -> None:
-        super().__init__()
-        self.convs = nn.ModuleList(nn.Conv1d(ch, ch, kernel, 1, dilation=d, padding=_padding(kernel, d))
-                                   for d in dilations)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for c in self.convs:
-            x = c(F.leaky_relu(x, LRELU_SLOPE)) + x
-        return x
-
-
 class Generator(nn.Module):
     """HiFi-GAN: conv_pre (+ cond), upsampling stages each followed by the mean of its resblocks,
     a final leaky ReLU with slope 0.01 (torch's default), conv_post without bias, tanh."""
@@ -375,10 +316,7 @@ class Generator(nn.Module):
             x = x + self.cond(g)
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, LRELU_SLOPE))
-            xs = self.resblocks[i * self.num_kernels](x)
-            for j in range(1, self.num_kernels):
-                xs = xs + self.resblocks[i * self.num_kernels + j](x)
-            x = xs / self.num_kernels
+            x = resblock_mean(self.resblocks[i * self.num_kernels:(i + 1) * self.num_kernels], x)
         return torch.tanh(self.conv_post(F.leaky_relu(x)))
 
 

@@ -15,6 +15,7 @@ final SnakeBeta + conv clamped to [-1, 1] (or tanh when the config asks).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ...nn.hifigan import ActivationNames, ResBlock1, resblock_mean
+from ...nn.snake import SnakeBeta
 
 FILTER_TAPS = 12  # the anti-aliasing filters of a 2x resampler
 
@@ -53,20 +57,6 @@ class BigVGANConfig:
     @property
     def hop(self) -> int:
         return int(torch.tensor(self.upsample_rates).prod())
-
-
-class SnakeBeta(nn.Module):
-    def __init__(self, channels: int, logscale: bool) -> None:
-        super().__init__()
-        self.logscale = logscale
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha, beta = self.alpha[None, :, None], self.beta[None, :, None]
-        if self.logscale:
-            alpha, beta = torch.exp(alpha), torch.exp(beta)
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
 
 
 class Upsample2(nn.Module):
@@ -105,7 +95,7 @@ class Downsample2(nn.Module):
 class AntiAliasedSnake(nn.Module):
     def __init__(self, channels: int, logscale: bool) -> None:
         super().__init__()
-        self.act = SnakeBeta(channels, logscale)
+        self.act = SnakeBeta(channels, logscale=logscale)
         self.upsample = Upsample2()
         self.downsample = Downsample2()
 
@@ -113,23 +103,10 @@ class AntiAliasedSnake(nn.Module):
         return self.downsample(self.act(self.upsample(x)))
 
 
-def _same(kernel: int, dilation: int) -> int:
-    return (kernel * dilation - dilation) // 2
-
-
-class AMPBlock(nn.Module):
-    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], logscale: bool) -> None:
-        super().__init__()
-        self.convs1 = nn.ModuleList(nn.Conv1d(channels, channels, kernel, dilation=d, padding=_same(kernel, d))
-                                    for d in dilations)
-        self.convs2 = nn.ModuleList(nn.Conv1d(channels, channels, kernel, padding=_same(kernel, 1))
-                                    for _ in dilations)
-        self.activations = nn.ModuleList(AntiAliasedSnake(channels, logscale) for _ in range(2 * len(dilations)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, (c1, c2) in enumerate(zip(self.convs1, self.convs2)):
-            x = x + c2(self.activations[2 * i + 1](c1(self.activations[2 * i](x))))
-        return x
+def _amp_block(channels: int, kernel: int, dilations: tuple[int, ...], logscale: bool) -> ResBlock1:
+    """BigVGAN's ``AMPBlock1``: HiFi-GAN's resblock 1 with anti-aliased SnakeBeta activations."""
+    return ResBlock1(channels, kernel, dilations, activation=functools.partial(AntiAliasedSnake, logscale=logscale),
+                     names=ActivationNames.INTERLEAVED)
 
 
 class BigVGAN(nn.Module):
@@ -142,7 +119,7 @@ class BigVGAN(nn.Module):
             nn.ModuleList([nn.ConvTranspose1d(ch // 2 ** i, ch // 2 ** (i + 1), k, u, padding=(k - u) // 2)])
             for i, (u, k) in enumerate(zip(h.upsample_rates, h.upsample_kernel_sizes)))
         self.resblocks = nn.ModuleList(
-            AMPBlock(ch // 2 ** (i + 1), k, d, h.snake_logscale)
+            _amp_block(ch // 2 ** (i + 1), k, d, h.snake_logscale)
             for i in range(len(h.upsample_rates))
             for k, d in zip(h.resblock_kernel_sizes, h.resblock_dilation_sizes))
         last = ch // 2 ** len(h.upsample_rates)
@@ -158,10 +135,6 @@ class BigVGAN(nn.Module):
         kernels = len(self.h.resblock_kernel_sizes)
         for i, up in enumerate(self.ups):
             x = up[0](x)
-            blocks = self.resblocks[i * kernels:(i + 1) * kernels]
-            acc = blocks[0](x)
-            for block in blocks[1:]:
-                acc = acc + block(x)
-            x = acc / kernels
+            x = resblock_mean(self.resblocks[i * kernels:(i + 1) * kernels], x)
         x = self.conv_post(self.activation_post(x))
         return torch.tanh(x) if self.h.use_tanh_at_final else torch.clamp(x, min=-1.0, max=1.0)

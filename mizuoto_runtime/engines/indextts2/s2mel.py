@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.conv import ReflectConv1d
 from ...nn.norm import RMSNorm
+from ...nn.wavenet import WaveNet
 
 
 def length_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
@@ -165,49 +167,6 @@ class DiTTransformer(nn.Module):
         return self.norm(x, c)
 
 
-class ReflectConv(nn.Module):
-    """A (stored weight-normed) Conv1d padded by reflection to keep the length (stride 1)."""
-
-    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1) -> None:
-        super().__init__()
-        self.conv = nn.Module()
-        self.conv.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation)
-        total = (kernel - 1) * dilation
-        self.pad = (total - total // 2, total // 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.pad != (0, 0):
-            extra = max(self.pad) - x.shape[-1] + 1 if x.shape[-1] <= max(self.pad) else 0
-            x = F.pad(F.pad(x, (0, extra)), self.pad, mode="reflect")
-            x = x[..., :x.shape[-1] - extra]
-        return self.conv.conv(x)
-
-
-class WaveNet(nn.Module):
-    def __init__(self, hidden: int, kernel: int, dilation_rate: int, layers: int) -> None:
-        super().__init__()
-        self.hidden = hidden
-        self.cond_layer = ReflectConv(hidden, 2 * hidden * layers, 1)
-        self.in_layers = nn.ModuleList(
-            ReflectConv(hidden, 2 * hidden, kernel, dilation_rate ** i) for i in range(layers))
-        self.res_skip_layers = nn.ModuleList(
-            ReflectConv(hidden, 2 * hidden if i < layers - 1 else hidden, 1) for i in range(layers))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        h = self.hidden
-        g = self.cond_layer(g)
-        out = torch.zeros_like(x)
-        for i, (inl, rs) in enumerate(zip(self.in_layers, self.res_skip_layers)):
-            a, b = torch.split(inl(x) + g[:, 2 * h * i:2 * h * (i + 1)], h, dim=1)
-            acts = rs(torch.tanh(a) * torch.sigmoid(b))
-            if i < len(self.in_layers) - 1:
-                x = (x + acts[:, :h]) * mask
-                out = out + acts[:, h:]
-            else:
-                out = out + acts
-        return out * mask
-
-
 class FinalLayer(nn.Module):
     def __init__(self, hidden: int) -> None:
         super().__init__()
@@ -265,7 +224,8 @@ class DiT(nn.Module):
         self.t_embedder2 = TimestepEmbedder(c.wn_hidden)
         self.conv1 = nn.Linear(c.hidden, c.wn_hidden)
         self.conv2 = nn.Conv1d(c.wn_hidden, c.in_channels, 1)
-        self.wavenet = WaveNet(c.wn_hidden, c.wn_kernel, c.wn_dilation, c.wn_layers)
+        self.wavenet = WaveNet(c.wn_hidden, c.wn_kernel, c.wn_layers, c.wn_hidden, dilation_rate=c.wn_dilation,
+                               conv=ReflectConv1d)
         self.final_layer = FinalLayer(c.wn_hidden)
         self.res_projection = nn.Linear(c.hidden, c.wn_hidden)
         self.content_mask_embedder = nn.Embedding(1, c.hidden)  # stored, unused

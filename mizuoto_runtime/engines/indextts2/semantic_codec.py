@@ -12,22 +12,10 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-class ConvNeXtBlock(nn.Module):
-    def __init__(self, dim: int, inner: int) -> None:
-        super().__init__()
-        self.dwconv = nn.Conv1d(dim, dim, kernel_size=7, padding=3, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, inner)
-        self.pwconv2 = nn.Linear(inner, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x).transpose(1, 2)))))
-        return x + (self.gamma * y).transpose(1, 2)
+from ...nn.convnext import ConvNeXtBlock
+from ...nn.vq import nearest_codes
 
 
 class VocosBackbone(nn.Module):
@@ -57,11 +45,7 @@ class FactorizedVQ(nn.Module):
     def encode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """z (B, D, T) -> indices (B, T) and the quantized (B, D, T)."""
         z_e = self.in_project(z)
-        b = z_e.shape[0]
-        enc = F.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]))
-        book = F.normalize(self.codebook.weight)
-        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1, keepdim=True).t()
-        indices = (-dist).max(1)[1].view(b, -1)
+        indices = nearest_codes(z_e, self.codebook.weight)
         z_q = self.codebook(indices).transpose(1, 2)
         return indices, self.out_project(z_e + (z_q - z_e))
 
