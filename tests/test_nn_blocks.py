@@ -1,5 +1,6 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22)."""
+kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the safe
+checkpoint reader (issues 22, 32)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, features, weight_norm
+from mizuoto_runtime.nn import conformer, features, rotary, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -114,3 +115,46 @@ def test_checkpoint_reader(tmp_path: Path) -> None:
     torch.save({"cfg": {"x": 1}}, tmp_path / "empty.pt")
     with pytest.raises(CheckpointError, match="no tensors"):
         load_state_dict(tmp_path / "empty.pt")
+
+
+def _angles(positions: int, head_dim: int, base: float) -> torch.Tensor:
+    """``pos * base ** (-2i / head_dim)`` in float64: the direct formula."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    return torch.arange(positions, dtype=torch.float64)[:, None] * base ** (-2 * i / head_dim)[None, :]
+
+
+def test_rotary_halves_against_the_formula() -> None:
+    """Channel i turns with channel i + d/2 by angle pos * base^(-2i/d)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 8)
+    cos, sin = rotary.RotaryEmbedding(8, 100.0)(torch.arange(5)[None], torch.float32)
+    got = rotary.apply_rotary(x, cos.unsqueeze(1), sin.unsqueeze(1)).double()
+    a, b = x[..., :4].double(), x[..., 4:].double()
+    c, s = _angles(5, 8, 100.0).cos(), _angles(5, 8, 100.0).sin()
+    want = torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_rotary_pairs_against_the_formula_both_forms() -> None:
+    """Channels 2i and 2i+1 turn together; the table form (float32 math) equals the full-width
+    cos/sin form bit for bit, and the table takes the dtype asked for."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, 2, 8)  # (B, S, H, D)
+    table = rotary.pair_table(torch.arange(5), 8, 100.0)
+    assert table.shape == (5, 4, 2) and table.dtype == torch.float32
+    torch.testing.assert_close(table.double(), torch.stack((_angles(5, 8, 100.0).cos(), _angles(5, 8, 100.0).sin()), -1),
+                               rtol=0, atol=1e-6)
+    assert torch.equal(rotary.pair_table(torch.arange(5), 8, 100.0, torch.bfloat16), table.to(torch.bfloat16))
+
+    got = rotary.apply_pair_table(x, table)
+    a, b = x[..., 0::2].double(), x[..., 1::2].double()
+    c, s = _angles(5, 8, 100.0).cos()[None, :, None], _angles(5, 8, 100.0).sin()[None, :, None]
+    want = torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+
+    full_cos = table[..., 0].repeat_interleave(2, dim=-1)[None, :, None]
+    full_sin = table[..., 1].repeat_interleave(2, dim=-1)[None, :, None]
+    assert torch.equal(rotary.apply_rotary(x, full_cos, full_sin, "pairs"), got)
+    assert rotary.apply_pair_table(x.to(torch.bfloat16), table).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="layout"):
+        rotary.apply_rotary(x, full_cos, full_sin, "thirds")  # type: ignore[arg-type]

@@ -131,6 +131,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, n, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # over the heads
         q = apply_rotary(q.transpose(1, 2), cos, sin)
         k = apply_rotary(k.transpose(1, 2), cos, sin)
         past = 0

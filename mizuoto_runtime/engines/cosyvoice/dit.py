@@ -14,20 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.rotary import apply_rotary
 from .flow import sinusoidal_embedding
-
-
-def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """x-transformers' ``rotate_half``: ``(a, b) -> (-b, a)`` on adjacent pairs."""
-    pairs = x.unflatten(-1, (-1, 2))
-    a, b = pairs.unbind(dim=-1)
-    return torch.stack((-b, a), dim=-1).flatten(-2)
 
 
 def apply_partial_rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     rot = freqs.shape[-1]
     head, rest = t[..., :rot], t[..., rot:]
-    head = (head * freqs.cos()) + (rotate_pairs(head) * freqs.sin())
+    head = apply_rotary(head, freqs.cos(), freqs.sin(), "pairs")
     return torch.cat((head, rest), dim=-1).type(t.dtype)
 
 

@@ -16,7 +16,7 @@ Numbers as upstream makes them:
   back; the residual codebooks quantize what the semantic one leaves;
 * the transformers are causal with a sliding window (each position sees itself and the
   ``window - 1`` before it); the encoder's uses 512, the quantizer's the configured one;
-  RoPE tables in bfloat16 as in the dual-AR model (`dual_ar.rope_table`);
+  RoPE tables in bfloat16 as in the dual-AR model (`dual_ar.ROPE_DTYPE`);
 * decoding clamps the semantic codes to its codebook and the residual ones to theirs.
 Weight norm (either key form) is folded into plain weights at load (`nn.weight_norm`).
 """
@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...nn.norm import RMSNorm
-from .dual_ar import FeedForward, apply_rope, rope_table
+from ...nn.rotary import apply_pair_table, pair_table
+from .dual_ar import ROPE_DTYPE, FeedForward
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
 HEAD_DIM = 64
@@ -152,7 +153,7 @@ class CodecAttention(nn.Module):
         b, s, _ = x.shape
         size = self.n_head * self.head_dim
         q, k, v = (t.view(b, s, self.n_head, self.head_dim) for t in self.wqkv(x).split([size, size, size], dim=-1))
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = apply_pair_table(q, rope), apply_pair_table(k, rope)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask[None, None])
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, size))
@@ -188,7 +189,7 @@ class WindowTransformer(nn.Module):
         x = self.input_proj(x.transpose(1, 2))
         t = x.shape[1]
         positions = torch.arange(t, device=x.device)
-        rope = rope_table(positions, self.cfg.head_dim, self.cfg.rope_base)
+        rope = pair_table(positions, self.cfg.head_dim, self.cfg.rope_base, ROPE_DTYPE)
         mask = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - self.cfg.window)
         for layer in self.layers:
             x = layer(x, rope, mask)

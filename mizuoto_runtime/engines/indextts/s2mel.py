@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.norm import RMSNorm
+from ...nn.rotary import apply_pair_table, pair_table
 
 
 def length_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
@@ -84,24 +85,6 @@ class AdaptiveNorm(nn.Module):
         return weight * self.norm(x) + bias
 
 
-def rotary_table(frames: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """(T, head_dim/2, 2): cos and sin per position and pair, as a complex polar table. The DiT
-    rotates interleaved (even, odd) pairs, not nn.rotary's halves: a table of its own."""
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(frames, device=freqs.device), freqs)
-    table = torch.polar(torch.ones_like(angles), angles)
-    return torch.stack([table.real, table.imag], dim=-1)
-
-
-def rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D): rotate each (even, odd) pair."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    t = table.view(1, xs.shape[1], 1, xs.shape[3], 2)
-    out = torch.stack([xs[..., 0] * t[..., 0] - xs[..., 1] * t[..., 1],
-                       xs[..., 1] * t[..., 0] + xs[..., 0] * t[..., 1]], dim=-1)
-    return out.flatten(3).type_as(x)
-
-
 class DiTAttention(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
@@ -112,7 +95,7 @@ class DiTAttention(nn.Module):
     def forward(self, x: torch.Tensor, table: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.heads, self.head_dim) for z in self.wqkv(x).split(d, dim=-1))
-        q, k = rotate_pairs(q, table), rotate_pairs(k, table)
+        q, k = apply_pair_table(q, table), apply_pair_table(k, table)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, d))
 
@@ -155,7 +138,7 @@ class DiTTransformer(nn.Module):
         self.heads = heads
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        table = rotary_table(x.shape[1], x.shape[2] // self.heads).to(x.device)
+        table = pair_table(torch.arange(x.shape[1]), x.shape[2] // self.heads).to(x.device)  # made on the CPU, then moved
         half = len(self.layers) // 2
         skips: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
