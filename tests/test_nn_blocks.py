@@ -158,3 +158,27 @@ def test_rotary_pairs_against_the_formula_both_forms() -> None:
     assert rotary.apply_pair_table(x.to(torch.bfloat16), table).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="layout"):
         rotary.apply_rotary(x, full_cos, full_sin, "thirds")  # type: ignore[arg-type]
+
+
+def test_conformer_layer_norm_eps_is_a_parameter() -> None:
+    """WeNet's 1e-12 by default; IndexTTS-2's encoder asks 1e-5 for every norm, final included."""
+    def layer(**kw: float) -> conformer.ConformerEncoderLayer:
+        torch.manual_seed(0)
+        return conformer.ConformerEncoderLayer(
+            8, conformer.RelPositionMultiHeadedAttention(2, 8), conformer.PositionwiseFeedForward(8, 16),
+            conformer.PositionwiseFeedForward(8, 16), conformer.ConvolutionModule(8, 3), **kw).eval()
+
+    norms = ("norm_ff", "norm_mha", "norm_ff_macaron", "norm_conv", "norm_final")
+    assert {getattr(layer(), n).eps for n in norms} == {1e-12}
+    assert {getattr(layer(eps=0.5), n).eps for n in norms} == {0.5}
+    x = torch.randn(1, 6, 8) * 0.1  # variance near eps: the eps shows in the output
+    pos = torch.zeros(1, 6, 8)
+    mask = torch.ones(1, 1, 6, dtype=torch.bool)
+    assert not torch.allclose(layer()(x, mask, pos), layer(eps=0.5)(x, mask, pos))
+
+    encoder = conformer.ConformerEncoder(9, 8, 16, 2, 2)
+    assert {m.eps for m in encoder.modules() if isinstance(m, nn.LayerNorm)} == {1e-5}
+    out, sub_mask = encoder(torch.randn(1, 11, 9), torch.tensor([11]))
+    assert out.shape == (1, 5, 8) and sub_mask.shape == (1, 1, 5)
+    with pytest.raises(ValueError, match="conv2d2"):
+        conformer.ConformerEncoder(9, 8, 16, 2, 2, input_layer="linear")
