@@ -1,5 +1,5 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the safe
+kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the SwiGLU feed-forward, the safe
 checkpoint reader (issues 22, 32)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, features, rotary, weight_norm
+from mizuoto_runtime.nn import conformer, features, feed_forward, rotary, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -182,3 +182,19 @@ def test_conformer_layer_norm_eps_is_a_parameter() -> None:
     assert out.shape == (1, 5, 8) and sub_mask.shape == (1, 1, 5)
     with pytest.raises(ValueError, match="conv2d2"):
         conformer.ConformerEncoder(9, 8, 16, 2, 2, input_layer="linear")
+
+
+@pytest.mark.parametrize("names", [feed_forward.LLAMA_NAMES, feed_forward.TRANSFORMERS_NAMES])
+def test_swiglu_keys_and_formula(names: tuple[str, str, str]) -> None:
+    """The checkpoint's own key names; ``down(silu(gate x) * up x)`` bit for bit."""
+    torch.manual_seed(0)
+    ff = feed_forward.SwiGLU(6, 10, names)
+    gate, up, down = names
+    assert list(ff.state_dict()) == [f"{gate}.weight", f"{up}.weight", f"{down}.weight"]
+    assert ff.state_dict()[f"{down}.weight"].shape == (6, 10)
+    x = torch.randn(3, 6)
+    w = ff.state_dict()
+    want = F.linear(F.silu(F.linear(x, w[f"{gate}.weight"])) * F.linear(x, w[f"{up}.weight"]), w[f"{down}.weight"])
+    assert torch.equal(ff(x), want)
+    with pytest.raises(ValueError, match="three distinct"):
+        feed_forward.SwiGLU(6, 10, ("a", "a", "b"))

@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...nn.feed_forward import SwiGLU
 from ...nn.norm import RMSNorm
 from ...nn.rotary import apply_pair_table, pair_table
-from .dual_ar import ROPE_DTYPE, FeedForward
+from .dual_ar import ROPE_DTYPE
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
 HEAD_DIM = 64
@@ -163,7 +164,7 @@ class CodecBlock(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.attention = CodecAttention(cfg)
-        self.feed_forward = FeedForward(cfg.dim, cfg.intermediate_size)
+        self.feed_forward = SwiGLU(cfg.dim, cfg.intermediate_size)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_layer_scale = LayerScale(cfg.dim)

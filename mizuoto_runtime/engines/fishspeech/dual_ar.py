@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...nn.feed_forward import SwiGLU
 from ...nn.kv_cache import capacity_for
 from ...nn.norm import RMSNorm  # float32 mean square, eps inside the rsqrt, cast back, scaled: upstream's order
 from ...nn.rotary import apply_pair_table, pair_table
@@ -98,17 +99,6 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, q_size))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class Block(nn.Module):
     """Pre-norm attention + SwiGLU block (one streamed unit of the slow transformer)."""
 
@@ -117,7 +107,7 @@ class Block(nn.Module):
         super().__init__()
         self.attention = Attention(dim, n_head, n_local_heads, head_dim, qkv_bias=qkv_bias, o_bias=o_bias,
                                    qk_norm=qk_norm, eps=eps, fused=fused)
-        self.feed_forward = FeedForward(dim, hidden)
+        self.feed_forward = SwiGLU(dim, hidden)
         self.ffn_norm = RMSNorm(dim, eps)
         self.attention_norm = RMSNorm(dim, eps)
 

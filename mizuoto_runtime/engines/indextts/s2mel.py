@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.feed_forward import SwiGLU
 from ...nn.norm import RMSNorm
 from ...nn.rotary import apply_pair_table, pair_table
 
@@ -98,17 +99,6 @@ class DiTAttention(nn.Module):
         q, k = apply_pair_table(q, table), apply_pair_table(k, table)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, d))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, inner: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, inner, bias=False)
-        self.w3 = nn.Linear(dim, inner, bias=False)
-        self.w2 = nn.Linear(inner, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class DiTBlock(nn.Module):
