@@ -1,5 +1,5 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the SwiGLU feed-forward, the safe
+kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the SwiGLU feed-forward, the timestep embedding, the safe
 checkpoint reader (issues 22, 32)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, features, feed_forward, rotary, weight_norm
+from mizuoto_runtime.nn import conformer, features, feed_forward, rotary, timestep, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 
 
@@ -198,3 +198,32 @@ def test_swiglu_keys_and_formula(names: tuple[str, str, str]) -> None:
     assert torch.equal(ff(x), want)
     with pytest.raises(ValueError, match="three distinct"):
         feed_forward.SwiGLU(6, 10, ("a", "a", "b"))
+
+
+@pytest.mark.parametrize(("sinusoid", "mlp", "keys"), [
+    ("sin_cos", "time_mlp", ["time_mlp.0.weight", "time_mlp.0.bias", "time_mlp.2.weight", "time_mlp.2.bias"]),
+    ("sin_cos", None, ["linear_1.weight", "linear_1.bias", "linear_2.weight", "linear_2.bias"]),
+    ("cos_sin", "mlp", ["freqs", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"]),
+])
+def test_timestep_embedding_layouts_against_the_formula(sinusoid: timestep.Sinusoid, mlp: str | None,
+                                                        keys: list[str]) -> None:
+    """Each checkpoint's key layout; the sinusoid's order and frequency spacing (``half - 1``
+    for "sin_cos", ``half`` for "cos_sin"); then ``Linear -> SiLU -> Linear``."""
+    torch.manual_seed(0)
+    embed = timestep.TimestepEmbedding(12, 16, sinusoid=sinusoid, mlp=mlp)
+    assert list(embed.state_dict()) == keys
+    t = torch.tensor([0.0, 0.25, 1.0])
+    i = torch.arange(8, dtype=torch.float64)
+    angles = 1000 * t.double()[:, None] * torch.exp(-math.log(10000) * i / (7 if sinusoid == "sin_cos" else 8))
+    parts = (angles.sin(), angles.cos()) if sinusoid == "sin_cos" else (angles.cos(), angles.sin())
+    want_emb = torch.cat(parts, dim=-1)
+    w = {k.split(".", 1)[-1] if mlp else k: v for k, v in embed.state_dict().items()}
+    first, second = ("0", "2") if mlp else ("linear_1", "linear_2")
+    got_emb = (timestep.sinusoidal_embedding(t, 16) if sinusoid == "sin_cos"
+               else torch.cat([torch.cos(1000 * t[:, None] * embed.freqs), torch.sin(1000 * t[:, None] * embed.freqs)], -1))
+    torch.testing.assert_close(got_emb.double(), want_emb, rtol=0, atol=2e-3)  # float32 angles up to 1000
+    want = F.linear(F.silu(F.linear(got_emb, w[f"{first}.weight"], w[f"{first}.bias"])),
+                    w[f"{second}.weight"], w[f"{second}.bias"])
+    assert torch.equal(embed(t), want)
+    with pytest.raises(ValueError, match="sinusoid"):
+        timestep.TimestepEmbedding(12, 16, sinusoid="tan")  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.rotary import apply_rotary
-from .flow import sinusoidal_embedding
+from ...nn.timestep import TimestepEmbedding
 
 
 def apply_partial_rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -60,16 +60,6 @@ class InputEmbedding(nn.Module):
         spks = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
         x = self.proj(torch.cat([x, cond, text, spks], dim=-1))
         return self.conv_pos_embed(x) + x
-
-
-class TimestepEmbedding(nn.Module):
-    def __init__(self, dim: int, freq_embed_dim: int = 256) -> None:
-        super().__init__()
-        self.freq_embed_dim = freq_embed_dim
-        self.time_mlp = nn.Sequential(nn.Linear(freq_embed_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return self.time_mlp(sinusoidal_embedding(t, self.freq_embed_dim).to(t.dtype))
 
 
 class AdaLayerNormZero(nn.Module):
@@ -137,7 +127,7 @@ class DiT(nn.Module):
     def __init__(self, spec: DiTSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.time_embed = TimestepEmbedding(spec.dim)
+        self.time_embed = TimestepEmbedding(spec.dim, mlp="time_mlp")
         self.input_embed = InputEmbedding(spec.mel_dim, spec.mu_dim, spec.dim, spec.spk_dim)
         self.rotary_embed = RotaryEmbedding(spec.dim_head)
         self.transformer_blocks = nn.ModuleList(

@@ -12,7 +12,6 @@ kernel torch's weight norm itself calls, so the weights are bit-equal to upstrea
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ from torch import nn
 from ...nn.feed_forward import SwiGLU
 from ...nn.norm import RMSNorm
 from ...nn.rotary import apply_pair_table, pair_table
+from ...nn.timestep import TimestepEmbedding
 
 
 def length_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
@@ -61,18 +61,6 @@ def gpt_projection(state: dict[str, torch.Tensor]) -> nn.Sequential:
             raise ValueError(f"s2mel.pth gpt_layer: missing or non-matrix '{i}.weight'")
         layers.append(nn.Linear(w.shape[1], w.shape[0]))
     return nn.Sequential(*layers)
-
-
-class TimestepEmbedder(nn.Module):
-    def __init__(self, hidden: int, freq_dim: int = 256) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
-        half = freq_dim // 2
-        self.register_buffer("freqs", torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half))
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        args = 1000 * t[:, None].float() * self.freqs[None]
-        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
 
 
 class AdaptiveNorm(nn.Module):
@@ -233,9 +221,9 @@ class DiT(nn.Module):
         self.x_embedder = nn.Linear(c.in_channels, c.hidden)  # stored, unused
         self.cond_embedder = nn.Embedding(c.content_codebook_size, c.hidden)  # stored, unused
         self.cond_projection = nn.Linear(c.content_dim, c.hidden)
-        self.t_embedder = TimestepEmbedder(c.hidden)
+        self.t_embedder = TimestepEmbedding(c.hidden, sinusoid="cos_sin")
         self.register_buffer("input_pos", torch.arange(16384))
-        self.t_embedder2 = TimestepEmbedder(c.wn_hidden)
+        self.t_embedder2 = TimestepEmbedding(c.wn_hidden, sinusoid="cos_sin")
         self.conv1 = nn.Linear(c.hidden, c.wn_hidden)
         self.conv2 = nn.Conv1d(c.wn_hidden, c.in_channels, 1)
         self.wavenet = WaveNet(c.wn_hidden, c.wn_kernel, c.wn_dilation, c.wn_layers)
