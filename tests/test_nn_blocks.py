@@ -1,5 +1,5 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the SwiGLU feed-forward, the timestep embedding, the safe
+kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the SwiGLU feed-forward, the timestep embedding, dtype names, the safe
 checkpoint reader (issues 22, 32)."""
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto_runtime.nn import conformer, features, feed_forward, rotary, timestep, weight_norm
+from mizuoto_runtime.errors import ArgumentError
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
+from mizuoto_runtime.nn.dtypes import DTYPE_NAMES, DTYPES, parse_dtype
 
 
 @pytest.mark.parametrize("module", [nn.Conv1d(6, 4, 3), nn.ConvTranspose1d(6, 4, 5, 2)])
@@ -227,3 +229,13 @@ def test_timestep_embedding_layouts_against_the_formula(sinusoid: timestep.Sinus
     assert torch.equal(embed(t), want)
     with pytest.raises(ValueError, match="sinusoid"):
         timestep.TimestepEmbedding(12, 16, sinusoid="tan")  # type: ignore[arg-type]
+
+
+def test_parse_dtype_by_name_or_dtype() -> None:
+    assert {parse_dtype(name) for name in DTYPES} == set(DTYPE_NAMES)
+    assert parse_dtype(torch.bfloat16) is torch.bfloat16
+    assert DTYPE_NAMES[parse_dtype("float16")] == "float16"
+    with pytest.raises(ArgumentError, match="tiny checkpoint dtype must be one of float32, bfloat16, float16, got 'half'"):
+        parse_dtype("half", "tiny checkpoint dtype")
+    with pytest.raises(ValueError, match="got torch.float64"):
+        parse_dtype(torch.float64)

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...nn.dtypes import DTYPE_NAMES, parse_dtype
 from ..tiny import byte_alphabet, fan_in_std, scale_output, word_merges, write_json
 from . import compat
 from .engine import import_upstream
@@ -72,7 +73,6 @@ SPEECH_PREPROCESSOR: dict[str, Any] = {
     "sampling_rate": 24000,
 }
 PREPROCESSOR: dict[str, Any] = {"processor_class": "Qwen3TTSProcessor"}
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 # ---- text tokenizer ------------------------------------------------------------------------
@@ -261,17 +261,6 @@ def _without_architectures(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k != "architectures"}
 
 
-def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPE_NAMES:
-            raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(DTYPE_NAMES.values())}, got {dtype}")
-        return dtype
-    by_name = {v: k for k, v in DTYPE_NAMES.items()}
-    if dtype not in by_name:
-        raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(by_name)}, got {dtype!r}")
-    return by_name[dtype]
-
-
 def write_tiny_checkpoint(directory: str | Path, model_type: str = "base", seed: int = 0,
                           dtype: str | torch.dtype = torch.float32) -> Path:
     """Write a tiny random checkpoint of `model_type` (``base``, ``custom_voice`` or
@@ -284,7 +273,7 @@ def write_tiny_checkpoint(directory: str | Path, model_type: str = "base", seed:
 
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
-    run_dtype = _parse_dtype(dtype)
+    run_dtype = parse_dtype(dtype, "tiny checkpoint dtype")
     out = Path(directory)
     (out / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)

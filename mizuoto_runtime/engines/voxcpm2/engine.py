@@ -84,6 +84,7 @@ from torch import nn
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...loading import load_safetensors, parameters_on_meta
+from ...nn.dtypes import DTYPE_NAMES
 from ...nn.kv_cache import peak_bytes
 from ...phases import RequestContext
 from ...tiling import tiled_1d
@@ -97,7 +98,6 @@ log = logging.getLogger(__name__)
 ARCHITECTURE = "voxcpm2"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")  # the package's order of preference
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # The package's defaults for a request (`VoxCPM.generate`).
 CFG_VALUE = 2.0
 INFERENCE_TIMESTEPS = 10
