@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, features, feed_forward, rotary, timestep, weight_norm
 from mizuoto_runtime.errors import ArgumentError
+from mizuoto_runtime.nn import conformer, features, feed_forward, rotary, timestep, weight_norm
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict
 from mizuoto_runtime.nn.dtypes import DTYPE_NAMES, DTYPES, parse_dtype
 
