@@ -5,9 +5,10 @@
   frequencies from an int64 arange cast to float32, one float32 product per position and
   frequency), so cos/sin are bit-equal to its ``Qwen2RotaryEmbedding`` for the default rope type.
 * "pairs" (Meta's Llama reference, x-transformers): channels ``2i`` and ``2i + 1`` turn
-  together. `pair_table` is the table as a complex polar per (position, pair), rounded to the
-  dtype the upstream model kept it in (Fish Speech: bfloat16; IndexTTS-2's DiT: float32), and
-  `apply_pair_table` rotates in float32.
+  together, by `pair_frequencies`. `pair_table` is the table as a complex polar per (position,
+  pair), rounded to the dtype the upstream model kept it in (Fish Speech: bfloat16; IndexTTS-2's
+  DiT: float32), and `apply_pair_table` rotates in float32. CosyVoice 3's DiT (x-transformers)
+  instead turns by full-width cos/sin in the run dtype through `apply_rotary`.
 
 `apply_rotary` rotates by full-width cos/sin in either layout, in the inputs' dtypes (one
 formula: ``x * cos + rotate(x) * sin``).
@@ -69,11 +70,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     raise ValueError(f"rotary: layout must be 'halves' or 'pairs', got {layout!r}")
 
 
+def pair_frequencies(head_dim: int, base: float = 10000.0, device: torch.device | None = None) -> torch.Tensor:
+    """``1 / base ** (2i / head_dim)`` for ``i < head_dim / 2``, float32, as the pairs layout's
+    upstreams compute it (from an int64 arange on `device`)."""
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
+
+
 def pair_table(positions: torch.Tensor, head_dim: int, base: float = 10000.0,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(len(positions), head_dim/2, 2)``: (cos, sin) per position and pair, computed in float32
     (``torch.polar``, as upstream's ``freqs_cis``) on `positions`' device, then cast to `dtype`."""
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device)[: head_dim // 2].float() / head_dim))
+    freqs = pair_frequencies(head_dim, base, positions.device)
     angles = torch.outer(positions.float(), freqs)
     cis = torch.polar(torch.ones_like(angles), angles)
     return torch.stack([cis.real, cis.imag], dim=-1).to(dtype)

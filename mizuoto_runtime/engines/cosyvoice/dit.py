@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.rotary import apply_rotary
+from ...nn.rotary import apply_rotary, pair_frequencies
 from ...nn.timestep import TimestepEmbedding
 
 
@@ -28,7 +28,7 @@ def apply_partial_rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)))
+        self.register_buffer("inv_freq", pair_frequencies(dim, base))
 
     def forward(self, seq_len: int) -> torch.Tensor:
         t = torch.arange(seq_len, device=self.inv_freq.device).type_as(self.inv_freq)
