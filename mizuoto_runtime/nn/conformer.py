@@ -10,10 +10,16 @@ upstream state_dicts load unchanged. Inference only (no dropout, no streaming ca
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+#: An activation: a module (registered: an entry in the saved state dict's metadata, as WeNet's
+#: modules have) or a plain function such as ``F.silu`` (none: IndexTTS-2's encoders, whose
+#: saved files never had one); the numbers are the same.
+Activation = nn.Module | Callable[[torch.Tensor], torch.Tensor]
 
 
 class EspnetRelPositionalEncoding(nn.Module):
@@ -150,7 +156,7 @@ class RelPositionMultiHeadedAttention(nn.Module):
 class PositionwiseFeedForward(nn.Module):
     """``w_2(activation(w_1(x)))``."""
 
-    def __init__(self, idim: int, hidden_units: int, activation: nn.Module | None = None) -> None:
+    def __init__(self, idim: int, hidden_units: int, activation: Activation | None = None) -> None:
         super().__init__()
         self.w_1 = nn.Linear(idim, hidden_units)
         self.activation = activation if activation is not None else nn.ReLU()
@@ -163,7 +169,7 @@ class PositionwiseFeedForward(nn.Module):
 class ConvolutionModule(nn.Module):
     """Pointwise conv + GLU, depthwise conv (causal: left pad only), norm, activation, pointwise."""
 
-    def __init__(self, channels: int, kernel_size: int = 15, activation: nn.Module | None = None,
+    def __init__(self, channels: int, kernel_size: int = 15, activation: Activation | None = None,
                  norm: str = "batch_norm", causal: bool = False, bias: bool = True) -> None:
         super().__init__()
         self.pointwise_conv1 = nn.Conv1d(channels, 2 * channels, 1, bias=bias)
@@ -253,8 +259,8 @@ class ConformerEncoder(nn.Module):
         self.embed = Conv2dSubsampling2(input_size, output_size)
         self.encoders = nn.ModuleList(
             ConformerEncoderLayer(output_size, RelPositionMultiHeadedAttention(attention_heads, output_size),
-                                  PositionwiseFeedForward(output_size, linear_units, nn.SiLU()),
-                                  conv_module=ConvolutionModule(output_size, 15, nn.SiLU(), norm="layer_norm"),
+                                  PositionwiseFeedForward(output_size, linear_units, F.silu),
+                                  conv_module=ConvolutionModule(output_size, 15, F.silu, norm="layer_norm"),
                                   eps=1e-5)
             for _ in range(num_blocks))
         self.after_norm = nn.LayerNorm(output_size, eps=1e-5)

@@ -19,6 +19,7 @@ import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 Sinusoid = Literal["sin_cos", "cos_sin"]
@@ -46,12 +47,11 @@ class TimestepEmbedding(nn.Module):
         if sinusoid == "cos_sin":
             half = freq_dim // 2
             self.register_buffer("freqs", torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half))
-        layers = {"linear_1": nn.Linear(freq_dim, dim), "act": nn.SiLU(), "linear_2": nn.Linear(dim, dim)}
+        first, second = nn.Linear(freq_dim, dim), nn.Linear(dim, dim)
         if mlp is None:
-            for name, layer in layers.items():
-                self.add_module(name, layer)
+            self.linear_1, self.linear_2 = first, second
         else:
-            self.add_module(mlp, nn.Sequential(*layers.values()))
+            self.add_module(mlp, nn.Sequential(first, nn.SiLU(), second))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         if self.sinusoid == "cos_sin":
@@ -62,4 +62,4 @@ class TimestepEmbedding(nn.Module):
         if self.mlp_name is not None:
             out: torch.Tensor = getattr(self, self.mlp_name)(emb)
             return out
-        return self.linear_2(self.act(self.linear_1(emb)))
+        return self.linear_2(F.silu(self.linear_1(emb)))
