@@ -20,7 +20,8 @@ from .audio import Audio, read_wav, write_wav
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .engines import ENGINES, Engine, Sampling, check_request, engine_class, install_hint
 from .errors import ArgumentError, MizuotoError
-from .runtime import DTYPES, Runtime
+from .nn.dtypes import DTYPES
+from .runtime import Runtime
 from .timeline import write_svg
 
 log = logging.getLogger("mizuoto")

@@ -19,6 +19,7 @@ from .devices import DeviceService
 from .engines import Engine, Sampling, Voice, check_request, engine_class
 from .errors import ArgumentError, DeviceTooSmallError, MizuotoError
 from .manager import ModelManager
+from .nn.dtypes import parse_dtype
 from .phases import RequestContext
 from .policy import MB, VramPolicy
 from .report import model_state, where
@@ -26,15 +27,10 @@ from .service import RuntimeService
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in DTYPES:
-        raise MizuotoError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+def engine_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A name parsed; a torch dtype as it is (each engine says which ones it runs)."""
+    return name if isinstance(name, torch.dtype) else parse_dtype(name)
 
 
 class Runtime:
@@ -63,7 +59,7 @@ class Runtime:
                 # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
                 # have no version counter, and placing them swaps their data.
                 with torch.inference_mode(False):
-                    engine = engine_class(engine_id)(self.manager, model_dir, parse_dtype(dtype), where)
+                    engine = engine_class(engine_id)(self.manager, model_dir, engine_dtype(dtype), where)
                 self.service.add(key, engine)
         return engine
 
@@ -90,7 +86,7 @@ class Runtime:
 
     def _engine_key(self, engine_id: str, model_dir: str | Path | None, dtype: str | torch.dtype,
                     device: str | torch.device | None) -> tuple[str, str, str, str]:
-        return engine_id, str(model_dir or ""), str(parse_dtype(dtype)), str(self.device(device))
+        return engine_id, str(model_dir or ""), str(engine_dtype(dtype)), str(self.device(device))
 
     def unload_engine(self, engine_id: str, model_dir: str | Path | None = None,
                       dtype: str | torch.dtype = "float32", device: str | torch.device | None = None) -> bool:

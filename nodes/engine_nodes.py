@@ -13,7 +13,7 @@ from mizuoto_runtime.engines import ENGINES
 from mizuoto_runtime.errors import MizuotoError
 from mizuoto_runtime.host import PROCESS
 from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
-from mizuoto_runtime.runtime import DTYPES
+from mizuoto_runtime.nn.dtypes import DTYPES
 from mizuoto_runtime.ui_settings import from_fields
 
 from . import paths

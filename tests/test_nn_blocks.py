@@ -1,5 +1,6 @@
 """mizuoto_runtime.nn: weight-norm folding (both key forms), features (mel against librosa,
-kaldi fbank against torchaudio), conformer pieces, the safe checkpoint reader (issue 22); the
+kaldi fbank against torchaudio), conformer pieces, rotary embeddings in both layouts, the SwiGLU
+feed-forward, the timestep embedding, dtype names, the safe checkpoint reader (issues 22, 32); the
 audio blocks: Snake, causal and reflect convs, HiFi-GAN resblocks, WaveNet, ConvNeXt (issue 32)."""
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_runtime.nn import conformer, conv, convnext, features, hifigan, snake, vq, wavenet, weight_norm
+from mizuoto_runtime.errors import ArgumentError
+from mizuoto_runtime.nn import (conformer, conv, convnext, features, feed_forward, hifigan, rotary, snake, timestep,
+                                vq, wavenet, weight_norm)
 from mizuoto_runtime.nn.checkpoint import CheckpointError, load_state_dict, load_weights_only
+from mizuoto_runtime.nn.dtypes import DTYPE_NAMES, DTYPES, parse_dtype
 
 
 @pytest.mark.parametrize("module", [nn.Conv1d(6, 4, 3), nn.ConvTranspose1d(6, 4, 5, 2)])
@@ -287,3 +291,125 @@ def test_nearest_codes_picks_the_closest_normalised_row() -> None:
     codes = torch.tensor([[4, 0, 5, 5], [1, 2, 3, 0]])
     z_e = (F.embedding(codes, book) * torch.rand(2, 4, 1) * 3 + 0.01).transpose(1, 2)  # scaled: same direction
     assert torch.equal(vq.nearest_codes(z_e, book), codes)
+
+
+def _angles(positions: int, head_dim: int, base: float) -> torch.Tensor:
+    """``pos * base ** (-2i / head_dim)`` in float64: the direct formula."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    return torch.arange(positions, dtype=torch.float64)[:, None] * base ** (-2 * i / head_dim)[None, :]
+
+
+def test_rotary_halves_against_the_formula() -> None:
+    """Channel i turns with channel i + d/2 by angle pos * base^(-2i/d)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 8)
+    cos, sin = rotary.RotaryEmbedding(8, 100.0)(torch.arange(5)[None], torch.float32)
+    got = rotary.apply_rotary(x, cos.unsqueeze(1), sin.unsqueeze(1)).double()
+    a, b = x[..., :4].double(), x[..., 4:].double()
+    c, s = _angles(5, 8, 100.0).cos(), _angles(5, 8, 100.0).sin()
+    want = torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_rotary_pairs_against_the_formula_both_forms() -> None:
+    """Channels 2i and 2i+1 turn together; the table form (float32 math) equals the full-width
+    cos/sin form bit for bit, and the table takes the dtype asked for."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, 2, 8)  # (B, S, H, D)
+    table = rotary.pair_table(torch.arange(5), 8, 100.0)
+    assert table.shape == (5, 4, 2) and table.dtype == torch.float32
+    torch.testing.assert_close(table.double(), torch.stack((_angles(5, 8, 100.0).cos(), _angles(5, 8, 100.0).sin()), -1),
+                               rtol=0, atol=1e-6)
+    assert torch.equal(rotary.pair_table(torch.arange(5), 8, 100.0, torch.bfloat16), table.to(torch.bfloat16))
+
+    got = rotary.apply_pair_table(x, table)
+    a, b = x[..., 0::2].double(), x[..., 1::2].double()
+    c, s = _angles(5, 8, 100.0).cos()[None, :, None], _angles(5, 8, 100.0).sin()[None, :, None]
+    want = torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+
+    full_cos = table[..., 0].repeat_interleave(2, dim=-1)[None, :, None]
+    full_sin = table[..., 1].repeat_interleave(2, dim=-1)[None, :, None]
+    assert torch.equal(rotary.apply_rotary(x, full_cos, full_sin, "pairs"), got)
+    assert rotary.apply_pair_table(x.to(torch.bfloat16), table).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="layout"):
+        rotary.apply_rotary(x, full_cos, full_sin, "thirds")  # type: ignore[arg-type]
+
+
+def test_conformer_layer_norm_eps_is_a_parameter() -> None:
+    """WeNet's 1e-12 by default; IndexTTS-2's encoder asks 1e-5 for every norm, final included."""
+    def layer(**kw: float) -> conformer.ConformerEncoderLayer:
+        torch.manual_seed(0)
+        return conformer.ConformerEncoderLayer(
+            8, conformer.RelPositionMultiHeadedAttention(2, 8), conformer.PositionwiseFeedForward(8, 16),
+            conformer.PositionwiseFeedForward(8, 16), conformer.ConvolutionModule(8, 3), **kw).eval()
+
+    norms = ("norm_ff", "norm_mha", "norm_ff_macaron", "norm_conv", "norm_final")
+    assert {getattr(layer(), n).eps for n in norms} == {1e-12}
+    assert {getattr(layer(eps=0.5), n).eps for n in norms} == {0.5}
+    x = torch.randn(1, 6, 8) * 0.1  # variance near eps: the eps shows in the output
+    pos = torch.zeros(1, 6, 8)
+    mask = torch.ones(1, 1, 6, dtype=torch.bool)
+    assert not torch.allclose(layer()(x, mask, pos), layer(eps=0.5)(x, mask, pos))
+
+    encoder = conformer.ConformerEncoder(9, 8, 16, 2, 2)
+    assert {m.eps for m in encoder.modules() if isinstance(m, nn.LayerNorm)} == {1e-5}
+    out, sub_mask = encoder(torch.randn(1, 11, 9), torch.tensor([11]))
+    assert out.shape == (1, 5, 8) and sub_mask.shape == (1, 1, 5)
+    with pytest.raises(ValueError, match="conv2d2"):
+        conformer.ConformerEncoder(9, 8, 16, 2, 2, input_layer="linear")
+
+
+@pytest.mark.parametrize("names", [feed_forward.LLAMA_NAMES, feed_forward.TRANSFORMERS_NAMES])
+def test_swiglu_keys_and_formula(names: tuple[str, str, str]) -> None:
+    """The checkpoint's own key names; ``down(silu(gate x) * up x)`` bit for bit."""
+    torch.manual_seed(0)
+    ff = feed_forward.SwiGLU(6, 10, names)
+    gate, up, down = names
+    assert list(ff.state_dict()) == [f"{gate}.weight", f"{up}.weight", f"{down}.weight"]
+    assert ff.state_dict()[f"{down}.weight"].shape == (6, 10)
+    x = torch.randn(3, 6)
+    w = ff.state_dict()
+    want = F.linear(F.silu(F.linear(x, w[f"{gate}.weight"])) * F.linear(x, w[f"{up}.weight"]), w[f"{down}.weight"])
+    assert torch.equal(ff(x), want)
+    with pytest.raises(ValueError, match="three distinct"):
+        feed_forward.SwiGLU(6, 10, ("a", "a", "b"))
+
+
+@pytest.mark.parametrize(("sinusoid", "mlp", "keys"), [
+    ("sin_cos", "time_mlp", ["time_mlp.0.weight", "time_mlp.0.bias", "time_mlp.2.weight", "time_mlp.2.bias"]),
+    ("sin_cos", None, ["linear_1.weight", "linear_1.bias", "linear_2.weight", "linear_2.bias"]),
+    ("cos_sin", "mlp", ["freqs", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"]),
+])
+def test_timestep_embedding_layouts_against_the_formula(sinusoid: timestep.Sinusoid, mlp: str | None,
+                                                        keys: list[str]) -> None:
+    """Each checkpoint's key layout; the sinusoid's order and frequency spacing (``half - 1``
+    for "sin_cos", ``half`` for "cos_sin"); then ``Linear -> SiLU -> Linear``."""
+    torch.manual_seed(0)
+    embed = timestep.TimestepEmbedding(12, 16, sinusoid=sinusoid, mlp=mlp)
+    assert list(embed.state_dict()) == keys
+    t = torch.tensor([0.0, 0.25, 1.0])
+    i = torch.arange(8, dtype=torch.float64)
+    angles = 1000 * t.double()[:, None] * torch.exp(-math.log(10000) * i / (7 if sinusoid == "sin_cos" else 8))
+    parts = (angles.sin(), angles.cos()) if sinusoid == "sin_cos" else (angles.cos(), angles.sin())
+    want_emb = torch.cat(parts, dim=-1)
+    w = {k.split(".", 1)[-1] if mlp else k: v for k, v in embed.state_dict().items()}
+    first, second = ("0", "2") if mlp else ("linear_1", "linear_2")
+    got_emb = (timestep.sinusoidal_embedding(t, 16) if sinusoid == "sin_cos"
+               else torch.cat([torch.cos(1000 * t[:, None] * embed.freqs), torch.sin(1000 * t[:, None] * embed.freqs)], -1))
+    torch.testing.assert_close(got_emb.double(), want_emb, rtol=0, atol=2e-3)  # float32 angles up to 1000
+    want = F.linear(F.silu(F.linear(got_emb, w[f"{first}.weight"], w[f"{first}.bias"])),
+                    w[f"{second}.weight"], w[f"{second}.bias"])
+    assert torch.equal(embed(t), want)
+    with pytest.raises(ValueError, match="sinusoid"):
+        timestep.TimestepEmbedding(12, 16, sinusoid="tan")  # type: ignore[arg-type]
+
+
+def test_parse_dtype_by_name_or_dtype() -> None:
+    assert {parse_dtype(name) for name in DTYPES} == set(DTYPE_NAMES)
+    assert parse_dtype(torch.bfloat16) is torch.bfloat16
+    assert DTYPE_NAMES[parse_dtype("float16")] == "float16"
+    with pytest.raises(ArgumentError, match="tiny checkpoint dtype must be one of float32, bfloat16, float16, got 'half'"):
+        parse_dtype("half", "tiny checkpoint dtype")
+    with pytest.raises(ValueError, match="got torch.float64"):
+        parse_dtype(torch.float64)

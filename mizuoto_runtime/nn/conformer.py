@@ -1,6 +1,8 @@
-"""Conformer pieces in ESPnet/WeNet form (CosyVoice 2's flow encoder, other engines' speech
+"""Conformer pieces in ESPnet/WeNet form (CosyVoice 2's flow encoder, IndexTTS-2's conditioning
 encoders): relative positional encoding and the attention that uses it, the position-wise
-feed-forward, the convolution module and the encoder layer around them.
+feed-forward, the convolution module and the encoder layer around them (its LayerNorms' eps a
+parameter: WeNet's 1e-12, IndexTTS-2's 1e-5); the 2x conv2d subsampling with its stored
+absolute position table and the encoder stack IndexTTS-2 builds from them.
 
 Parameter names are WeNet's (``linear_q``, ``pos_bias_u``, ``feed_forward.w_1`` ...), so
 upstream state_dicts load unchanged. Inference only (no dropout, no streaming caches).
@@ -8,10 +10,16 @@ upstream state_dicts load unchanged. Inference only (no dropout, no streaming ca
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+#: An activation: a module (registered: an entry in the saved state dict's metadata, as WeNet's
+#: modules have) or a plain function such as ``F.silu`` (none: IndexTTS-2's encoders, whose
+#: saved files never had one); the numbers are the same.
+Activation = nn.Module | Callable[[torch.Tensor], torch.Tensor]
 
 
 class EspnetRelPositionalEncoding(nn.Module):
@@ -45,6 +53,45 @@ class EspnetRelPositionalEncoding(nn.Module):
         pe = self.pe if size <= self.max_len else self._make(size).to(x.device)
         middle = pe.size(1) // 2
         return x * self.xscale, pe[:, middle - size + 1: middle + size].to(x.dtype)
+
+def sinusoid_table(dim: int, rows: int = 5000) -> torch.Tensor:
+    """WeNet's absolute ``PositionalEncoding`` table ``(1, rows, dim)``: sin at even, cos at odd."""
+    position = torch.arange(0, rows).unsqueeze(1)
+    div = torch.exp(torch.arange(0, dim, 2) * -(math.log(10000.0) / dim))
+    table = torch.zeros(rows, dim)
+    table[:, 0::2] = torch.sin(position * div)
+    table[:, 1::2] = torch.cos(position * div)
+    return table.unsqueeze(0)
+
+
+class PositionTable(nn.Module):
+    """The absolute table as a stored buffer (``pos_enc.pe``): loaded from the checkpoint."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("pe", sinusoid_table(dim))
+
+
+class Conv2dSubsampling2(nn.Module):
+    """WeNet's ``Conv2dSubsampling2``: Conv2d(1, d, 3, stride 2) + ReLU, then a Linear over
+    (channels x reduced features), scaled by ``sqrt(d)``; the table's first rows as positions.
+
+    The positions go to `RelPositionMultiHeadedAttention` as they are (one per frame, so no
+    relative shift), as IndexTTS-2's encoders read them."""
+
+    def __init__(self, idim: int, odim: int) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(1, odim, 3, 2), nn.ReLU())
+        self.out = nn.Sequential(nn.Linear(odim * ((idim - 1) // 2), odim))
+        self.pos_enc = PositionTable(odim)
+        self.scale = math.sqrt(odim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = self.conv(x.unsqueeze(1))
+        b, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, c * f)) * self.scale
+        return x, self.pos_enc.pe[:, :t], mask[:, :, 2::2]
+
 
 class LinearEmbed(nn.Module):
     """WeNet's ``LinearNoSubsampling``: Linear, LayerNorm, then the positional encoding."""
@@ -109,7 +156,7 @@ class RelPositionMultiHeadedAttention(nn.Module):
 class PositionwiseFeedForward(nn.Module):
     """``w_2(activation(w_1(x)))``."""
 
-    def __init__(self, idim: int, hidden_units: int, activation: nn.Module | None = None) -> None:
+    def __init__(self, idim: int, hidden_units: int, activation: Activation | None = None) -> None:
         super().__init__()
         self.w_1 = nn.Linear(idim, hidden_units)
         self.activation = activation if activation is not None else nn.ReLU()
@@ -122,7 +169,7 @@ class PositionwiseFeedForward(nn.Module):
 class ConvolutionModule(nn.Module):
     """Pointwise conv + GLU, depthwise conv (causal: left pad only), norm, activation, pointwise."""
 
-    def __init__(self, channels: int, kernel_size: int = 15, activation: nn.Module | None = None,
+    def __init__(self, channels: int, kernel_size: int = 15, activation: Activation | None = None,
                  norm: str = "batch_norm", causal: bool = False, bias: bool = True) -> None:
         super().__init__()
         self.pointwise_conv1 = nn.Conv1d(channels, 2 * channels, 1, bias=bias)
@@ -165,21 +212,21 @@ class ConformerEncoderLayer(nn.Module):
 
     def __init__(self, size: int, self_attn: RelPositionMultiHeadedAttention, feed_forward: PositionwiseFeedForward,
                  feed_forward_macaron: PositionwiseFeedForward | None = None,
-                 conv_module: ConvolutionModule | None = None) -> None:
+                 conv_module: ConvolutionModule | None = None, *, eps: float = 1e-12) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.feed_forward = feed_forward
         self.feed_forward_macaron = feed_forward_macaron
         self.conv_module = conv_module
-        self.norm_ff = nn.LayerNorm(size, eps=1e-12)
-        self.norm_mha = nn.LayerNorm(size, eps=1e-12)
+        self.norm_ff = nn.LayerNorm(size, eps=eps)
+        self.norm_mha = nn.LayerNorm(size, eps=eps)
         self.ff_scale = 1.0
         if feed_forward_macaron is not None:
-            self.norm_ff_macaron = nn.LayerNorm(size, eps=1e-12)
+            self.norm_ff_macaron = nn.LayerNorm(size, eps=eps)
             self.ff_scale = 0.5
         if conv_module is not None:
-            self.norm_conv = nn.LayerNorm(size, eps=1e-12)
-            self.norm_final = nn.LayerNorm(size, eps=1e-12)
+            self.norm_conv = nn.LayerNorm(size, eps=eps)
+            self.norm_final = nn.LayerNorm(size, eps=eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
                 mask_pad: torch.Tensor | None = None) -> torch.Tensor:
@@ -192,3 +239,35 @@ class ConformerEncoderLayer(nn.Module):
         if self.conv_module is not None:
             x = self.norm_final(x)
         return x
+
+
+def valid_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
+    """(B, 1, T): True at frames below each length."""
+    return (torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]).unsqueeze(1)
+
+
+class ConformerEncoder(nn.Module):
+    """WeNet's ``ConformerEncoder`` as IndexTTS-2 configures it: "conv2d2" subsampling, pre-norm
+    layers without macaron (SiLU feed-forward, conv module with LayerNorm and SiLU, kernel 15),
+    LayerNorms with eps 1e-5, a final norm."""
+
+    def __init__(self, input_size: int, output_size: int, linear_units: int, attention_heads: int,
+                 num_blocks: int, input_layer: str = "conv2d2") -> None:
+        super().__init__()
+        if input_layer != "conv2d2":
+            raise ValueError(f"conformer input_layer {input_layer!r}: IndexTTS-2 uses 'conv2d2' only")
+        self.embed = Conv2dSubsampling2(input_size, output_size)
+        self.encoders = nn.ModuleList(
+            ConformerEncoderLayer(output_size, RelPositionMultiHeadedAttention(attention_heads, output_size),
+                                  PositionwiseFeedForward(output_size, linear_units, F.silu),
+                                  conv_module=ConvolutionModule(output_size, 15, F.silu, norm="layer_norm"),
+                                  eps=1e-5)
+            for _ in range(num_blocks))
+        self.after_norm = nn.LayerNorm(output_size, eps=1e-5)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, features), lengths (B,) -> (B, T', d) and the subsampled mask (B, 1, T')."""
+        x, pos, mask = self.embed(x, valid_mask(lengths, x.shape[1]))
+        for layer in self.encoders:
+            x = layer(x, mask, pos, mask)
+        return self.after_norm(x), mask

@@ -41,7 +41,8 @@ from ..engines.base import Voice
 from ..engines.qwen3tts.checkpoint import check_layout, import_upstream
 from ..errors import MizuotoError
 from ..loading import SafetensorsFile
-from ..runtime import DTYPES, Runtime
+from ..nn.dtypes import DTYPES
+from ..runtime import Runtime
 from .dataset import Clip, load_audio, read_clips
 from .estimate import MethodInfo
 from .lora import LoraLinear, inject, lora_parameters, save_lora

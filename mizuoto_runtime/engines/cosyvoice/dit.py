@@ -15,27 +15,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.conv import CausalConv1d
-from .flow import sinusoidal_embedding
-
-
-def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """x-transformers' ``rotate_half``: ``(a, b) -> (-b, a)`` on adjacent pairs."""
-    pairs = x.unflatten(-1, (-1, 2))
-    a, b = pairs.unbind(dim=-1)
-    return torch.stack((-b, a), dim=-1).flatten(-2)
+from ...nn.rotary import apply_rotary, pair_frequencies
+from ...nn.timestep import TimestepEmbedding
 
 
 def apply_partial_rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     rot = freqs.shape[-1]
     head, rest = t[..., :rot], t[..., rot:]
-    head = (head * freqs.cos()) + (rotate_pairs(head) * freqs.sin())
+    head = apply_rotary(head, freqs.cos(), freqs.sin(), "pairs")
     return torch.cat((head, rest), dim=-1).type(t.dtype)
 
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)))
+        self.register_buffer("inv_freq", pair_frequencies(dim, base))
 
     def forward(self, seq_len: int) -> torch.Tensor:
         t = torch.arange(seq_len, device=self.inv_freq.device).type_as(self.inv_freq)
@@ -63,16 +57,6 @@ class InputEmbedding(nn.Module):
         spks = spks.unsqueeze(1).expand(-1, x.shape[1], -1)
         x = self.proj(torch.cat([x, cond, text, spks], dim=-1))
         return self.conv_pos_embed(x) + x
-
-
-class TimestepEmbedding(nn.Module):
-    def __init__(self, dim: int, freq_embed_dim: int = 256) -> None:
-        super().__init__()
-        self.freq_embed_dim = freq_embed_dim
-        self.time_mlp = nn.Sequential(nn.Linear(freq_embed_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return self.time_mlp(sinusoidal_embedding(t, self.freq_embed_dim).to(t.dtype))
 
 
 class AdaLayerNormZero(nn.Module):
@@ -140,7 +124,7 @@ class DiT(nn.Module):
     def __init__(self, spec: DiTSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.time_embed = TimestepEmbedding(spec.dim)
+        self.time_embed = TimestepEmbedding(spec.dim, mlp="time_mlp")
         self.input_embed = InputEmbedding(spec.mel_dim, spec.mu_dim, spec.dim, spec.spk_dim)
         self.rotary_embed = RotaryEmbedding(spec.dim_head)
         self.transformer_blocks = nn.ModuleList(

@@ -16,7 +16,6 @@ upstream does, and classifier-free guidance: each step runs the estimator on a b
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
@@ -230,13 +229,3 @@ class CosyVoiceFlow(nn.Module):
         mu, mask, spks, cond = self.conditions(token, prompt_token, prompt_feat, embedding)
         feat = self.decoder(mu, mask, spks, cond)
         return feat[:, :, prompt_feat.shape[1]:].float()
-
-
-def sinusoidal_embedding(t: torch.Tensor, dim: int, scale: float = 1000) -> torch.Tensor:
-    """Matcha's / F5's ``SinusoidalPosEmb``: ``[sin, cos]`` of ``scale * t * exp(-i log(1e4)/(half-1))``."""
-    if t.ndim < 1:
-        t = t.unsqueeze(0)
-    half = dim // 2
-    freq = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
-    emb = scale * t.unsqueeze(1) * freq.unsqueeze(0)
-    return torch.cat((emb.sin(), emb.cos()), dim=-1)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.conv import CausalConv1d
-from .flow import sinusoidal_embedding
+from ...nn.timestep import TimestepEmbedding
 
 
 class Transpose(nn.Module):
@@ -101,16 +101,6 @@ class TransformerBlock(nn.Module):
         return h + x
 
 
-class TimestepEmbedding(nn.Module):
-    def __init__(self, in_channels: int, time_embed_dim: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(in_channels, time_embed_dim)
-        self.linear_2 = nn.Linear(time_embed_dim, time_embed_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.silu(self.linear_1(x)))
-
-
 @dataclasses.dataclass(frozen=True)
 class UNetSpec:
     in_channels: int
@@ -137,7 +127,7 @@ class CausalConditionalDecoder(nn.Module):
         self.spec = spec
         channels = tuple(spec.channels)
         time_dim = channels[0] * 4
-        self.time_mlp = TimestepEmbedding(spec.in_channels, time_dim)
+        self.time_mlp = TimestepEmbedding(time_dim, spec.in_channels, mlp=None)
         blocks = lambda dim: nn.ModuleList(  # noqa: E731
             TransformerBlock(dim, spec.num_heads, spec.attention_head_dim) for _ in range(spec.n_blocks))
         self.down_blocks = nn.ModuleList()
@@ -173,7 +163,7 @@ class CausalConditionalDecoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor,
                 spks: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        t = self.time_mlp(sinusoidal_embedding(t, self.spec.in_channels).to(t.dtype))
+        t = self.time_mlp(t)
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.shape[-1]), cond], dim=1)
         hiddens, masks = [], [mask]
         for resnet, blocks, downsample in self.down_blocks:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...nn.dtypes import parse_dtype
 from ..tiny import one_version
 from .checkpoint import EMA_PREFIX, VOCODER_FOLDER
 from .upstream import import_upstream
@@ -51,7 +52,6 @@ VOCAB: list[str] = [" ", *"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUV
                     *",.!?;:'\"-()", *(f"{s}{t}" for s in ("ni", "hao", "shi", "de") for t in "12345")]
 WEIGHTS_NAME = "model_1250000.safetensors"  # the published name (its training step)
 CONFIG_NAME = "F5TTS_tiny.yaml"
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def model_config() -> dict[str, Any]:
@@ -91,9 +91,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0, d
     from vocos.models import VocosBackbone
 
     one_version(version)
-    dtype = torch.float32 if dtype is None else dtype
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(DTYPE_NAMES.values())}, got {dtype}")
+    dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     modules = import_upstream()
     out = Path(directory)
     (out / VOCODER_FOLDER).mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ Numbers as upstream makes them:
   back; the residual codebooks quantize what the semantic one leaves;
 * the transformers are causal with a sliding window (each position sees itself and the
   ``window - 1`` before it); the encoder's uses 512, the quantizer's the configured one;
-  RoPE tables in bfloat16 as in the dual-AR model (`dual_ar.rope_table`);
+  RoPE tables in bfloat16 as in the dual-AR model (`dual_ar.ROPE_DTYPE`);
 * decoding clamps the semantic codes to its codebook and the residual ones to theirs.
 Weight norm (either key form) is folded into plain weights at load (`nn.weight_norm`).
 """
@@ -30,10 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...nn.convnext import ConvNeXtBlock
+from ...nn.feed_forward import SwiGLU
 from ...nn.norm import RMSNorm
+from ...nn.rotary import apply_pair_table, pair_table
 from ...nn.snake import Snake
 from ...nn.vq import nearest_codes
-from .dual_ar import FeedForward, apply_rope, rope_table
+from .dual_ar import ROPE_DTYPE
 
 ENCODER_WINDOW = 512  # upstream's encoder transformer never reads its configured window
 HEAD_DIM = 64
@@ -143,7 +145,7 @@ class CodecAttention(nn.Module):
         b, s, _ = x.shape
         size = self.n_head * self.head_dim
         q, k, v = (t.view(b, s, self.n_head, self.head_dim) for t in self.wqkv(x).split([size, size, size], dim=-1))
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = apply_pair_table(q, rope), apply_pair_table(k, rope)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask[None, None])
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, size))
@@ -153,7 +155,7 @@ class CodecBlock(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.attention = CodecAttention(cfg)
-        self.feed_forward = FeedForward(cfg.dim, cfg.intermediate_size)
+        self.feed_forward = SwiGLU(cfg.dim, cfg.intermediate_size)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_layer_scale = LayerScale(cfg.dim)
@@ -179,7 +181,7 @@ class WindowTransformer(nn.Module):
         x = self.input_proj(x.transpose(1, 2))
         t = x.shape[1]
         positions = torch.arange(t, device=x.device)
-        rope = rope_table(positions, self.cfg.head_dim, self.cfg.rope_base)
+        rope = pair_table(positions, self.cfg.head_dim, self.cfg.rope_base, ROPE_DTYPE)
         mask = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - self.cfg.window)
         for layer in self.layers:
             x = layer(x, rope, mask)

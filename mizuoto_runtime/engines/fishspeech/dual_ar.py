@@ -31,26 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...nn.feed_forward import SwiGLU
 from ...nn.kv_cache import capacity_for
 from ...nn.norm import RMSNorm  # float32 mean square, eps inside the rsqrt, cast back, scaled: upstream's order
+from ...nn.rotary import apply_pair_table, pair_table
 from .config import DualARConfig
 
-
-def rope_table(positions: Tensor, head_dim: int, base: float) -> Tensor:
-    """``[len(positions), head_dim/2, 2]`` (cos, sin), computed in float32, rounded to bfloat16."""
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(positions.float(), freqs)
-    cis = torch.polar(torch.ones_like(angles), angles)
-    return torch.stack([cis.real, cis.imag], dim=-1).to(torch.bfloat16)
-
-
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate interleaved pairs of ``x`` ``[B, S, H, D]`` by ``table`` ``[S, D/2, 2]``, in float32."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    t = table.view(1, pairs.size(1), 1, pairs.size(3), 2)
-    out = torch.stack([pairs[..., 0] * t[..., 0] - pairs[..., 1] * t[..., 1],
-                       pairs[..., 1] * t[..., 0] + pairs[..., 0] * t[..., 1]], -1)
-    return out.flatten(3).type_as(x)
+ROPE_DTYPE = torch.bfloat16  # upstream rounds its float32 RoPE table to bfloat16
 
 
 class HeadNorm(nn.Module):
@@ -93,7 +80,7 @@ class Attention(nn.Module):
         v = v.view(b, s, self.n_local_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = apply_pair_table(q, rope), apply_pair_table(k, rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             keys, values = cache
@@ -112,17 +99,6 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, q_size))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class Block(nn.Module):
     """Pre-norm attention + SwiGLU block (one streamed unit of the slow transformer)."""
 
@@ -131,7 +107,7 @@ class Block(nn.Module):
         super().__init__()
         self.attention = Attention(dim, n_head, n_local_heads, head_dim, qkv_bias=qkv_bias, o_bias=o_bias,
                                    qk_norm=qk_norm, eps=eps, fused=fused)
-        self.feed_forward = FeedForward(dim, hidden)
+        self.feed_forward = SwiGLU(dim, hidden)
         self.ffn_norm = RMSNorm(dim, eps)
         self.attention_norm = RMSNorm(dim, eps)
 
@@ -222,7 +198,7 @@ class SlowTransformer(nn.Module):
             cache.reserve(start + s)
         x = self.embed(rows)
         positions = torch.arange(start, start + s, device=rows.device)
-        rope = rope_table(positions, self.cfg.head_dim, self.cfg.rope_base)
+        rope = pair_table(positions, self.cfg.head_dim, self.cfg.rope_base, ROPE_DTYPE)
         keys = start + s
         mask = torch.ones(s, keys, dtype=torch.bool, device=rows.device).tril(diagonal=start)
         for i, layer in enumerate(self.layers):
@@ -259,7 +235,8 @@ class FastTransformer(nn.Module):
 
     def rope(self, device: torch.device | str) -> Tensor:
         """The RoPE rows of every codebook position (one table, sliced per step)."""
-        return rope_table(torch.arange(self.cfg.num_codebooks, device=device), self.cfg.fast_head_dim, self.cfg.rope_base)
+        return pair_table(torch.arange(self.cfg.num_codebooks, device=device), self.cfg.fast_head_dim, self.cfg.rope_base,
+                          ROPE_DTYPE)
 
     def masks(self, device: torch.device | str) -> Tensor:
         """Row ``i``: the causal mask of position ``i`` over all ``num_codebooks`` cache positions."""

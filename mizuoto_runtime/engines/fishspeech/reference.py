@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...nn.dtypes import parse_dtype
 from ...reference_check import Check, Reference, Stage
 from . import prompt as chat
 from .loop import FrameSampler, frame_count
@@ -27,11 +28,9 @@ from .loop import generate as run_loop
 from .sampling import SamplingTensors
 from .checkpoint import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def _dtype(ref: Reference) -> torch.dtype:
-    return DTYPES[str(ref.meta.get("dtype", "float32"))]
+    return parse_dtype(str(ref.meta.get("dtype", "float32")), "reference dtype")
 
 
 # ---- the checkpoint, loaded once per folder by the engine's own loader --------------------------

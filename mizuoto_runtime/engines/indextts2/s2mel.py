@@ -12,7 +12,6 @@ kernel torch's weight norm itself calls, so the weights are bit-equal to upstrea
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -20,7 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.conv import ReflectConv1d
+from ...nn.feed_forward import SwiGLU
 from ...nn.norm import RMSNorm
+from ...nn.rotary import apply_pair_table, pair_table
+from ...nn.timestep import TimestepEmbedding
 from ...nn.wavenet import WaveNet
 
 
@@ -63,18 +65,6 @@ def gpt_projection(state: dict[str, torch.Tensor]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class TimestepEmbedder(nn.Module):
-    def __init__(self, hidden: int, freq_dim: int = 256) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
-        half = freq_dim // 2
-        self.register_buffer("freqs", torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half))
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        args = 1000 * t[:, None].float() * self.freqs[None]
-        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
-
-
 class AdaptiveNorm(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -84,24 +74,6 @@ class AdaptiveNorm(nn.Module):
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         weight, bias = self.project_layer(c).chunk(2, dim=-1)
         return weight * self.norm(x) + bias
-
-
-def rotary_table(frames: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """(T, head_dim/2, 2): cos and sin per position and pair, as a complex polar table. The DiT
-    rotates interleaved (even, odd) pairs, not nn.rotary's halves: a table of its own."""
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(frames, device=freqs.device), freqs)
-    table = torch.polar(torch.ones_like(angles), angles)
-    return torch.stack([table.real, table.imag], dim=-1)
-
-
-def rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D): rotate each (even, odd) pair."""
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    t = table.view(1, xs.shape[1], 1, xs.shape[3], 2)
-    out = torch.stack([xs[..., 0] * t[..., 0] - xs[..., 1] * t[..., 1],
-                       xs[..., 1] * t[..., 0] + xs[..., 0] * t[..., 1]], dim=-1)
-    return out.flatten(3).type_as(x)
 
 
 class DiTAttention(nn.Module):
@@ -114,20 +86,9 @@ class DiTAttention(nn.Module):
     def forward(self, x: torch.Tensor, table: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.heads, self.head_dim) for z in self.wqkv(x).split(d, dim=-1))
-        q, k = rotate_pairs(q, table), rotate_pairs(k, table)
+        q, k = apply_pair_table(q, table), apply_pair_table(k, table)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, d))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, inner: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, inner, bias=False)
-        self.w3 = nn.Linear(dim, inner, bias=False)
-        self.w2 = nn.Linear(inner, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class DiTBlock(nn.Module):
@@ -157,7 +118,7 @@ class DiTTransformer(nn.Module):
         self.heads = heads
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        table = rotary_table(x.shape[1], x.shape[2] // self.heads).to(x.device)
+        table = pair_table(torch.arange(x.shape[1]), x.shape[2] // self.heads).to(x.device)  # made on the CPU, then moved
         half = len(self.layers) // 2
         skips: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
@@ -219,9 +180,9 @@ class DiT(nn.Module):
         self.x_embedder = nn.Linear(c.in_channels, c.hidden)  # stored, unused
         self.cond_embedder = nn.Embedding(c.content_codebook_size, c.hidden)  # stored, unused
         self.cond_projection = nn.Linear(c.content_dim, c.hidden)
-        self.t_embedder = TimestepEmbedder(c.hidden)
+        self.t_embedder = TimestepEmbedding(c.hidden, sinusoid="cos_sin")
         self.register_buffer("input_pos", torch.arange(16384))
-        self.t_embedder2 = TimestepEmbedder(c.wn_hidden)
+        self.t_embedder2 = TimestepEmbedding(c.wn_hidden, sinusoid="cos_sin")
         self.conv1 = nn.Linear(c.hidden, c.wn_hidden)
         self.conv2 = nn.Conv1d(c.wn_hidden, c.in_channels, 1)
         self.wavenet = WaveNet(c.wn_hidden, c.wn_kernel, c.wn_layers, c.wn_hidden, dilation_rate=c.wn_dilation,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .conformer import ConformerEncoder
+from ...nn.conformer import ConformerEncoder
 from .gpt2 import GPT2Stack, LayerCache
 from .perceiver import PerceiverResampler
 

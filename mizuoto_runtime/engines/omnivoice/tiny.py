@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...nn.dtypes import DTYPE_NAMES, parse_dtype
 from ..tiny import one_version
 from .checkpoint import import_upstream
 
@@ -49,7 +50,6 @@ LLM: dict[str, Any] = {  # real: Qwen3 0.6B (1024 wide, 28 layers)
 TARGET_BANDWIDTHS = [0.5, 1.0, 1.6]
 CONTROL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>", "<|instruct_end|>",
                   "<|text_start|>", "<|text_end|>", "<|endoftext|>")
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def text_tokenizer() -> Any:
@@ -118,14 +118,12 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0, d
     """Write a tiny random OmniVoice folder; `dtype` is that of ``model.safetensors`` (None:
     float32; the codec is float32, as published)."""
     one_version(version)
-    dtype = torch.float32 if dtype is None else dtype
+    dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     import_upstream()
     from omnivoice import OmniVoice, OmniVoiceConfig
     from transformers import (DacFeatureExtractor, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel,
                               Qwen3Config)
 
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(DTYPE_NAMES.values())}, got {dtype}")
     out = Path(directory)
     codec_dir = out / "audio_tokenizer"
     codec_dir.mkdir(parents=True, exist_ok=True)

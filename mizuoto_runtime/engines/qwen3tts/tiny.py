@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...nn.dtypes import DTYPE_NAMES, parse_dtype
 from ..tiny import byte_alphabet, fan_in_std, scale_output, version_of, word_merges, write_json
 from . import compat
 from .checkpoint import import_upstream
@@ -72,7 +73,6 @@ SPEECH_PREPROCESSOR: dict[str, Any] = {
     "sampling_rate": 24000,
 }
 PREPROCESSOR: dict[str, Any] = {"processor_class": "Qwen3TTSProcessor"}
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 # ---- text tokenizer ------------------------------------------------------------------------
@@ -261,17 +261,6 @@ def _without_architectures(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k != "architectures"}
 
 
-def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPE_NAMES:
-            raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(DTYPE_NAMES.values())}, got {dtype}")
-        return dtype
-    by_name = {v: k for k, v in DTYPE_NAMES.items()}
-    if dtype not in by_name:
-        raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(by_name)}, got {dtype!r}")
-    return by_name[dtype]
-
-
 def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
           dtype: str | torch.dtype | None = None) -> Path:
     """Write a tiny random checkpoint of the model type `version` (``base``, ``custom_voice`` or
@@ -283,7 +272,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     from transformers import Qwen2TokenizerFast
 
     model_type = version_of(version, Qwen3TTSEngine.VERSIONS)
-    run_dtype = _parse_dtype(torch.float32 if dtype is None else dtype)
+    run_dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     out = Path(directory)
     (out / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)

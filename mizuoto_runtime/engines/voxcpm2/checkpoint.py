@@ -14,18 +14,12 @@ from ...errors import CheckpointError, MizuotoError
 from ...loading import load_safetensors, parameters_on_meta
 from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 from ...nn.checkpoint import load_weights_only
+from ...nn.dtypes import DTYPE_NAMES
 from ..checkpoint_files import read_json
 
 ARCHITECTURE = "voxcpm2"
-
-
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-
-
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")  # the package's order of preference
-
-
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 # ---- the upstream package ------------------------------------------------------------------

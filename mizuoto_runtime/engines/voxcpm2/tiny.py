@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...nn.dtypes import DTYPE_NAMES, parse_dtype
 from ..tiny import fan_in_std, one_version, scale_output, word_merges, write_json
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,6 @@ LM_HEADS, LM_KV_HEADS, LM_HEAD_DIM = 4, 2, 64  # real: 16, 2, 128
 LOCAL_HIDDEN = 192  # local encoder and DiT; real: 1024
 ROPE_POSITIONS = 2048  # real: 32768 (the cos/sin tables are buffers of this length)
 PATCH_SIZE, FEAT_DIM = 4, 64  # as the real model
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 SPECIAL = ("<unk>", "<s>", "</s>")
 WORDS = ("▁Hello", "▁from", "▁the", "▁tiny", "▁model", "▁is", "你好")
@@ -165,14 +165,6 @@ def _calibrate_output(vae: nn.Module, gen: torch.Generator) -> None:
 
 
 # ---- files ---------------------------------------------------------------------------------
-def _parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    by_name = {v: k for k, v in DTYPE_NAMES.items()}
-    value = by_name.get(dtype) if isinstance(dtype, str) else dtype
-    if value not in DTYPE_NAMES:
-        raise ValueError(f"tiny checkpoint dtype must be one of {', '.join(by_name)}, got {dtype!r}")
-    return value  # type: ignore[return-value]
-
-
 def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
           dtype: str | torch.dtype | None = None) -> Path:
     """Write a tiny random VoxCPM 2 checkpoint into `directory`. `dtype` is that of
@@ -188,7 +180,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     from voxcpm.model.voxcpm2 import VoxCPM2Model, VoxCPMConfig
     from voxcpm.modules.audiovae import AudioVAEConfigV2, AudioVAEV2
 
-    run_dtype = _parse_dtype(torch.float32 if dtype is None else dtype)
+    run_dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
