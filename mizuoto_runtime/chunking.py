@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .audio import Audio
+from .engines.base import chunk_seed
 from .errors import MizuotoError
 
 #: Characters per chunk by default: about 12 s of English or 40 s of Chinese speech, well
@@ -28,7 +29,6 @@ DEFAULT_CHUNK_CHARS = 200
 MIN_CHUNK_CHARS = 20
 #: The overlap of consecutive chunks: long enough to hide a click, short against a pause.
 CROSSFADE_MS = 50.0
-SEED_SPACE = 1 << 64  # torch.Generator.manual_seed takes 64 bits
 
 SENTENCE_ENDS_CJK = "。！？｡"
 SENTENCE_ENDS = ".!?…‽" + SENTENCE_ENDS_CJK
@@ -177,11 +177,6 @@ class TextChunking:
 
 
 NO_CHUNKING = TextChunking(enabled=False)
-
-
-def chunk_seed(seed: int, index: int) -> int:
-    """The seed chunk `index` samples with (chunk 0: the request's own)."""
-    return (seed + index) % SEED_SPACE
 
 
 def crossfade_samples(sample_rate: int, crossfade_ms: float) -> int:

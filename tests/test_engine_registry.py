@@ -103,7 +103,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
 TOY_REFERENCE = '''
 import torch
 
-from ...reference_check import Check, Stage
+from ..reference import Check, Stage
 
 
 def stages(ref):

@@ -14,6 +14,7 @@ require_engine("indextts2")
 import torch  # noqa: E402
 
 from mizuoto_runtime import cli, reference_check  # noqa: E402
+from mizuoto_runtime.engines.reference import Reference  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "indextts2"
 needs_fixture = pytest.mark.skipif(not (FIXTURE / "reference.json").is_file(),
@@ -49,7 +50,7 @@ def test_a_changed_seed_changes_the_beam_codes() -> None:
     """The decode check can fail: another seed gives other sampled codes (same model, same prompt)."""
     from mizuoto_runtime.engines.indextts2 import pipeline, reference
 
-    ref = reference_check.Reference(FIXTURE)
+    ref = Reference(FIXTURE)
     meta = ref.meta["stages"]["gpt"]
     latent, emovec = reference._prefix(ref)
     torch.manual_seed(int(meta["seed"]) + 7)

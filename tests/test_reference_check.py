@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from mizuoto_runtime import cli, reference_check
 from mizuoto_runtime.errors import MizuotoError
-from mizuoto_runtime.reference_check import Check, Reference, Stage
+from mizuoto_runtime.engines.reference import Check, Reference, Stage
 
 
 def _folder(tmp_path: Path, tensors: dict[str, torch.Tensor]) -> Path:

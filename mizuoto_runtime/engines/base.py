@@ -59,6 +59,15 @@ class TinyWriter(Protocol):
                  dtype: torch.dtype | None = None) -> Path: ...
 
 
+SEED_SPACE = 1 << 64  # torch.Generator.manual_seed takes 64 bits
+
+
+def chunk_seed(seed: int, index: int) -> int:
+    """The seed a request's piece `index` samples with (piece 0: the request's own): the chunks
+    of long text, the sentences an engine splits it into, a script's lines."""
+    return (seed + index) % SEED_SPACE
+
+
 @dataclasses.dataclass
 class Sampling:
     """Generation settings a request may set; engines ignore what they do not use."""

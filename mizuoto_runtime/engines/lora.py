@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -30,7 +30,18 @@ from ..nn.lora import LoraFile, merged_weight, read_lora
 
 if TYPE_CHECKING:
     from ..handle import ModelHandle
-    from .base import Engine
+
+
+class Engine(Protocol):
+    """What an adapter reads of the engine it adapts (an `engines.base.Engine`; a protocol, so
+    that the base class may import this module and no cycle forms): its id and model folder; the
+    component's handle is the attribute the adapter names."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def model_dir(self) -> Path | None: ...
 
 log = logging.getLogger(__name__)
 

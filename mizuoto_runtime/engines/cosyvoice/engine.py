@@ -55,13 +55,12 @@ from typing import Any
 import torch
 
 from ...audio import Audio
-from ...chunking import chunk_seed
 from ...errors import CheckpointError, MizuotoError
 from ...nn.checkpoint import load_weights_only
 from ...nn.decoder import KVCache
 from ...nn.kv_cache import BufferCache, peak_bytes
 from ...phases import RequestContext
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, chunk_seed, element_size
 from .dit import DiT
 from .lm import length_bounds
 from .checkpoint import CosyVoiceModel, detect_version, load_model

@@ -11,7 +11,7 @@ import torch
 
 from ...nn.decoder import KVCache
 from ...nn.features import mel_spectrogram
-from ...reference_check import Check, Reference, Stage
+from ..reference import Check, Reference, Stage
 from .flow import cosine_t_span
 from .hift import HiFT
 from .lm import RasParams

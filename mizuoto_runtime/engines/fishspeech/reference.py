@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...nn.dtypes import parse_dtype
-from ...reference_check import Check, Reference, Stage
+from ..reference import Check, Reference, Stage
 from . import prompt as chat
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ...errors import CheckpointError
-from ...reference_check import Check, Reference, Stage
+from ..reference import Check, Reference, Stage
 from ...nn.features import kaldi_fbank
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic

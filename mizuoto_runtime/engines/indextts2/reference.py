@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ...reference_check import Check, Reference, Stage
+from ..reference import Check, Reference, Stage
 from . import pipeline
 from .decoding import DecodeSettings
 from .bigvgan import BigVGAN

@@ -15,7 +15,7 @@ cleaner).
 
 Nothing downloads: every dictionary and model this reads ships in an installed package or in
 this one, or is the user's own file, and a missing one is an error naming the package or file
-(`install_hint`).
+(`hints.install_hint`).
 """
 from __future__ import annotations
 
@@ -35,12 +35,6 @@ SHORT_LINE = 5  # upstream joins lines shorter than this to the next
 LONGEST_PIECE = 510  # a BERT input's characters, less [CLS] and [SEP]
 _SPLITS_CLASS = "[" + "".join(re.escape(s) for s in sorted(SPLITS)) + "]"
 _REPEATED_MARKS = re.compile(r"([!?…,.\-])([!?…,.\-])+")
-
-
-def install_hint() -> str:
-    from ... import install_hint as hint
-
-    return f"install them with: {hint('gptsovits')}"
 
 
 @dataclasses.dataclass(frozen=True)

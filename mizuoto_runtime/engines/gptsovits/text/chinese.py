@@ -55,7 +55,7 @@ def _tools() -> tuple[Any, Any, Any]:
         import jieba.posseg
         from pypinyin import Style, lazy_pinyin
     except ImportError as exc:
-        from . import install_hint
+        from .hints import install_hint
 
         raise ImportError(f"the Chinese frontend needs jieba and pypinyin ({install_hint()}): {exc}") from exc
     jieba.setLogLevel(logging.WARNING)

@@ -63,7 +63,7 @@ def package_file(package: str, relative: str) -> Path:
     """A data file of an installed package, found without importing the package."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        from . import install_hint
+        from .hints import install_hint
 
         raise FileNotFoundError(f"the English frontend reads {package}/{relative}, but {package} is not installed "
                                 f"({install_hint()})")
@@ -358,7 +358,7 @@ class EnglishG2P:
             import wordsegment
             from nltk.tokenize.casual import TweetTokenizer
         except ImportError as exc:
-            from . import install_hint
+            from .hints import install_hint
 
             raise ImportError(f"the English frontend needs wordsegment and nltk ({install_hint()})") from exc
         wordsegment.load()  # its unigram and bigram counts ship in the package

@@ -45,7 +45,7 @@ def _openjtalk() -> tuple[Any, Callable[[str], Any]]:
     try:
         import pyopenjtalk
     except ImportError as exc:
-        from . import install_hint
+        from .hints import install_hint
 
         raise ImportError(f"the Japanese frontend needs pyopenjtalk-plus ({install_hint()}): {exc}") from exc
     if "use_vanilla" in inspect.signature(pyopenjtalk.run_frontend).parameters:  # pyopenjtalk-plus

@@ -138,7 +138,7 @@ _DETECTOR_LOCK = threading.Lock()
 
 def _require(package: str) -> Any:
     if importlib.util.find_spec(package) is None:
-        from . import install_hint
+        from .hints import install_hint
 
         raise ImportError(f"GPT-SoVITS's language segmentation needs {package} ({install_hint()})")
     return importlib.import_module(package)
