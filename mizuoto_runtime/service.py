@@ -19,16 +19,29 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Protocol
 
 import psutil
 import torch
 
-from .engines import Engine
+from .handle import ModelHandle
 from .manager import ModelManager
 from .policy import VramPolicy
 
 log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What the service reads of a loaded engine (an `engines.Engine`, which sits above the memory
+    runtime: a protocol keeps this module below it): its id, its handles, and how to unload it."""
+
+    @property
+    def id(self) -> str: ...
+
+    def handles(self) -> Sequence[ModelHandle]: ...
+
+    def unload(self) -> None: ...
 
 
 def available_ram() -> int:
