@@ -91,7 +91,7 @@ def _add_routes() -> None:
     from aiohttp import web
     from server import PromptServer
 
-    from mizuoto_runtime.host import PROCESS
+    from mizuoto_runtime.app.host import PROCESS
 
     instance = getattr(PromptServer, "instance", None)
     if instance is None:
@@ -128,11 +128,11 @@ def _current_prompt() -> tuple[str, dict[str, Any]] | None:
 
 def _read_settings_dialog() -> None:
     """Mizuoto nodes apply the `compute.*` values of ComfyUI's settings dialog, read from the
-    file ComfyUI's user manager writes them to (see `mizuoto_runtime.ui_settings`)."""
+    file ComfyUI's user manager writes them to (see `mizuoto_runtime.app.ui_settings`)."""
     import folder_paths
 
-    from mizuoto_runtime.host import PROCESS
-    from mizuoto_runtime.ui_settings import ComfyUISettings
+    from mizuoto_runtime.app.host import PROCESS
+    from mizuoto_runtime.app.ui_settings import ComfyUISettings
 
     PROCESS.use_layers(ComfyUISettings(Path(folder_paths.get_user_directory()), _current_prompt))
 

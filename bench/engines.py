@@ -13,7 +13,7 @@ It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_m
 CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2 and GPT-SoVITS (the
 default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
-it (M45: between 1.0x and 1.3x, `tests/test_engine_estimates.py` asserts it).
+it (M45: between 1.0x and 1.3x, `tests/engines/test_engine_estimates.py` asserts it).
 For CosyVoice the talker phase is timed alone, in ms per speech token (a built-in speaker, a
 fixed number of tokens), resident and all streamed. So is
 GPT-SoVITS's (a tiny v2 voice): the T2S decoder's token loop, in ms per generated token.
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mizuoto_runtime import Runtime  # noqa: E402
 from mizuoto_runtime.audio import Audio  # noqa: E402
 from mizuoto_runtime.engines import Sampling, engine_class  # noqa: E402
-from mizuoto_runtime.phases import RequestContext  # noqa: E402
+from mizuoto_runtime.memory.phases import RequestContext  # noqa: E402
 
 
 def _peak_tracker() -> type:
@@ -281,7 +281,7 @@ class PeakRequest:
             f", {self.max_new_tokens} tokens" if self.max_new_tokens != 2048 else "")
 
 
-# The request sizes each engine's tests use (tests/test_engine_estimates.py, test_qwen3tts.py).
+# The request sizes each engine's tests use (tests/engines/test_engine_estimates.py, test_qwen3tts.py).
 PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "f5tts": [PeakRequest(1), PeakRequest(3)],
     "omnivoice": [PeakRequest(1), PeakRequest(3)],

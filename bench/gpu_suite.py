@@ -28,7 +28,7 @@ Every streamed output is compared with the resident run (`torch.equal`).
 
 `--dry-run` runs every code path tiny on the CPU (simulated device, M55): the
 buffered copy engine with simulated streams, and the pinning logic with a recording
-registrar. `tests/test_gpu_suite.py` runs it. Writes a JSON file and prints a short table;
+registrar. `tests/pack/test_gpu_suite.py` runs it. Writes a JSON file and prints a short table;
 the exit status is 1 when any section failed or any output differed.
 """
 from __future__ import annotations
@@ -56,16 +56,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mizuoto_runtime import (  # noqa: E402
-    DeviceService,
-    ModelHandle,
-    ModelManager,
-    VramPolicy,
-    graphs,  # noqa: E402
-)
-from mizuoto_runtime.cuda_allocator import ALLOC_CONF  # noqa: E402
-from mizuoto_runtime.pinning import CudaRegistrar, PinnedBudget, Pinner, RecordingRegistrar  # noqa: E402
-from mizuoto_runtime.transfer import BufferedCopyEngine, CudaStreams, SimulatedStreams  # noqa: E402
+from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, VramPolicy  # noqa: E402
+from mizuoto_runtime.memory import graphs  # noqa: E402
+from mizuoto_runtime.memory.cuda_allocator import ALLOC_CONF  # noqa: E402
+from mizuoto_runtime.memory.pinning import CudaRegistrar, PinnedBudget, Pinner, RecordingRegistrar  # noqa: E402
+from mizuoto_runtime.memory.transfer import BufferedCopyEngine, CudaStreams, SimulatedStreams  # noqa: E402
 
 GB = 1e9
 SECTIONS = ("bandwidth", "pinning", "oneshot", "diffusers", "sequence", "graphs",

@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from models import TinyLM  # noqa: E402
 from mizuoto_runtime import DeviceService, ModelHandle, build_on_meta, load_safetensors  # noqa: E402
+
+from support.models import TinyLM  # noqa: E402
 
 
 def peak_rss_bytes() -> int:

@@ -121,10 +121,9 @@ def _init_aimdo_devices(comfy_args: Any, mm: Any) -> bool:
 def _comfy_model(mm: Any, nbytes: int, dry: bool, dynamic: bool) -> tuple[Any, Any]:
     """A ComfyUI-style model: `comfy.ops` linear blocks of 64 MB (1 MB in the dry run), in the
     patcher ComfyUI itself would use (dynamic under aimdo)."""
-    import torch
-
     import comfy.model_patcher
     import comfy.ops
+    import torch
 
     dim = 512 if dry else 4096
     block = dim * dim * 2  # bf16
@@ -172,9 +171,9 @@ def _run(args: argparse.Namespace, aimdo: bool) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     mm, state = _start_comfyui(args, aimdo)
 
-    from mizuoto_runtime import loading
-    from mizuoto_runtime.comfy_bridge import aimdo_reclaimable, install
-    from mizuoto_runtime.runtime import Runtime
+    from mizuoto_runtime.app.comfy_bridge import aimdo_reclaimable, install
+    from mizuoto_runtime.app.runtime import Runtime
+    from mizuoto_runtime.nn import loading
 
     reads = {"n": 0}
 

@@ -53,9 +53,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from mizuoto_runtime import DeviceService, ModelHandle, Runtime, transfer  # noqa: E402
+from mizuoto_runtime import DeviceService, ModelHandle, Runtime  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
-from mizuoto_runtime.units import Unit  # noqa: E402
+from mizuoto_runtime.memory import transfer
+from mizuoto_runtime.memory.units import Unit  # noqa: E402
 
 MB = 1 << 20
 TEXT = "Hello from the tiny talker, one frame at a time."
@@ -282,7 +283,7 @@ def bench_lm(repeat: int, clock: CopyClock, steps: int = 64, dim: int = 512, lay
     M20; each leaf waits only for its own weights, M17), `rows` prompts at once; beside them
     the same copies alone, and plain with those copies made at the same time on a second
     thread, waiting for nothing (`copies_beside`): the limit of any streamed run here."""
-    from models import TinyLM
+    from support.models import TinyLM
 
     torch.manual_seed(0)
     plain = TinyLM(vocab=512, dim=dim, layers=layers).eval()

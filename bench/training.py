@@ -31,15 +31,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from mizuoto_runtime import Runtime  # noqa: E402
-from mizuoto_runtime.training.job import TrainingJob  # noqa: E402
-from mizuoto_runtime.training.memory import PRESET_NAMES  # noqa: E402
+from mizuoto_runtime.app.training.job import TrainingJob  # noqa: E402
+from mizuoto_runtime.app.training.memory import PRESET_NAMES  # noqa: E402
 
 OPTIMIZER_STEPS = 12
 
 
 def make_inputs(root: Path) -> tuple[Path, Path]:
+    from mizuoto_runtime.app.training.dataset import write_demo_clips
     from mizuoto_runtime.engines.qwen3tts.tiny import write
-    from mizuoto_runtime.training.dataset import write_demo_clips
 
     return write(root / "base", version="base"), write_demo_clips(root / "clips")
 
@@ -64,8 +64,8 @@ def run_job(base: Path, clips: Path, out: Path, preset: str, batch: int, steps: 
 
 def optimizer_child(mode: str, numel: int) -> None:
     """Runs in a fresh process: the host-side optimizer's step over `numel` parameters."""
-    from mizuoto_runtime.training.cpu_allocator import apply_in_process, huge_pages_enabled
-    from mizuoto_runtime.training.host_optimizer import HostAdamW
+    from mizuoto_runtime.app.training.cpu_allocator import apply_in_process, huge_pages_enabled
+    from mizuoto_runtime.app.training.host_optimizer import HostAdamW
 
     apply_in_process(mode, os.environ)
     torch.set_num_threads(1)
@@ -82,7 +82,7 @@ def optimizer_child(mode: str, numel: int) -> None:
 
 
 def optimizer_run(mode: str, numel: int) -> dict[str, Any]:
-    from mizuoto_runtime.training.cpu_allocator import cpu_allocator_env
+    from mizuoto_runtime.app.training.cpu_allocator import cpu_allocator_env
 
     env = {**os.environ, **cpu_allocator_env(mode), "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, __file__, "--optimizer-child", mode, str(numel)], env=env,
@@ -109,7 +109,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)  # the training process takes the host's count
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-training-") as tmp:
         base, clips = make_inputs(Path(tmp))
-        from mizuoto_runtime.training.qwen3tts_lora import model_params
+        from mizuoto_runtime.app.training.qwen3tts_lora import model_params
 
         size = model_params({"model": str(base)})
         rows = [run_job(base, clips, Path(tmp) / "lora.safetensors", preset, int(batch), args.steps, args.device)
@@ -137,7 +137,7 @@ def main() -> int:
           f"{on:.3f} s vs {off:.3f} s ({on / off:.2f}x)")
     today = datetime.date.today().isoformat()
     where = "cpu" if args.device == "cpu" else f"cuda: {machine}"
-    print("\nPeakRow lines for mizuoto_runtime/training/peaks.py:")
+    print("\nPeakRow lines for mizuoto_runtime/app/training/peaks.py:")
     for r in rows:
         print(f'    PeakRow("qwen3tts tiny Base", {size}, "{r["preset"]}", {r["batch_size"]}, {r["train_peak_mb"]:.1f}, '
               f'"{where}", "bench/training.py, {args.steps} steps, 2 clips of 1 s, {machine}, {today}"),')

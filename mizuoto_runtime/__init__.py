@@ -11,31 +11,36 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .app.runtime import Runtime
     from .audio import Audio, read_wav, write_wav
-    from .devices import DeviceService
     from .errors import (
-        ArgumentError, CancelledError, CheckpointError, DeviceTooSmallError, MizuotoError, SettingError,
+        ArgumentError,
+        CancelledError,
+        CheckpointError,
+        DeviceTooSmallError,
+        MizuotoError,
+        SettingError,
         StrictDeviceError,
     )
-    from .handle import ModelHandle
-    from .loading import build_on_meta, load_safetensors
-    from .manager import ModelManager
-    from .phases import RequestContext
-    from .policy import VramPolicy
-    from .runtime import Runtime
-    from .testing import OomInjector
-    from .tiling import tiled_1d
-    from .units import plan_units
+    from .memory.devices import DeviceService
+    from .memory.handle import ModelHandle
+    from .memory.manager import ModelManager
+    from .memory.phases import RequestContext
+    from .memory.policy import VramPolicy
+    from .memory.testing import OomInjector
+    from .memory.tiling import tiled_1d
+    from .memory.units import plan_units
+    from .nn.loading import build_on_meta, load_safetensors
 
 # Each name loads its module on first use, so importing the package does not import torch: the
 # command line writes the CUDA allocator's environment before torch loads (`entry`, M54).
 _HOMES = {
-    "Audio": "audio", "read_wav": "audio", "write_wav": "audio", "DeviceService": "devices",
-    "OomInjector": "testing", "ArgumentError": "errors", "CancelledError": "errors", "CheckpointError": "errors",
+    "Audio": "audio", "read_wav": "audio", "write_wav": "audio", "DeviceService": "memory.devices",
+    "OomInjector": "memory.testing", "ArgumentError": "errors", "CancelledError": "errors", "CheckpointError": "errors",
     "DeviceTooSmallError": "errors", "MizuotoError": "errors", "SettingError": "errors",
-    "StrictDeviceError": "errors", "ModelHandle": "handle", "build_on_meta": "loading",
-    "load_safetensors": "loading", "ModelManager": "manager", "RequestContext": "phases",
-    "VramPolicy": "policy", "Runtime": "runtime", "tiled_1d": "tiling", "plan_units": "units",
+    "StrictDeviceError": "errors", "ModelHandle": "memory.handle", "build_on_meta": "nn.loading",
+    "load_safetensors": "nn.loading", "ModelManager": "memory.manager", "RequestContext": "memory.phases",
+    "VramPolicy": "memory.policy", "Runtime": "app.runtime", "tiled_1d": "memory.tiling", "plan_units": "memory.units",
 }
 
 

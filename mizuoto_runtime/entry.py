@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from .cuda_allocator import apply_before_torch, from_arguments
+from .memory.cuda_allocator import apply_before_torch, from_arguments
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     apply_before_torch(from_arguments(args))
-    from .cli import main as run  # imports torch
+    from .app.cli import main as run  # imports torch
 
     return run(args)

@@ -10,8 +10,8 @@ import torch
 from comfy_api.latest import io
 
 from mizuoto_runtime import Audio, MizuotoError
+from mizuoto_runtime.app.host import EngineRef
 from mizuoto_runtime.engines import Codes, Engine, Sampling, Voice
-from mizuoto_runtime.host import EngineRef
 
 CATEGORY = "audio/Mizuoto TTS"
 STEPS_CATEGORY = f"{CATEGORY}/step by step"

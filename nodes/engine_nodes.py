@@ -8,13 +8,13 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import DeviceService
-from mizuoto_runtime.checkpoints import NONE, Catalog
+from mizuoto_runtime.app.checkpoints import NONE, Catalog
+from mizuoto_runtime.app.host import PROCESS
+from mizuoto_runtime.app.ui_settings import from_fields
 from mizuoto_runtime.engines import ENGINES
 from mizuoto_runtime.errors import MizuotoError
-from mizuoto_runtime.host import PROCESS
-from mizuoto_runtime.policy import HOST_COPIES, VRAM_MODES
+from mizuoto_runtime.memory.policy import HOST_COPIES, VRAM_MODES
 from mizuoto_runtime.nn.dtypes import DTYPES
-from mizuoto_runtime.ui_settings import from_fields
 
 from . import paths
 from .common import AUTO_LANGUAGE, CATEGORY, EngineSocket, MemorySocket, schema, speaker_value
@@ -62,7 +62,7 @@ def check_choice(engine: str, checkpoint: str, speaker: str | None = None, langu
 
 class MizuotoMemorySettings(io.ComfyNode):
     """`compute.*` settings (M9, M10) for the graph it is in, over those of ComfyUI's settings
-    dialog (`mizuoto_runtime.ui_settings`: defaults < dialog < this node)."""
+    dialog (`mizuoto_runtime.app.ui_settings`: defaults < dialog < this node)."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:

@@ -7,10 +7,10 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import Audio, MizuotoError
-from mizuoto_runtime.comfy_bridge import node_request
-from mizuoto_runtime.engines.indextts2.emotion import EMOTIONS, Emotion, balanced
+from mizuoto_runtime.app.comfy_bridge import node_request
+from mizuoto_runtime.app.host import PROCESS, EngineRef
 from mizuoto_runtime.engines import Voice
-from mizuoto_runtime.host import PROCESS, EngineRef
+from mizuoto_runtime.engines.indextts2.emotion import EMOTIONS, Emotion, balanced
 
 from .common import STEPS_CATEGORY, EngineSocket, VoiceSocket, audio_in, check_made_by, memory_text, schema
 

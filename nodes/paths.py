@@ -15,7 +15,7 @@ from pathlib import Path
 
 import folder_paths
 
-from mizuoto_runtime.checkpoints import Catalog, scan
+from mizuoto_runtime.app.checkpoints import Catalog, scan
 
 FOLDER = "mizuoto"
 FRESH_S = 2.0

@@ -19,16 +19,33 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from mizuoto_runtime.chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
-from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check, node_request
+from mizuoto_runtime.app.chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
+from mizuoto_runtime.app.comfy_bridge import ProgressReporter, interrupt_check, node_request
+from mizuoto_runtime.app.host import PROCESS, EngineRef, fallback_switch
 from mizuoto_runtime.engines import Codes, Voice
-from mizuoto_runtime.host import PROCESS, EngineRef, fallback_switch
 
 from . import paths
 from .common import (
-    CATEGORY, FALLBACK_TOOLTIP, NO_SPEAKER, STEPS_CATEGORY, CodesSocket, EngineSocket, VoiceSocket, audio_in,
-    audio_out, check_made_by, language_input, linked_type_errors, memory_json, memory_text, phased_engine,
-    sampling_from, sampling_inputs, schema, speaker_input, speaker_value,
+    CATEGORY,
+    FALLBACK_TOOLTIP,
+    NO_SPEAKER,
+    STEPS_CATEGORY,
+    CodesSocket,
+    EngineSocket,
+    VoiceSocket,
+    audio_in,
+    audio_out,
+    check_made_by,
+    language_input,
+    linked_type_errors,
+    memory_json,
+    memory_text,
+    phased_engine,
+    sampling_from,
+    sampling_inputs,
+    schema,
+    speaker_input,
+    speaker_value,
 )
 from .engine_nodes import check_choice, checkpoint_input, dtype_input, engine_input
 from .indextts_nodes import emotion_inputs, emotion_options

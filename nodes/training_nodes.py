@@ -14,12 +14,12 @@ import folder_paths
 from comfy_api.latest import io, ui
 
 from mizuoto_runtime import MizuotoError
-from mizuoto_runtime.comfy_bridge import ProgressReporter, interrupt_check
-from mizuoto_runtime.host import PROCESS, EngineRef
+from mizuoto_runtime.app.comfy_bridge import ProgressReporter, interrupt_check
+from mizuoto_runtime.app.host import PROCESS, EngineRef
+from mizuoto_runtime.app.training.job import TrainingJob
+from mizuoto_runtime.app.training.memory import PRESET_NAMES
+from mizuoto_runtime.app.training.qwen3tts_lora import DEFAULTS, METHOD
 from mizuoto_runtime.engines import LoraChoice
-from mizuoto_runtime.training.job import TrainingJob
-from mizuoto_runtime.training.memory import PRESET_NAMES
-from mizuoto_runtime.training.qwen3tts_lora import DEFAULTS, METHOD
 
 from .common import CATEGORY, SEED_MAX, EngineSocket, schema
 

@@ -3,7 +3,7 @@
 // timeline — one lane per phase; per component the MB it had on the GPU, streamed from RAM and
 // needed as working memory; where components yielded VRAM and for whom; retries and fallbacks.
 // Pure functions, no ComfyUI import: mizuoto.js turns them into elements, the tests run them in
-// Node. The payload's format is documented in mizuoto_runtime/report.py.
+// Node. The payload's format is documented in mizuoto_runtime/memory/report.py.
 
 export const MB = 1024 * 1024;
 export const COLORS = { loaded: "#4caf50", streamed: "#2196f3", working: "#ff9800", host: "#9e9e9e" };

@@ -38,15 +38,15 @@ import torch
 from torch import nn
 
 from ..audio import Audio
-from ..errors import ArgumentError, CheckpointError, MizuotoError
+from ..errors import ArgumentError, MizuotoError
 from ..lru import LruCache
-from ..rng import GLOBAL_RNG
+from ..memory.rng import GLOBAL_RNG
 from .lora import LoraAdapter, LoraChoice, applied_lora
 
 if TYPE_CHECKING:
-    from ..handle import Kind, ModelHandle
-    from ..manager import ModelManager
-    from ..phases import RequestContext
+    from ..memory.handle import Kind, ModelHandle
+    from ..memory.manager import ModelManager
+    from ..memory.phases import RequestContext
 
 
 class TinyWriter(Protocol):

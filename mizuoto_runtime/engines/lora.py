@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ..errors import MizuotoError
-from ..loading import SafetensorsFile
+from ..nn.loading import SafetensorsFile
 from ..nn.lora import LoraFile, merged_weight, read_lora
 
 if TYPE_CHECKING:
-    from ..handle import ModelHandle
+    from ..memory.handle import ModelHandle
 
 
 class Engine(Protocol):

@@ -17,14 +17,14 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 
-import torch
-from torch import nn
-
 import aimdo_boundary
 import comfy.model_management as mm
-from mizuoto_runtime.comfy_bridge import ComfyPins, HandleAdapter
-from mizuoto_runtime.pinning import PinnedBudget
+import torch
 from shared_device import CPU, MB, SharedDevice, Stack
+from torch import nn
+
+from mizuoto_runtime.app.comfy_bridge import ComfyPins, HandleAdapter
+from mizuoto_runtime.memory.pinning import PinnedBudget
 
 GB = 1 << 30
 RESERVE_GB = 4  # the `--reserve-vram` both scripts start ComfyUI with
@@ -220,7 +220,7 @@ def check_dynamic_vram_paths_with_comfy_aimdo_stubbed_at_its_library() -> None:
         return
     import comfy.model_patcher
 
-    from mizuoto_runtime.comfy_bridge import aimdo_active, aimdo_reclaimable
+    from mizuoto_runtime.app.comfy_bridge import aimdo_active, aimdo_reclaimable
 
     s = SharedDevice(mm)
     handle = s.handle("tts")

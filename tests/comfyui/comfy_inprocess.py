@@ -25,15 +25,15 @@ import comfy.options  # noqa: E402
 
 comfy.options.enable_args_parsing()
 
-import utils.extra_config  # noqa: E402,F401  (before `nodes`, as main.py does)
-import torch  # noqa: E402
-
 import accounting_checks  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
-from mizuoto_runtime.comfy_bridge import node_request  # noqa: E402
-from mizuoto_runtime.engines import Sampling  # noqa: E402
-from mizuoto_runtime.runtime import Runtime  # noqa: E402
+import torch  # noqa: E402
+import utils.extra_config  # noqa: E402,F401  (before `nodes`, as main.py does)
 from shared_device import SharedDevice  # noqa: E402
+
+from mizuoto_runtime.app.comfy_bridge import node_request  # noqa: E402
+from mizuoto_runtime.app.runtime import Runtime  # noqa: E402
+from mizuoto_runtime.engines import Sampling  # noqa: E402
 
 TILE_LIMIT = 300  # frames: tiled_1d decodes at most 256 at a time
 COMFY_GET_FREE_MEMORY = mm.get_free_memory

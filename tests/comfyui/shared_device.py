@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mizuoto_runtime import DeviceService, ModelHandle, ModelManager, VramPolicy
-from mizuoto_runtime.comfy_bridge import ComfyAccounting, HandleAdapter
+from mizuoto_runtime.app.comfy_bridge import ComfyAccounting, HandleAdapter
 
 MB = 1 << 20
 CPU = torch.device("cpu")

@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import COMFYUI_PATH, COMFYUI_PYTHON, REPO, qwen_tts_problem, requires_comfyui, running_server
-from comfyui_harness import write_tiny_qwen3tts
+from comfyui_harness import (
+    COMFYUI_PATH,
+    COMFYUI_PYTHON,
+    REPO,
+    qwen_tts_problem,
+    requires_comfyui,
+    running_server,
+    write_tiny_qwen3tts,
+)
 
 pytestmark = requires_comfyui
 

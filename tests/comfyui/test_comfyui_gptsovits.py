@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import (COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, comfyui_env, requires_comfyui,
-                             running_server, ui_to_api)
+from comfyui_harness import (
+    COMFYUI_PYTHON,
+    REFERENCE_WAV,
+    REPO,
+    ComfyServer,
+    comfyui_env,
+    requires_comfyui,
+    running_server,
+    ui_to_api,
+)
 from test_comfyui_qwen3tts import messages
 from test_comfyui_server import memory_settings
 

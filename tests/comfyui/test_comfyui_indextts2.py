@@ -9,15 +9,21 @@ read from the spoken text. The checkpoint is written by ComfyUI's Python into th
 temporary base folder."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import json
-
-from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
-                             ui_to_api)
+from comfyui_harness import (
+    REFERENCE_WAV,
+    REPO,
+    ComfyServer,
+    requires_comfyui,
+    run_with_comfyui_python,
+    running_server,
+    ui_to_api,
+)
 from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import memory_settings
 

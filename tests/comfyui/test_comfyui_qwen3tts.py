@@ -22,8 +22,16 @@ from typing import Any
 
 import pytest
 from comfyui_harness import (
-    COMFYUI_PATH, COMFYUI_PYTHON, REFERENCE_WAV, REPO, ComfyServer, qwen_tts_problem, requires_comfyui, running_server,
-    ui_to_api, write_tiny_qwen3tts,
+    COMFYUI_PATH,
+    COMFYUI_PYTHON,
+    REFERENCE_WAV,
+    REPO,
+    ComfyServer,
+    qwen_tts_problem,
+    requires_comfyui,
+    running_server,
+    ui_to_api,
+    write_tiny_qwen3tts,
 )
 
 pytestmark = requires_comfyui

@@ -19,8 +19,16 @@ from typing import Any
 
 import pytest
 from comfyui_harness import (
-    COMFYUI_PYTHON, FRONTEND_ONLY, REFERENCE_WAV, REPO, ComfyServer, comfy_server, comfyui_env, requires_comfyui,
-    running_server, ui_to_api,
+    COMFYUI_PYTHON,
+    FRONTEND_ONLY,
+    REFERENCE_WAV,
+    REPO,
+    ComfyServer,
+    comfy_server,
+    comfyui_env,
+    requires_comfyui,
+    running_server,
+    ui_to_api,
 )
 
 pytestmark = requires_comfyui

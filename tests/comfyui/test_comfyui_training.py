@@ -15,7 +15,7 @@ import pytest
 from comfyui_harness import REFERENCE_WAV, ComfyServer, requires_comfyui, running_server, write_tiny_qwen3tts
 from test_comfyui_qwen3tts import CHECKPOINT, MAX_NEW_TOKENS
 
-from mizuoto_runtime.training.dataset import write_demo_clips
+from mizuoto_runtime.app.training.dataset import write_demo_clips
 from mizuoto_runtime.nn.lora import read_lora
 
 pytestmark = requires_comfyui
@@ -23,7 +23,7 @@ pytestmark = requires_comfyui
 DATASET = "mizuoto_voice"  # under the server's input folder
 LORA = "tiny_voice"
 RUN_TIMEOUT_S = 600.0
-WORKER = "mizuoto_runtime.training.worker"
+WORKER = "mizuoto_runtime.app.training.worker"
 
 
 def prepare(root: Path) -> None:

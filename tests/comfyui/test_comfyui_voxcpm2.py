@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfyui_harness import (REFERENCE_WAV, REPO, ComfyServer, requires_comfyui, run_with_comfyui_python, running_server,
-                             ui_to_api)
+from comfyui_harness import (
+    REFERENCE_WAV,
+    REPO,
+    ComfyServer,
+    requires_comfyui,
+    run_with_comfyui_python,
+    running_server,
+    ui_to_api,
+)
 from test_comfyui_qwen3tts import messages, wav_stream_info
 from test_comfyui_server import memory_settings
 

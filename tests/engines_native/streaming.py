@@ -14,15 +14,24 @@ import pytest
 import torch
 from torch import nn
 
-from models import BufferModel, ConvVocoder, LegacyWeightNormVocoder, TinyDiT, TinyGPT2, TinyLM, WeightNormVocoder
-from oom import allocations_during
 from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, Runtime, VramPolicy
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Engine, Sampling
-from mizuoto_runtime.pinning import PinnedBudget, Pinner, RecordingRegistrar
-from mizuoto_runtime.streamer import Streamer
-from mizuoto_runtime.transfer import BufferedCopyEngine, Lease, SimulatedStreams
-from mizuoto_runtime.units import Unit
+from mizuoto_runtime.memory.pinning import PinnedBudget, Pinner, RecordingRegistrar
+from mizuoto_runtime.memory.streamer import Streamer
+from mizuoto_runtime.memory.transfer import BufferedCopyEngine, Lease, SimulatedStreams
+from mizuoto_runtime.memory.units import Unit
+
+from support.models import (
+    BufferModel,
+    ConvVocoder,
+    LegacyWeightNormVocoder,
+    TinyDiT,
+    TinyGPT2,
+    TinyLM,
+    WeightNormVocoder,
+)
+from support.oom import allocations_during
 
 PLACEMENTS = ("none", "half", "whole")
 MB = 1 << 20

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...loading import build_on_meta
 from ...nn.checkpoint import load_state_dict
 from ...nn.decoder import DecoderConfig
+from ...nn.loading import build_on_meta
 from ...nn.weight_norm import fold_state_dict
 from ..checkpoint_files import read_json
 from .config import ModelConfig, Tag, args_of, expect

@@ -56,18 +56,18 @@ import torch
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
+from ...memory.phases import RequestContext
 from ...nn.checkpoint import load_weights_only
 from ...nn.decoder import KVCache
 from ...nn.kv_cache import BufferCache, peak_bytes
-from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, chunk_seed, element_size
+from .checkpoint import CosyVoiceModel, detect_version, load_model
 from .dit import DiT
 from .lm import length_bounds
-from .checkpoint import CosyVoiceModel, detect_version, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens
 from .text import normalize, sentences
-from .voice import MAX_PROMPT_SECONDS, SPEAKER_RATE, load_campplus, load_speech_tokenizer, resample
 from .tokenizer import ENDOFPROMPT, TextTokenizer
+from .voice import MAX_PROMPT_SECONDS, SPEAKER_RATE, load_campplus, load_speech_tokenizer, resample
 
 log = logging.getLogger(__name__)
 

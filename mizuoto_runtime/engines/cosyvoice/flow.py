@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.conformer import (ConformerEncoderLayer, LinearEmbed, PositionwiseFeedForward,
-                             RelPositionMultiHeadedAttention)
+from ...nn.conformer import ConformerEncoderLayer, LinearEmbed, PositionwiseFeedForward, RelPositionMultiHeadedAttention
 
 NOISE_FRAMES = 50 * 300  # upstream's fixed noise: 15000 frames (300 s of mel)
 MEL = 80  # upstream hardcodes 80 channels in the CFM

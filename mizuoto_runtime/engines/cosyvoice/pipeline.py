@@ -12,8 +12,8 @@ import torch
 
 from ...nn.decoder import Cache, KVCache
 from ...nn.features import mel_spectrogram
-from .lm import Generation, RasParams, RasSampler, generate, length_bounds
 from .checkpoint import CosyVoiceModel, MelSpec
+from .lm import Generation, RasParams, RasSampler, generate, length_bounds
 
 # CosyVoice3Model.silent_tokens: after 5 in a row, further ones are dropped.
 SILENT_TOKENS: dict[int, tuple[int, ...]] = {2: (), 3: (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)}

@@ -12,10 +12,10 @@ import torch
 from ...nn.decoder import KVCache
 from ...nn.features import mel_spectrogram
 from ..reference import Check, Reference, Stage
+from .checkpoint import CosyVoiceModel, load_model
 from .flow import cosine_t_span
 from .hift import HiFT
 from .lm import RasParams
-from .checkpoint import CosyVoiceModel, load_model
 from .pipeline import SILENT_TOKENS, drop_silent, prompt_mel, speech_tokens, token2wav
 
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from ...nn.decoder import DecoderConfig
 from ...nn import weight_norm
+from ...nn.decoder import DecoderConfig
 from ..tiny import byte_alphabet, fan_in_std, version_of, write_json
-from .engine import SPK2INFO, CosyVoiceEngine
 from .checkpoint import BLANK_EN, YAMLS, load_model
+from .engine import SPK2INFO, CosyVoiceEngine
 from .tokenizer import special_tokens
 
 log = logging.getLogger(__name__)
@@ -286,8 +286,8 @@ def _write(out: Path, version: int, seed: int) -> Path:
     (out / YAMLS[version]).write_text(model_yaml(version), encoding="utf-8")
     generator = torch.Generator().manual_seed(seed)
     # Build the modules from the yaml with our own loader's builders, then fill them at random.
-    from .config import ModelConfig
     from .checkpoint import _hift_factory, build_flow, lm_spec
+    from .config import ModelConfig
     from .lm import CosyVoiceLM
 
     blank = out / BLANK_EN

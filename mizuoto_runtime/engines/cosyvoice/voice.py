@@ -84,7 +84,7 @@ def load_speech_tokenizer(path: Path) -> SpeechTokenizer:
     """s3tokenizer's model for the published files; any other ONNX graph converted as it is."""
     import s3tokenizer
 
-    from ...loading import build_on_meta
+    from ...nn.loading import build_on_meta
 
     cls = s3tokenizer.S3TokenizerV3 if "v3" in path.name else s3tokenizer.S3TokenizerV2
     convert = s3tokenizer.onnx2torch_v3 if "v3" in path.name else s3tokenizer.onnx2torch

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from ...audio import Audio
-from ...loading import build_on_meta, load_safetensors
+from ...memory.phases import RequestContext
+from ...memory.tiling import tiled_1d
 from ...nn.kv_cache import peak_bytes
-from ...phases import RequestContext
-from ...tiling import tiled_1d
+from ...nn.loading import build_on_meta, load_safetensors
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 from .model import CODEBOOK, COMPONENTS, FRAMES_PER_TEXT_TOKEN, HOP, random_weights
 

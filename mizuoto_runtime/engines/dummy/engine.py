@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...audio import Audio
-from ...phases import RequestContext
+from ...memory.phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 
 HOP = 128

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...loading import build_on_meta, load_safetensors
 from ...nn.checkpoint import load_weights_only
+from ...nn.loading import build_on_meta, load_safetensors
 from ..checkpoint_files import read_yaml
 from .upstream import import_upstream, package_config, vocos_classes
 

@@ -15,7 +15,7 @@ Phases (M1):
   `tiled_1d`, valid here because Vocos is local in time: a 7-tap depthwise ConvNeXt stack with
   per-frame LayerNorm (no time-global statistics, no state carried along the sequence, unlike
   HiFT's phase) followed by an overlap-add ISTFT. Outside the 32-frame crossfades a tile's
-  samples are the whole decode's (`tests/test_f5tts.py` checks it); inside, the two tiles
+  samples are the whole decode's (`tests/engines/test_f5tts.py` checks it); inside, the two tiles
   differ by their missing context, which the crossfade blends.
 
 Exactness (M40, M57). `CFM.sample` draws its noise from torch's global RNG (``seed=`` calls
@@ -45,8 +45,8 @@ import torch
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
-from ...phases import RequestContext
-from ...tiling import tiled_1d
+from ...memory.phases import RequestContext
+from ...memory.tiling import tiled_1d
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .checkpoint import DEFAULT_CONFIG, SAMPLE_RATE, VOCODER_FOLDER, check_layout, load_flow, load_vocoder
 from .upstream import import_upstream

@@ -21,8 +21,8 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, drop_noise
 from ..checkpoint_files import read_yaml
+from ..upstream import TORCH_JIT_SCRIPT, ImportNoise, drop_noise
 
 F5TTS_NOISE = ImportNoise(warnings=(TORCH_JIT_SCRIPT,))
 

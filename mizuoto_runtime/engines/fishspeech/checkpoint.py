@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import CheckpointError
-from ...loading import build_on_meta, load_safetensors
 from ...nn.checkpoint import CheckpointError as NnCheckpointError
 from ...nn.checkpoint import load_state_dict
+from ...nn.loading import build_on_meta, load_safetensors
 from ...nn.weight_norm import LEGACY, PARAMETRIZED, fold
 from .codec import CodecConfig, CodecDecoder, CodecEncoder, TransformerConfig
 from .config import DualARConfig, read_config

@@ -56,16 +56,16 @@ from torch import Tensor, nn
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
+from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import prompt as chat
+from .checkpoint import detect_version, load_codec, load_dual_ar
 from .codec import CodecConfig
 from .dual_ar import FastTransformer, KVCache, SlowTransformer
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
 from .sampling import S1Sampling, SamplingTensors
-from .checkpoint import detect_version, load_codec, load_dual_ar
 
 SAMPLE_RATE = 44100
 LABELS = {"s2-pro": "S2-Pro", "s1-mini": "S1-mini"}

@@ -23,10 +23,10 @@ import torch
 from ...nn.dtypes import parse_dtype
 from ..reference import Check, Reference, Stage
 from . import prompt as chat
+from .checkpoint import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
 from .loop import FrameSampler, frame_count
 from .loop import generate as run_loop
 from .sampling import SamplingTensors
-from .checkpoint import DEFAULT_CODEC_WINDOW, DualAR, load_codec, load_dual_ar
 
 
 def _dtype(ref: Reference) -> torch.dtype:

@@ -53,8 +53,23 @@ from ...nn.features import kaldi_fbank
 from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import bert as bert_features
-from .checkpoint import (HUBERT_FOLDER, SUPPORTED, SV_FILE, VoicePair, build_sv, build_t2s, build_vits, find_aux, pair_in,
-                         read_gpt, read_sovits, read_sv_state, require_pair, sovits_version_hint, voice_files)
+from .checkpoint import (
+    HUBERT_FOLDER,
+    SUPPORTED,
+    SV_FILE,
+    VoicePair,
+    build_sv,
+    build_t2s,
+    build_vits,
+    find_aux,
+    pair_in,
+    read_gpt,
+    read_sovits,
+    read_sv_state,
+    require_pair,
+    sovits_version_hint,
+    voice_files,
+)
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .text import Run, english, g2pw, phonemize, segment

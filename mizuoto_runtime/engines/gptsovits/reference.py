@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 
 from ...errors import CheckpointError
-from ..reference import Check, Reference, Stage
 from ...nn.features import kaldi_fbank
+from ..reference import Check, Reference, Stage
+from .checkpoint import build_sv, build_t2s, build_vits, read_gpt, read_sovits, read_sv_state
 from .spectrogram import spectrogram
 from .t2s import Text2Semantic
 from .vits import Synthesizer
-from .checkpoint import build_sv, build_t2s, build_vits, read_gpt, read_sovits, read_sv_state
 
 
 # ---- the checkpoint's parts, loaded once per folder by the engine's own loader ------------------

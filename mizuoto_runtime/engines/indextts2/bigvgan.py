@@ -43,7 +43,7 @@ class BigVGANConfig:
     use_bias_at_final: bool = True
 
     @classmethod
-    def read(cls, path: Path) -> "BigVGANConfig":
+    def read(cls, path: Path) -> BigVGANConfig:
         with path.open(encoding="utf-8") as f:
             h: dict[str, Any] = json.load(f)
         if h.get("resblock") != "1" or h.get("activation") != "snakebeta":

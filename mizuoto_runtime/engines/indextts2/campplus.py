@@ -139,7 +139,7 @@ class CAMPPlusSizes:
     head_channels: int = 32
 
     @classmethod
-    def from_state(cls, state: dict[str, torch.Tensor], feat_dim: int = 80) -> "CAMPPlusSizes":
+    def from_state(cls, state: dict[str, torch.Tensor], feat_dim: int = 80) -> CAMPPlusSizes:
         def shape(key: str) -> torch.Size:
             if key not in state:
                 raise ValueError(f"CAM++ checkpoint: no tensor {key!r}")

@@ -101,7 +101,7 @@ class Layout:
     config: dict[str, Any]
 
     @classmethod
-    def open(cls, folder: str | Path) -> "Layout":
+    def open(cls, folder: str | Path) -> Layout:
         folder = Path(folder)
         return cls(folder, read_config(folder))
 

@@ -40,7 +40,7 @@ class Emotion:
 
     @classmethod
     def from_inputs(cls, audio: Audio | None, weights: str, alpha: float, text: str | None = None,
-                    from_text: bool = False, random: bool = False, balance: bool = False) -> "Emotion | None":
+                    from_text: bool = False, random: bool = False, balance: bool = False) -> Emotion | None:
         """From a UI's inputs: an audio wins over `weights` ("sad=0.8, calm=0.2"), which win over
         text for the emotion model (`text`, or with `from_text` the spoken text); None when all
         are unset. `balance` tones the weights down as upstream's web UI does (`balanced`)."""

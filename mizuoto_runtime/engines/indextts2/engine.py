@@ -41,15 +41,15 @@ import torch
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
+from ...lru import LruCache
 from ...nn.features import kaldi_fbank
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from . import pipeline
+from .checkpoint import Layout, check_layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .components import CodecEncoder, Conditioning, Flow, Talker
 from .decoding import DecodeSettings
-from ...lru import LruCache
-from .emotion_text import EmotionModel, parse
 from .emotion import EMOTIONS, Emotion
-from .checkpoint import Layout, check_layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
+from .emotion_text import EmotionModel, parse
 from .text import GLOSSARY_FILE, TextTokenizer
 from .w2v import W2VBert
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -18,8 +19,8 @@ from ...errors import ArgumentError
 from ...nn.features import mel_spectrogram
 from .bigvgan import BigVGAN
 from .campplus import CAMPPlus
-from .decoding import DecodeSettings, generate
 from .checkpoint import Tables
+from .decoding import DecodeSettings, generate
 from .s2mel import S2Mel
 from .semantic_codec import SemanticCodec
 from .unified_voice import PromptedDecoder, UnifiedVoice

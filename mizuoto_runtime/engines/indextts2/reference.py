@@ -14,10 +14,10 @@ import torch
 
 from ..reference import Check, Reference, Stage
 from . import pipeline
-from .decoding import DecodeSettings
 from .bigvgan import BigVGAN
 from .campplus import CAMPPlus
 from .checkpoint import Layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel
+from .decoding import DecodeSettings
 from .s2mel import S2Mel
 from .semantic_codec import SemanticCodec
 from .unified_voice import UnifiedVoice

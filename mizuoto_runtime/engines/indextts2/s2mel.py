@@ -155,7 +155,7 @@ class DiTConfig:
     wn_layers: int
 
     @classmethod
-    def from_yaml(cls, s2mel: dict[str, Any]) -> "DiTConfig":
+    def from_yaml(cls, s2mel: dict[str, Any]) -> DiTConfig:
         dit, wn = s2mel["DiT"], s2mel["wavenet"]
         unsupported = {k: dit.get(k) for k, want in (("final_layer_type", "wavenet"), ("time_as_token", False),
                                                       ("style_as_token", False), ("uvit_skip_connection", True),

@@ -64,7 +64,7 @@ class CodecConfig:
     vocos_num_layers: int = 12
 
     @classmethod
-    def from_yaml(cls, cfg: dict[str, Any]) -> "CodecConfig":
+    def from_yaml(cls, cfg: dict[str, Any]) -> CodecConfig:
         for key in ("num_quantizers", "downsample_scale"):
             if cfg.get(key, 1) != 1:
                 raise ValueError(f"config.yaml semantic_codec.{key}={cfg[key]}: IndexTTS-2 uses 1")

@@ -43,7 +43,7 @@ class GPTConfig:
     emo_condition_module: dict[str, Any]
 
     @classmethod
-    def from_yaml(cls, gpt: dict[str, Any]) -> "GPTConfig":
+    def from_yaml(cls, gpt: dict[str, Any]) -> GPTConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in gpt]
         if missing:

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...loading import build_on_meta, load_safetensors
-from ...upstream import ImportNoise, WarningNoise, quiet_import
+from ...nn.loading import build_on_meta, load_safetensors
 from ..checkpoint_files import config_from, read_json
+from ..upstream import ImportNoise, WarningNoise, quiet_import
 
 REQUIRED_FILES = (
     "config.json", "model.safetensors", "tokenizer_config.json",
@@ -49,7 +49,12 @@ def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     import_upstream()
     from omnivoice import OmniVoice, OmniVoiceConfig
     from omnivoice.utils.duration import RuleDurationEstimator
-    from transformers import AutoFeatureExtractor, AutoTokenizer, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+    from transformers import (
+        AutoFeatureExtractor,
+        AutoTokenizer,
+        HiggsAudioV2TokenizerConfig,
+        HiggsAudioV2TokenizerModel,
+    )
 
     config = config_from(OmniVoiceConfig, folder)
     model = build_on_meta(lambda: OmniVoice(config), dtype)

@@ -45,8 +45,8 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
-from ...phases import RequestContext
-from ...tiling import tiled_1d
+from ...memory.phases import RequestContext
+from ...memory.tiling import tiled_1d
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from .checkpoint import check_layout, load_model
 

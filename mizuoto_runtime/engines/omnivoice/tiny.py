@@ -121,8 +121,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0, d
     dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     import_upstream()
     from omnivoice import OmniVoice, OmniVoiceConfig
-    from transformers import (DacFeatureExtractor, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel,
-                              Qwen3Config)
+    from transformers import DacFeatureExtractor, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel, Qwen3Config
 
     out = Path(directory)
     codec_dir = out / "audio_tokenizer"

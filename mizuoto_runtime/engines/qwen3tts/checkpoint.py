@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError
-from ...loading import build_on_meta, load_safetensors
-from ...upstream import ImportNoise, WarningNoise, quiet_import
+from ...nn.loading import build_on_meta, load_safetensors
 from ..checkpoint_files import config_from, read_json
+from ..upstream import ImportNoise, WarningNoise, quiet_import
 from . import compat
 
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"

@@ -26,7 +26,7 @@ imports by their 4.57 names are given back to it. `install()` does that, before 
   maps them for our loader, and the package's class is registered with transformers' own
   conversion mapping for ``MimiModel`` so its ``from_pretrained`` finds them too.
 
-`tests/test_qwen3tts_compat.py` checks each adaptation, and the Qwen3-TTS suite runs on 5.x; on
+`tests/engines/test_qwen3tts_compat.py` checks each adaptation, and the Qwen3-TTS suite runs on 5.x; on
 4.x `install()` does nothing.
 """
 from __future__ import annotations
@@ -229,8 +229,10 @@ def _default_token_ids(module: Any) -> None:
 def _published_mimi_names(class_name: str) -> None:
     """Let the package's own ``from_pretrained`` read the published encoder tensors too: 5.x maps
     Mimi's old names by class name, and skips classes outside transformers unless registered."""
-    from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
-                                                 register_checkpoint_conversion_mapping)
+    from transformers.conversion_mapping import (
+        get_checkpoint_conversion_mapping,
+        register_checkpoint_conversion_mapping,
+    )
 
     if get_checkpoint_conversion_mapping(class_name) is None:
         register_checkpoint_conversion_mapping(class_name, get_checkpoint_conversion_mapping("MimiModel"))

@@ -54,8 +54,8 @@ import torch
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
+from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ...phases import RequestContext
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
 from ..lora import LoraAdapter
 from . import loop as lean_loop

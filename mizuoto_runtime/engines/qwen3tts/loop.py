@@ -99,8 +99,7 @@ class Sampler:
     def __init__(self, vocab: int, device: torch.device, *, do_sample: bool, temperature: float | None,
                  top_k: int | None, top_p: float | None, repetition_penalty: float | None = None,
                  eos: int | None = None, min_tokens: int = 0, suppress: Sequence[int] = ()) -> None:
-        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                            TopPLogitsWarper)
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.do_sample = do_sample
         self.penalty = repetition_penalty if repetition_penalty not in (None, 1.0) else None

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError, MizuotoError
-from ...loading import load_safetensors, parameters_on_meta
-from ...upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 from ...nn.checkpoint import load_weights_only
 from ...nn.dtypes import DTYPE_NAMES
+from ...nn.loading import load_safetensors, parameters_on_meta
 from ..checkpoint_files import read_json
+from ..upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 
 ARCHITECTURE = "voxcpm2"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")

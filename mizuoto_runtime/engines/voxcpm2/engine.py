@@ -82,10 +82,10 @@ from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
-from ...handle import ModelHandle
+from ...memory.handle import ModelHandle
+from ...memory.phases import RequestContext
+from ...memory.tiling import tiled_1d
 from ...nn.kv_cache import peak_bytes
-from ...phases import RequestContext
-from ...tiling import tiled_1d
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
 from .checkpoint import check_layout, load_model
 

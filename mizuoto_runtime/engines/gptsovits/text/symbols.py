@@ -6,7 +6,7 @@ initial), the OpenJTalk phones, the punctuation and pause marks and the ARPAbet 
 ``[`` and ``]`` (Japanese pitch rise and fall); then Korean and Cantonese symbols, which this
 frontend never produces (only their count matters: none comes before an id we give). The
 inventories are written here from the phonetics they describe, and the table is built the same
-way; `tests/test_gptsovits_text.py` checks the ids upstream's frontend is recorded to give.
+way; `tests/engines/test_gptsovits_text.py` checks the ids upstream's frontend is recorded to give.
 """
 from __future__ import annotations
 
