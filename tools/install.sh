@@ -8,7 +8,8 @@
 #                                      ComfyUI v0.8.0, torch 2.14.1, torchaudio 2.11.1,
 #                                      transformers 5.24.0), every engine, Mizuoto itself (editable)
 #   tools/install.sh --engines PYTHON  every engine into the environment of PYTHON (ComfyUI's)
-#   tools/install.sh --core            .venv-core: runtime + tests only (torch 2.13 CPU, no engine)
+#   tools/install.sh --core            .venv-core: runtime + tests only (torch 2.13 CPU, no engine),
+#                                      with the contract tools (ruff, mypy, import-linter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -27,7 +28,7 @@ install_engines() {  # $1: the environment's python; then extra `pip install` ar
 
 if [ "${1:-}" = "--core" ]; then
   "$python" -m venv .venv-core
-  .venv-core/bin/pip install -q -c constraints-core.txt -e '.[test]'
+  .venv-core/bin/pip install -q -c constraints-core.txt -e '.[test,dev]'
   exit 0
 fi
 if [ "${1:-}" = "--engines" ]; then
