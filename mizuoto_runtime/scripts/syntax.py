@@ -108,18 +108,32 @@ def check_character_name(name: str) -> str:
     return name
 
 
-def parse_script(text: str, characters: Iterable[str] = ()) -> Script:
-    """`text` as a Script; `characters` are the names tags may use (matched without regard to
-    case; the Script spells them as given here)."""
+def known_characters(characters: Iterable[str]) -> dict[str, str]:
+    """Lower-cased name -> name as given, each name checked; names that differ only in case are
+    refused (a tag could not tell them apart)."""
     known: dict[str, str] = {}
     for name in characters:
         check_character_name(name)
         if name.lower() in known and known[name.lower()] != name:
             raise ScriptError(f"characters {known[name.lower()]!r} and {name!r} differ only in case")
         known[name.lower()] = name
+    return known
+
+
+def parse_script(text: str, characters: Iterable[str] = ()) -> Script:
+    """`text` as a Script; `characters` are the names tags may use (matched without regard to
+    case; the Script spells them as given here)."""
+    known = known_characters(characters)
+    return parse_lines(((f"line {number}", number, source) for number, source in enumerate(text.splitlines(), start=1)),
+                       known)
+
+
+def parse_lines(lines: Iterable[tuple[str, int, str]], known: dict[str, str]) -> Script:
+    """Parse source lines given as (where, e.g. "line 3" or "cue 3"; source number; text), with
+    `known` mapping lower-cased names to their spelling (`known_characters`)."""
     parser = _Parser(known)
-    for number, source in enumerate(text.splitlines(), start=1):
-        parser.line(number, source)
+    for where, number, source in lines:
+        parser.line(where, number, source)
     return parser.finish()
 
 
@@ -137,11 +151,11 @@ class _Parser:
         self.items: list[Item] = []
         self.seed: _Pending | None = None
 
-    def line(self, number: int, source: str) -> None:
+    def line(self, place: str, number: int, source: str) -> None:
         character: str | None = None
         language: str | None = None
         switched_by: str | None = None  # the character tag whose text is still to come
-        for kind, value in _tokens(number, source):
+        for kind, value in _tokens(place, source):
             if kind == "text":
                 words = value.strip()
                 if not words:
@@ -151,7 +165,7 @@ class _Parser:
                 self.items.append(Line(words, character, language, seed, number))
                 switched_by = None
                 continue
-            where = f"line {number}, [{value}]"
+            where = f"{place}, [{value}]"
             tag = _Tag.read(value, where, self.known)
             if tag.pause is not None:
                 self.items.append(Pause(tag.pause, number))
@@ -161,10 +175,10 @@ class _Parser:
                 self.seed = _Pending(tag.seed, where)
             if tag.switches:
                 if switched_by is not None:
-                    raise ScriptError(f"line {number}, [{switched_by}]: no text before the next character tag")
+                    raise ScriptError(f"{place}, [{switched_by}]: no text before the next character tag")
                 character, language, switched_by = tag.character, tag.language, value
         if switched_by is not None:
-            raise ScriptError(f"line {number}, [{switched_by}]: no text after it on its line (a character speaks "
+            raise ScriptError(f"{place}, [{switched_by}]: no text after it on its line (a character speaks "
                               "until the end of the line its tag is on)")
 
     def finish(self) -> Script:
@@ -243,7 +257,7 @@ def _seed(value: str, where: str) -> int:
     return seed
 
 
-def _tokens(number: int, source: str) -> Iterable[tuple[str, str]]:
+def _tokens(place: str, source: str) -> Iterable[tuple[str, str]]:
     """("text", words with escapes resolved) and ("tag", the tag's body) in order."""
     text: list[str] = []
     i = 0
@@ -254,14 +268,14 @@ def _tokens(number: int, source: str) -> Iterable[tuple[str, str]]:
             i += 2
             continue
         if char == "]":
-            raise ScriptError(f"line {number}: a ']' with no '[' before it (write \\] for a literal bracket)")
+            raise ScriptError(f"{place}: a ']' with no '[' before it (write \\] for a literal bracket)")
         if char == "[":
             end = source.find("]", i + 1)
             if end < 0:
-                raise ScriptError(f"line {number}: a '[' that is not closed on its line (write \\[ for a literal "
+                raise ScriptError(f"{place}: a '[' that is not closed on its line (write \\[ for a literal "
                                   "bracket)")
             if "[" in source[i + 1:end]:
-                raise ScriptError(f"line {number}: a '[' inside a tag, [{source[i + 1:end]}]")
+                raise ScriptError(f"{place}: a '[' inside a tag, [{source[i + 1:end]}]")
             yield "text", "".join(text)
             text = []
             yield "tag", source[i + 1:end]
