@@ -46,7 +46,8 @@ def test_a_pause_on_its_own_line_and_between_a_tag_and_its_text() -> None:
 def test_seeds_set_the_next_spoken_line_only() -> None:
     script = parse(f"[seed:7] One. Two [Bob|seed:{SEED_MAX}] Three.\n[seed:0]\n[Alice] Four. Five.\n"
                    "[seed:3] [pause:1s] [Alice] Six.")
-    assert script.items == (Line("One. Two", seed=7), Line("Three.", "Bob", seed=SEED_MAX), Line("Four. Five.", "Alice", seed=0),
+    assert script.items == (Line("One. Two", seed=7), Line("Three.", "Bob", seed=SEED_MAX),
+                            Line("Four. Five.", "Alice", seed=0),
                             Pause(1.0), Line("Six.", "Alice", seed=3))
     assert parse("[SEED:5|de:Alice] Hallo.").items == (Line("Hallo.", "Alice", "de", 5),)
 
@@ -69,7 +70,8 @@ def test_escapes_give_literal_brackets_and_backslashes() -> None:
     (f"[seed:{SEED_MAX + 1}] Hi.", rf"line 1, \[seed:{SEED_MAX + 1}\]: seed {SEED_MAX + 1} is outside 0\.\."),
     ("[seed:-1] Hi.", r"line 1, \[seed:-1\]: seed -1 is outside"),
     ("[Alice|seed:x] Hi.", r"line 1, \[Alice\|seed:x\]: a seed is a whole number"),
-    ("[seed:1] [seed:2] Hi.", r"line 1, \[seed:2\]: a second seed before a spoken line \(the first: line 1, \[seed:1\]\)"),
+    ("[seed:1] [seed:2] Hi.",
+     r"line 1, \[seed:2\]: a second seed before a spoken line \(the first: line 1, \[seed:1\]\)"),
     ("[seed:1|seed:2] Hi.", r"more than one seed in one tag"),
     ("Hi.\n[seed:4]", r"line 2, \[seed:4\]: no spoken line after this seed"),
     ("[Alice]\nHi.", r"line 1, \[Alice\]: no text after it on its line"),
