@@ -1,0 +1,153 @@
+"""A script spoken phase by phase: every voice prompt, then every talker line, then every decode.
+
+Run line by line, a device too small for the talker and the decoder together places the
+talker, evicts it for the decoder and places it again, once per line. Grouped by phase, each
+component is placed once per script; the codes waiting between the talker and decoder phases
+are held on the host. Line i samples with seed + i (or its own ``[seed:N]``), so each line's
+audio is the audio of that line spoken alone with that seed, sample for sample, grouped or not.
+
+Lines already spoken with the same engine, voice, words, seed and settings come from the line
+cache (`segments.SegmentCache`) and run no phase at all.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from ..audio import Audio
+from ..chunking import chunk_seed
+from ..engines.base import Codes, Engine, Sampling, Voice
+from .assemble import join
+from .segments import SegmentCache, segment_key
+from .syntax import Line, Script, ScriptError
+
+if TYPE_CHECKING:
+    from ..phases import RequestContext
+
+
+class Requests(Protocol):
+    """What opens a request (`Runtime.request`)."""
+
+    def request(self, seed: int = 0, cancel_check: Callable[[], None] | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> RequestContext: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CharacterVoice:
+    """Where a character's voice comes from: a reference (with its transcript), a speaker of
+    the checkpoint, an instruction, and the engine's voice options (`Engine.VOICE_OPTIONS`)."""
+
+    reference: Audio | None = None
+    transcript: str | None = None
+    speaker: str | None = None
+    instruct: str | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptAudio:
+    """The script's audio, each line's, how many lines came from the cache, and the request's
+    report (`ctx.meta`)."""
+
+    audio: Audio
+    lines: tuple[Audio, ...]
+    from_cache: int
+    meta: dict[str, Any]
+
+
+def line_sampling(sampling: Sampling, line: Line, index: int) -> Sampling:
+    """Line `index` samples with its own seed, else the run's seed + its index; its language,
+    when the script names one."""
+    seed = line.seed if line.seed is not None else chunk_seed(sampling.seed, index)
+    return dataclasses.replace(sampling, seed=seed, language=line.language or sampling.language)
+
+
+def speak_script(requests: Requests, engine: Engine, script: Script, voices: Mapping[str | None, CharacterVoice],
+                 sampling: Sampling, *, cache: SegmentCache | None = None, grouped: bool = True,
+                 allow_fallback: bool | None = None, cancel_check: Callable[[], None] | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> ScriptAudio:
+    """Speak `script` on a phased engine. `voices[None]` is the node's own voice; every other
+    character that speaks needs its entry. `grouped` False runs each line's phases in turn
+    (the same audio; for comparison)."""
+    if not engine.PHASED:
+        raise ScriptError(f"engine {engine.id!r} does not run in phases; speak its lines one by one")
+    missing = [c for c in script.characters() if c not in voices]
+    if missing:
+        raise ScriptError(f"no voice for {', '.join(repr(c) if c else 'the node' for c in missing)}")
+    lines = script.lines
+    samplings = [line_sampling(sampling, line, i) for i, line in enumerate(lines)]
+    ctx = requests.request(sampling.seed, cancel_check, None)
+    progress = _Progress(on_progress)
+
+    characters = list(dict.fromkeys(line.character for line in lines))
+    progress.total = len(characters) + 2 * len(lines)
+    prompted: dict[str | None, Voice] = {}
+    for character in characters:
+        source = voices[character]
+        prompted[character] = engine.voice_prompt(ctx, source.reference, source.transcript, source.speaker,
+                                                  instruct=source.instruct, **dict(source.options))
+        progress.step()
+    keys = [segment_key(engine, prompted[line.character], line.text, s) for line, s in zip(lines, samplings)]
+
+    def speak(todo: list[int]) -> list[Audio]:
+        progress.step(2 * (len(lines) - len(todo)))  # lines from the cache run no phase
+        talk = _talker(engine, ctx, lines, prompted, samplings, cancel_check, progress)
+        decode = _decoder(engine, ctx, allow_fallback, cancel_check, progress)
+        if grouped:
+            codes = [talk(i) for i in todo]
+            return [decode(c) for c in codes]
+        return [decode(talk(i)) for i in todo]
+
+    spoken = (cache if cache is not None else SegmentCache(kept=max(1, len(lines)))).speak(keys, speak)
+    progress.step(progress.total - progress.done)  # every line came from the cache: the bar ends full
+    return ScriptAudio(join(script, spoken.audio), spoken.audio, spoken.from_cache, ctx.meta)
+
+
+@dataclasses.dataclass
+class _Progress:
+    on_progress: Callable[[int, int], None] | None
+    done: int = 0
+    total: int = 0
+
+    def step(self, count: int = 1) -> None:
+        if count <= 0:
+            return
+        self.done += count
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total)
+
+
+def _talker(engine: Engine, ctx: RequestContext, lines: tuple[Line, ...], voices: Mapping[str | None, Voice],
+            samplings: list[Sampling], cancel_check: Callable[[], None] | None,
+            progress: _Progress) -> Callable[[int], Codes]:
+    def talk(i: int) -> Codes:
+        if cancel_check is not None:
+            cancel_check()  # between lines: nothing is placed for this request here
+        if ctx.generator is not None:
+            ctx.generator.manual_seed(samplings[i].seed)
+        codes = _on_host(engine.generate(ctx, lines[i].text, voices[lines[i].character], samplings[i]))
+        progress.step()
+        return codes
+
+    return talk
+
+
+def _decoder(engine: Engine, ctx: RequestContext, allow_fallback: bool | None,
+             cancel_check: Callable[[], None] | None, progress: _Progress) -> Callable[[Codes], Audio]:
+    def decode(codes: Codes) -> Audio:
+        if cancel_check is not None:
+            cancel_check()
+        audio = engine.decode(ctx, codes, allow_fallback)
+        progress.step()
+        return audio
+
+    return decode
+
+
+def _on_host(codes: Codes) -> Codes:
+    """Codes waiting for the decoder phase hold no device memory."""
+    extra = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in codes.extra.items()}
+    return Codes(codes.tokens.cpu(), codes.engine, extra)
