@@ -13,8 +13,9 @@ from mizuoto_runtime import Runtime
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines.base import Sampling
 from mizuoto_runtime.errors import CancelledError
-from mizuoto_runtime.scripts.runner import CharacterVoice, speak_script
+from mizuoto_runtime.scripts.runner import CharacterVoice, speak_script, speak_subtitles
 from mizuoto_runtime.scripts.segments import SegmentCache
+from mizuoto_runtime.scripts.subtitles import parse_srt
 from mizuoto_runtime.scripts.syntax import Line, Script, ScriptError, parse_script
 
 # The demo's talker is 11 MB and its decoder 7.6 MB: each fits on 16 MB with its working
@@ -133,3 +134,23 @@ def test_every_character_needs_a_voice_and_the_engine_must_be_phased() -> None:
         speak_script(rt, rt.engine("demo"), SCRIPT, {k: v for k, v in VOICES.items() if k}, SAMPLING)
     with pytest.raises(ScriptError, match="does not run in phases"):
         speak_script(rt, rt.engine("dummy"), SCRIPT, VOICES, SAMPLING)
+
+
+def test_a_subtitle_track_is_spoken_as_one_script_and_placed_on_its_cues() -> None:
+    cues = parse_srt("1\n00:00:00,500 --> 00:00:01,000\n[Alice] First cue.\n\n"
+                     "2\n00:00:01,200 --> 00:00:02,000\nSecond [pause:100ms] [Bob] cue.\n\n"
+                     "3\n00:00:09,000 --> 00:00:09,500\n[seed:42] Third.\n")
+    rt = Runtime({"compute.simulate_vram_mb": SMALL_MB})
+    placed = speak_subtitles(rt, rt.engine("demo"), cues, VOICES, SAMPLING, "pad")
+    assert placements(rt) == {"demo:speaker_encoder": 1, "demo:talker": 1, "demo:decoder": 1}
+    plain = Runtime()
+    lines = [alone(plain, Line("First cue.", "Alice"), SEED), alone(plain, Line("Second"), SEED + 1),
+             alone(plain, Line("cue.", "Bob"), SEED + 2), alone(plain, Line("Third."), 42)]
+    rate = 16000
+    starts = [round(c.start_ms * rate / 1000) for c in placed.cues]
+    wave = placed.audio.waveform
+    assert torch.equal(wave[:, starts[0]:starts[0] + lines[0].shape[-1]], lines[0])
+    second = torch.cat([lines[1], torch.zeros(1, 1600), lines[2]], dim=-1)
+    assert torch.equal(wave[:, starts[1]:starts[1] + second.shape[-1]], second)
+    assert torch.equal(wave[:, starts[2]:starts[2] + lines[3].shape[-1]], lines[3])
+    assert placed.cues[2].start_ms == 9000 and placed.cues[1].start_ms >= 1200

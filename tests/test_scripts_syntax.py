@@ -80,6 +80,7 @@ def test_escapes_give_literal_brackets_and_backslashes() -> None:
     ("[Alice:angry] Hi.", r"line 1, \[Alice:angry\]: 'Alice' is not a language code"),
     ("[de:Alice:sad] Hi.", r"at most a language and a character"),
     ("[de:Carol] Hi.", r"no character named 'Carol'"),
+    ("[pause:1s|seed:2] Hi.", r"line 1, \[pause:1s\|seed:2\]: a pause tag stands alone"),
     ("Hi [Alice", r"line 1: a '\[' that is not closed on its line"),
     ("Hi\n a] b", r"line 2: a '\]' with no '\[' before it"),
     ("[Al[ice] b", r"line 1: a '\[' inside a tag"),
@@ -109,6 +110,8 @@ def test_items_refuse_values_no_text_can_spell() -> None:
         Line("hi", language="deutsch")
     with pytest.raises(ScriptError, match="a pause lasts"):
         Pause(0.0)
+    with pytest.raises(ScriptError, match="cannot be written in a tag"):
+        Line("hi", "A|B")
 
 
 # ---- round trip --------------------------------------------------------------------------------

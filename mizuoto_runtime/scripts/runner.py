@@ -12,7 +12,7 @@ cache (`segments.SegmentCache`) and run no phase at all.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -22,6 +22,7 @@ from ..chunking import chunk_seed
 from ..engines.base import Codes, Engine, Sampling, Voice
 from .assemble import join
 from .segments import SegmentCache, segment_key
+from .subtitles import Cue, Placed, Timing, cue_script, place_cues
 from .syntax import Line, Script, ScriptError
 
 if TYPE_CHECKING:
@@ -104,6 +105,21 @@ def speak_script(requests: Requests, engine: Engine, script: Script, voices: Map
     spoken = (cache if cache is not None else SegmentCache(kept=max(1, len(lines)))).speak(keys, speak)
     progress.step(progress.total - progress.done)  # every line came from the cache: the bar ends full
     return ScriptAudio(join(script, spoken.audio), spoken.audio, spoken.from_cache, ctx.meta)
+
+
+def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue], voices: Mapping[str | None, CharacterVoice],
+                    sampling: Sampling, timing: Timing = "pad", max_stretch: float = 1.5, **options: Any) -> Placed:
+    """Speak every cue (all cues' lines as one script: each phase runs once for the whole track,
+    and line i of the track samples with seed + i) and place them as `timing` says
+    (`subtitles.place_cues`). `options`: `speak_script`'s keyword arguments."""
+    scripts = [cue_script(cue, [c for c in voices if c is not None]) for cue in cues]
+    whole = speak_script(requests, engine, Script(tuple(item for s in scripts for item in s.items)), voices, sampling,
+                         **options)
+    spoken, start = [], 0
+    for script in scripts:
+        spoken.append(join(script, whole.lines[start:start + len(script.lines)]))
+        start += len(script.lines)
+    return place_cues(cues, spoken, timing, max_stretch)
 
 
 @dataclasses.dataclass

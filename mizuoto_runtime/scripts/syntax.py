@@ -1,7 +1,7 @@
 """Script text: who speaks which words, the pauses between them, and per-line seeds.
 
-The syntax is TTS-Audio-Suite's (the most used ComfyUI TTS pack), so its scripts run here
-unchanged; what that pack accepts and we refuse is an error, never a silent difference:
+The syntax is TTS-Audio-Suite's (the most used ComfyUI TTS pack), so its scripts run here as
+they are:
 
 ==========================  =====================================================================
 ``[Alice] Hello.``          Alice speaks until the next tag or the end of the source line; a new
@@ -20,6 +20,15 @@ is one spoken line. Refused, each with one error naming the source line and the 
 character (listing the known ones), a malformed or too long pause, a seed outside 0..2**64-1,
 two seeds for one line, a seed with no line after it, a character tag with no text after it on
 its line, an unclosed ``[`` or a stray ``]``, and pipe parameters other than ``seed``.
+
+Where TTS-Audio-Suite differs (its ``utils/text/character_parser``, ``pause_processor`` and
+``segment_parameters``): it speaks an unknown character in the narrator's voice and ignores
+unknown parameters (``[Alice|temp:0.5]``), emotion references (``[Alice:angry_bob]``) and
+malformed pauses (spoken as text); here each is an error. Its ``[seed:N]`` alone also switches
+to the narrator; here it leaves the character as it is. Its seeds stop at 2**32-1 and pauses
+are clamped to 30 s; here seeds go to 2**64-1 and pauses to 60 s. Its ``Speaker 1:`` and
+``[1]`` speaker forms and engine sound tags (``[laughter]``) are not read here (``[laughter]``
+is an unknown character unless one is named so). It has no escape for brackets.
 """
 from __future__ import annotations
 
@@ -57,6 +66,8 @@ class Line:
     def __post_init__(self) -> None:
         if not self.text or self.text != self.text.strip() or self.text.splitlines() != [self.text]:
             raise ScriptError(f"a spoken line's text must be one line without surrounding spaces, got {self.text!r}")
+        if self.character is not None:
+            check_character_name(self.character)
         if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
             raise ScriptError(f"seed {self.seed} is outside 0..{SEED_MAX}")
         if self.language is not None and not _LANGUAGE.fullmatch(self.language):
@@ -223,6 +234,8 @@ def _speaker(spec: str, where: str, known: dict[str, str]) -> tuple[str | None, 
     if ":" in spec:
         prefix, _, spec = spec.partition(":")
         prefix, spec = prefix.strip(), spec.strip()
+        if prefix.lower() in PAUSE_WORDS:
+            raise ScriptError(f"{where}: a pause tag stands alone, [pause:1s]")
         if not _LANGUAGE.fullmatch(prefix):
             raise ScriptError(f"{where}: {prefix!r} is not a language code like 'de' or 'pt-BR' (emotion references "
                               "and other parameters than seed are not read here)")
