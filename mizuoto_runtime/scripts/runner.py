@@ -103,12 +103,12 @@ def speak_script(requests: Requests, engine: Engine, script: Script, voices: Map
         return [decode(talk(i)) for i in todo]
 
     spoken = (cache if cache is not None else SegmentCache(kept=max(1, len(lines)))).speak(keys, speak)
-    progress.step(progress.total - progress.done)  # every line came from the cache: the bar ends full
+    progress.step(progress.total - progress.done)  # all lines from the cache: the bar still ends full
     return ScriptAudio(join(script, spoken.audio), spoken.audio, spoken.from_cache, ctx.meta)
 
 
-def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue], voices: Mapping[str | None, CharacterVoice],
-                    sampling: Sampling, timing: Timing = "pad", max_stretch: float = 1.5, **options: Any) -> Placed:
+def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue],
+                    voices: Mapping[str | None, CharacterVoice], sampling: Sampling, timing: Timing = "pad", max_stretch: float = 1.5, **options: Any) -> Placed:
     """Speak every cue (all cues' lines as one script: each phase runs once for the whole track,
     and line i of the track samples with seed + i) and place them as `timing` says
     (`subtitles.place_cues`). `options`: `speak_script`'s keyword arguments."""
