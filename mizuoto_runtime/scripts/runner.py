@@ -108,7 +108,8 @@ def speak_script(requests: Requests, engine: Engine, script: Script, voices: Map
 
 
 def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue],
-                    voices: Mapping[str | None, CharacterVoice], sampling: Sampling, timing: Timing = "pad", max_stretch: float = 1.5, **options: Any) -> Placed:
+                    voices: Mapping[str | None, CharacterVoice], sampling: Sampling, timing: Timing = "pad",
+                    max_stretch: float = 1.5, **options: Any) -> Placed:
     """Speak every cue (all cues' lines as one script: each phase runs once for the whole track,
     and line i of the track samples with seed + i) and place them as `timing` says
     (`subtitles.place_cues`). `options`: `speak_script`'s keyword arguments."""
