@@ -245,3 +245,44 @@ def test_the_library_reads_what_write_wav_writes(tmp_path: Path) -> None:
     library = VoiceLibrary([tmp_path])
     library.save("x", clip(0.01, 8000, 0.5), "x")
     assert torch.equal(library.load("x")[0].waveform, read_wav(tmp_path / "x.wav").waveform)
+
+
+SAVE_IN_A_PROCESS = """
+import sys, torch
+from mizuoto_runtime import Runtime
+from mizuoto_runtime.audio import Audio
+from mizuoto_runtime.scripts.voices import VoicePromptStore, prompt_key
+rt = Runtime({"compute.simulate_vram_mb": 64})
+demo = rt.engine("demo")
+reference = Audio(torch.sin(torch.arange(4096) / 7.0).unsqueeze(0) * 0.3, 16000)
+store = VoicePromptStore(sys.argv[1])
+key = prompt_key(demo, reference, "Hello.")
+store.get_or_encode(key, lambda: demo.encode_voice(rt.request(), reference, "Hello.", None))
+assert [name for action, name, _ in rt.manager.events if action == "place"] == ["demo:speaker_encoder"]
+"""
+
+
+def test_a_voice_prompted_in_one_process_is_used_in_another_without_placing_its_models(tmp_path: Path) -> None:
+    """The store's part of M4 across restarts: a new process reads the prompt instead of placing
+    the speaker encoder (engines calling the store from their voice-prompt phase is later work)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-c", SAVE_IN_A_PROCESS, str(tmp_path)], check=True, env=env, timeout=300)
+    rt = Runtime({"compute.simulate_vram_mb": 64})
+    demo = rt.engine("demo")
+    reference = Audio(torch.sin(torch.arange(4096) / 7.0).unsqueeze(0) * 0.3, 16000)
+
+    def encode() -> dict[str, Any]:
+        raise AssertionError("the voice was prompted again")
+
+    data = VoicePromptStore(tmp_path).get_or_encode(prompt_key(demo, reference, "Hello."), encode)
+    assert "place" not in {action for action, _, _ in rt.manager.events}
+    fresh = demo.encode_voice(rt.request(), reference, "Hello.", None)
+    assert same(data, fresh)
+
+
+def test_a_prompt_the_store_cannot_keep_is_used_and_not_kept(tmp_path: Path) -> None:
+    store = VoicePromptStore(tmp_path)
+    key = prompt_key(engine(id="omnivoice"), None, None)
+    kept_object = object()
+    assert store.get_or_encode(key, lambda: {"prompt": kept_object})["prompt"] is kept_object
+    assert store.entries() == []

@@ -26,7 +26,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +214,20 @@ class VoicePromptStore:
         self._touch(path)
         self._bound(keep=path)
         return path
+
+    def get_or_encode(self, key: PromptKey, encode: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:
+        """The prompt kept under `key`, else `encode()`'s, kept for next time when it can be
+        (what an engine's voice-prompt phase calls around `encode_voice`; a prompt holding an
+        object the store would have to pickle is used, not kept)."""
+        data = self.load(key)
+        if data is not None:
+            return data
+        data = dict(encode())
+        try:
+            self.save(key, data)
+        except VoiceError as exc:
+            log.debug("Mizuoto: %s's voice prompt is not kept on disk (%s)", key.engine, exc)
+        return data
 
     def entries(self) -> list[Path]:
         """The kept entries, least recently used first."""
