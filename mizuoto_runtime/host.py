@@ -34,6 +34,7 @@ from .engines import Engine
 from .engines.qwen3tts.lora import LoraChoice, use_lora
 from .policy import VramPolicy
 from .runtime import Runtime
+from .scripts.voices import VoicePromptStore
 from .service import RuntimeService
 from .ui_settings import Layers
 
@@ -114,11 +115,14 @@ class ProcessRuntime:
         self._accounting: Accounting | None = None
         self._refs: collections.Counter[EngineKey] = collections.Counter()
         self._lock = threading.RLock()
+        # Where engines keep prompted voices on disk; the pack points it into the voice library.
+        self.prompt_store: VoicePromptStore | None = None
 
     def runtime(self) -> Runtime:
         with self._lock:
             if self._runtime is None:
                 self._runtime = Runtime(self._settings)
+                self._runtime.prompt_store = self.prompt_store
                 self._accounting = self._join(self._runtime) if self._join is not None else None
             return self._runtime
 

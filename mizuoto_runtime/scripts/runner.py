@@ -12,6 +12,7 @@ cache (`segments.SegmentCache`) and run no phase at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -95,12 +96,9 @@ def speak_script(requests: Requests, engine: Engine, script: Script, voices: Map
 
     def speak(todo: list[int]) -> list[Audio]:
         progress.step(2 * (len(lines) - len(todo)))  # lines from the cache run no phase
-        talk = _talker(engine, ctx, lines, prompted, samplings, cancel_check, progress)
-        decode = _decoder(engine, ctx, allow_fallback, cancel_check, progress)
-        if grouped:
-            codes = [talk(i) for i in todo]
-            return [decode(c) for c in codes]
-        return [decode(talk(i)) for i in todo]
+        jobs = [(lines[i].text, prompted[lines[i].character], samplings[i]) for i in todo]
+        return run_phases(engine, ctx, jobs, grouped=grouped, allow_fallback=allow_fallback,
+                          cancel_check=cancel_check, after=lambda _phase, _index: progress.step())
 
     spoken = (cache if cache is not None else SegmentCache(kept=max(1, len(lines)))).speak(keys, speak)
     progress.step(progress.total - progress.done)  # all lines from the cache: the bar still ends full
@@ -137,31 +135,42 @@ class _Progress:
             self.on_progress(self.done, self.total)
 
 
-def _talker(engine: Engine, ctx: RequestContext, lines: tuple[Line, ...], voices: Mapping[str | None, Voice],
-            samplings: list[Sampling], cancel_check: Callable[[], None] | None,
-            progress: _Progress) -> Callable[[int], Codes]:
-    def talk(i: int) -> Codes:
-        if cancel_check is not None:
-            cancel_check()  # between lines: nothing is placed for this request here
-        if ctx.generator is not None:
-            ctx.generator.manual_seed(samplings[i].seed)
-        codes = _on_host(engine.generate(ctx, lines[i].text, voices[lines[i].character], samplings[i]))
-        progress.step()
-        return codes
-
-    return talk
+#: A job for `run_phases`: the words, the prompted voice, and the sampling (with its seed).
+Job = tuple[str, Voice, Sampling]
+#: Called with (phase, job index), phase 0 the talker and 1 the decoder.
+PhaseHook = Callable[[int, int], None]
 
 
-def _decoder(engine: Engine, ctx: RequestContext, allow_fallback: bool | None,
-             cancel_check: Callable[[], None] | None, progress: _Progress) -> Callable[[Codes], Audio]:
-    def decode(codes: Codes) -> Audio:
+def run_phases(engine: Engine, ctx: RequestContext, jobs: Sequence[Job], *, grouped: bool = True,
+               allow_fallback: bool | None = None, cancel_check: Callable[[], None] | None = None,
+               before: PhaseHook | None = None, after: PhaseHook | None = None) -> list[Audio]:
+    """Each job's audio: grouped, every talker run then every decode (the codes waiting
+    between are held on the host); else each job's talker and decoder in turn. The request's
+    generator is seeded with the job's seed before its talker, so a job's audio does not depend
+    on the order. `cancel_check` runs before each phase (between lines nothing of this request
+    is placed); `before`/`after` see each phase of each job (progress)."""
+
+    def phase(kind: int, index: int, run: Callable[[], Any]) -> Any:
         if cancel_check is not None:
             cancel_check()
-        audio = engine.decode(ctx, codes, allow_fallback)
-        progress.step()
-        return audio
+        if before is not None:
+            before(kind, index)
+        result = run()
+        if after is not None:
+            after(kind, index)
+        return result
 
-    return decode
+    def talk(index: int) -> Codes:
+        text, voice, sampling = jobs[index]
+        if ctx.generator is not None:
+            ctx.generator.manual_seed(sampling.seed)
+        return _on_host(engine.generate(ctx, text, voice, sampling))
+
+    if grouped:
+        codes = [phase(0, i, functools.partial(talk, i)) for i in range(len(jobs))]
+        return [phase(1, i, functools.partial(engine.decode, ctx, c, allow_fallback)) for i, c in enumerate(codes)]
+    return [phase(1, i, functools.partial(engine.decode, ctx, phase(0, i, functools.partial(talk, i)), allow_fallback))
+            for i in range(len(jobs))]
 
 
 def _on_host(codes: Codes) -> Codes:
