@@ -118,7 +118,8 @@ def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue],
     for script in scripts:
         spoken.append(join(script, whole.lines[start:start + len(script.lines)]))
         start += len(script.lines)
-    return place_cues(cues, spoken, timing, max_stretch)
+    placed = place_cues(cues, spoken, timing, max_stretch)
+    return dataclasses.replace(placed, meta=whole.meta, from_cache=whole.from_cache)
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -132,12 +132,15 @@ class CueReport:
 
 @dataclasses.dataclass(frozen=True)
 class Placed:
-    """The assembled audio, the cues at their actual times, and the per-cue report."""
+    """The assembled audio, the cues at their actual times, the per-cue report, and (spoken by
+    a runtime) the request's report and how many lines came from the line cache."""
 
     audio: Audio
     cues: tuple[Cue, ...]
     report: tuple[CueReport, ...]
     timing: Timing
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    from_cache: int = 0
 
     @property
     def srt(self) -> str:
