@@ -40,13 +40,15 @@ class Requests(Protocol):
 @dataclasses.dataclass(frozen=True)
 class CharacterVoice:
     """Where a character's voice comes from: a reference (with its transcript), a speaker of
-    the checkpoint, an instruction, and the engine's voice options (`Engine.VOICE_OPTIONS`)."""
+    the checkpoint, an instruction, and the engine's voice options (`Engine.VOICE_OPTIONS`);
+    or a voice the engine prompted already (`prompted`: used as it is)."""
 
     reference: Audio | None = None
     transcript: str | None = None
     speaker: str | None = None
     instruct: str | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    prompted: Voice | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +91,14 @@ def speak_script(requests: Requests, engine: Engine, script: Script, voices: Map
     prompted: dict[str | None, Voice] = {}
     for character in characters:
         source = voices[character]
-        prompted[character] = engine.voice_prompt(ctx, source.reference, source.transcript, source.speaker,
-                                                  instruct=source.instruct, **dict(source.options))
+        if source.prompted is not None:
+            if source.prompted.engine != engine.id:
+                raise ScriptError(f"the voice of {character or 'the node'!r} was made by engine "
+                                  f"{source.prompted.engine!r}; this script's engine is {engine.id!r}")
+            prompted[character] = source.prompted
+        else:
+            prompted[character] = engine.voice_prompt(ctx, source.reference, source.transcript, source.speaker,
+                                                      instruct=source.instruct, **dict(source.options))
         progress.step()
     keys = [segment_key(engine, prompted[line.character], line.text, s) for line, s in zip(lines, samplings)]
 
