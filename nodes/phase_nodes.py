@@ -14,8 +14,8 @@ Node ids and the order of existing widgets never change (saved workflows keep th
 new inputs go last. Text to Speech shows only inputs every engine reads; options one engine
 reads (IndexTTS-2's emotion) arrive through its `options` socket. Its emotion widgets of the
 previous release were its last ones, so a saved workflow's values still fill the same widgets
-(the frontend drops the values past them), and an emotion linked or written in an API prompt
-of that release is still applied (`saved_emotion`).
+(the frontend drops the values past them); of those inputs ComfyUI still passes the linked
+ones (an emotion_audio), and they are still applied (`saved_emotion`).
 """
 from __future__ import annotations
 
