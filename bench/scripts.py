@@ -104,7 +104,7 @@ def main() -> None:
             rows.append((name, simulate, "same audio", "", "yes" if same else "NO", "", math.nan))
     print(f"{len(SCRIPT.lines)}-line script, {len(CAST)} characters, max_new_tokens {args.tokens}, best of "
           f"{args.repeat}\n")
-    print(f"| engine | device MB | mode | placements | per component | MB copied | wall s |")
+    print("| engine | device MB | mode | placements | per component | MB copied | wall s |")
     print("|---|---|---|---|---|---|---|")
     for name, simulate, mode, total, placed, copied, seconds in rows:
         wall = "" if math.isnan(seconds) else f"{seconds:.2f}"

@@ -62,7 +62,8 @@ def test_long_text_places_the_talker_and_decoder_once_and_each_chunk_is_its_alon
     engine = rt.engine("demo")
     chunks = chunk_text(LONG, 60)
     assert len(chunks) >= 3
-    audio, meta = rt.say(engine, LONG, sampling=Sampling(seed=5, max_new_tokens=12), chunking=TextChunking(max_chars=60))
+    audio, meta = rt.say(engine, LONG, sampling=Sampling(seed=5, max_new_tokens=12),
+                         chunking=TextChunking(max_chars=60))
     assert placed(meta) == {"demo:talker": 1, "demo:decoder": 1}  # not once per chunk
     alone, _ = rt.say(engine, chunks[-1], sampling=Sampling(seed=chunk_seed(5, len(chunks) - 1), max_new_tokens=12),
                       chunking=NO_CHUNKING)
