@@ -11,6 +11,7 @@ copied onto the device doing so, and the wall time (best of ``--repeat``), and c
 both modes give the same audio, sample for sample.
 
     python bench/scripts.py [--engines qwen3tts,cosyvoice2,indextts2] [--repeat 1] [--tokens 16]
+                            [--device-mb indextts2=7]
 """
 from __future__ import annotations
 
@@ -74,14 +75,17 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(WRITERS))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=16, help="max_new_tokens per line")
+    parser.add_argument("--device-mb", action="append", default=[], metavar="ENGINE=MB",
+                        help="the simulated device of one engine (default: from its components' sizes)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    chosen = {name: int(mb) for name, _, mb in (pair.partition("=") for pair in args.device_mb)}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.engines.split(","):
             engine_id, writer, writer_args = WRITERS[name]
             folder = importlib.import_module(writer).write_tiny_checkpoint(Path(tmp) / name, **writer_args)
-            simulate = device_mb(engine_id, folder)
+            simulate = chosen.get(name) or device_mb(engine_id, folder)
             while True:  # a phase whose working memory does not fit: a larger device, a quarter more
                 try:
                     run(engine_id, folder, simulate, True, 2)

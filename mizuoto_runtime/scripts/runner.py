@@ -173,16 +173,28 @@ def run_phases(engine: Engine, ctx: RequestContext, jobs: Sequence[Job], *, grou
         text, voice, sampling = jobs[index]
         if ctx.generator is not None:
             ctx.generator.manual_seed(sampling.seed)
-        return _on_host(engine.generate(ctx, text, voice, sampling))
+        return _ParkedCodes(engine.generate(ctx, text, voice, sampling))
+
+    def decode(parked: _ParkedCodes) -> Audio:
+        return engine.decode(ctx, parked.back(), allow_fallback)
 
     if grouped:
         codes = [phase(0, i, functools.partial(talk, i)) for i in range(len(jobs))]
-        return [phase(1, i, functools.partial(engine.decode, ctx, c, allow_fallback)) for i, c in enumerate(codes)]
-    return [phase(1, i, functools.partial(engine.decode, ctx, phase(0, i, functools.partial(talk, i)), allow_fallback))
-            for i in range(len(jobs))]
+        return [phase(1, i, functools.partial(decode, c)) for i, c in enumerate(codes)]
+    return [phase(1, i, functools.partial(decode, phase(0, i, functools.partial(talk, i)))) for i in range(len(jobs))]
 
 
-def _on_host(codes: Codes) -> Codes:
-    """Codes waiting for the decoder phase hold no device memory."""
-    extra = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in codes.extra.items()}
-    return Codes(codes.tokens.cpu(), codes.engine, extra)
+class _ParkedCodes:
+    """Codes waiting for the decoder phase, on the host (they hold no device memory); `back`
+    returns them where the talker left them, so the decoder receives exactly what it would
+    have received right after the talker."""
+
+    def __init__(self, codes: Codes) -> None:
+        self.engine = codes.engine
+        self.tokens, self.tokens_device = codes.tokens.cpu(), codes.tokens.device
+        self.devices = {k: v.device for k, v in codes.extra.items() if isinstance(v, torch.Tensor)}
+        self.extra = {k: v.cpu() if k in self.devices else v for k, v in codes.extra.items()}
+
+    def back(self) -> Codes:
+        extra = {k: v.to(self.devices[k]) if k in self.devices else v for k, v in self.extra.items()}
+        return Codes(self.tokens.to(self.tokens_device), self.engine, extra)
