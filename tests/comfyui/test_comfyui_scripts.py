@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,13 +29,14 @@ def server() -> Iterator[ComfyServer]:
         yield running
 
 
-def run(server: ComfyServer, workflow: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def run(server: ComfyServer, workflow: dict[str, Any], prefix: str,
+        seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     prompt = ui_to_api(workflow, server.get("/object_info"))
     for spec in prompt.values():
         if spec["class_type"] == "LoadAudio":
             spec["inputs"]["audio"] = REFERENCE_WAV
         if spec["class_type"] in ("MizuotoScriptToSpeech", "MizuotoSubtitlesToSpeech", "MizuotoTTS"):
-            spec["inputs"]["max_new_tokens"] = 24
+            spec["inputs"].update(max_new_tokens=24, seed=seed)
         if spec["class_type"] == "MizuotoSaveWav":
             spec["inputs"]["filename_prefix"] = prefix
     history = server.wait_history(server.queue(prompt), RUN_TIMEOUT_S)
@@ -81,6 +83,32 @@ def test_save_voice_writes_to_the_library_and_character_voices_lists_it(server: 
     assert (server.root / "models" / "mizuoto" / "voices" / "narrator.txt").read_text().strip() == "Hello."
     info = server.get("/object_info/MizuotoCharacterVoices")["MizuotoCharacterVoices"]
     assert "narrator" in info["input"]["required"]["library_voice"][1]["options"]
+
+
+def test_an_interrupt_stops_a_script_between_lines_and_the_next_prompt_runs(server: ComfyServer) -> None:
+    prompt = ui_to_api(template(SCRIPT), server.get("/object_info"))
+    node = next(n for n, spec in prompt.items() if spec["class_type"] == "MizuotoScriptToSpeech")
+    # 200 lines of up to 1024 codes: about two minutes on the demo engine, stopped after 3 s.
+    lines = "\n".join(f"[{'Alice' if i % 2 else 'Bob'}] Line {i} of a long script." for i in range(200))
+    prompt[node]["inputs"].update(script=lines, max_new_tokens=1024, seed=11)
+    for spec in prompt.values():
+        if spec["class_type"] == "LoadAudio":
+            spec["inputs"]["audio"] = REFERENCE_WAV
+    prompt_id = server.queue(prompt)
+    time.sleep(3.0)
+    interrupted_at = time.monotonic()
+    server.post("/interrupt", {})
+    history = server.wait_history(prompt_id, 60.0)
+    ended_after = time.monotonic() - interrupted_at
+    shown = dict(history["status"]["messages"])
+    assert history["status"]["status_str"] == "error" and "execution_interrupted" in shown, shown
+    assert shown["execution_interrupted"]["node_type"] == "MizuotoScriptToSpeech"
+    assert ended_after < 10.0, f"the script took {ended_after:.1f} s to stop"
+    assert not any(o.get("audio") for o in history["outputs"].values())
+    # Another seed: lines not in the line cache, so the next prompt places the parts again.
+    prompt, history = run(server, template(SCRIPT), "audio/after_interrupt", seed=12)
+    node = next(n for n, spec in prompt.items() if spec["class_type"] == "MizuotoScriptToSpeech")
+    assert history["outputs"][node]["text"][0].startswith("4 lines, 0 from the cache")
 
 
 def test_a_text_to_speech_workflow_of_the_previous_release_still_runs(server: ComfyServer) -> None:
