@@ -20,6 +20,8 @@ EngineSocket = io.Custom("MIZUOTO_ENGINE")
 VoiceSocket = io.Custom("MIZUOTO_VOICE")
 CodesSocket = io.Custom("MIZUOTO_CODES")
 MemorySocket = io.Custom("MIZUOTO_MEMORY")
+# Voice options one engine reads (`Engine.VOICE_OPTIONS`, e.g. IndexTTS-2's emotion), as a dict.
+OptionsSocket = io.Custom("MIZUOTO_OPTIONS")
 
 SEED_MAX = 0xFFFF_FFFF_FFFF_FFFF  # torch.Generator.manual_seed takes 64 bits
 NO_SPEAKER = "none"

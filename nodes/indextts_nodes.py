@@ -12,30 +12,71 @@ from mizuoto_runtime.app.host import PROCESS, EngineRef
 from mizuoto_runtime.engines import Voice
 from mizuoto_runtime.engines.indextts2.emotion import EMOTIONS, Emotion, balanced
 
-from .common import STEPS_CATEGORY, EngineSocket, VoiceSocket, audio_in, check_made_by, memory_text, schema
+from .common import (
+    CATEGORY,
+    STEPS_CATEGORY,
+    EngineSocket,
+    OptionsSocket,
+    VoiceSocket,
+    audio_in,
+    check_made_by,
+    memory_text,
+    schema,
+)
 
 EMOTION_TOOLTIP = ("IndexTTS-2: emotions as name=weight, e.g. 'sad=0.8, calm=0.2' (happy, angry, sad, afraid, "
                    "disgusted, melancholic, surprised, calm; weights 0 to 1.2); empty = the voice's own")
 
 
-def emotion_inputs() -> list[io.Input]:
-    """The Text to Speech node's emotion inputs (IndexTTS-2; optional, last)."""
-    return [
-        io.Audio.Input("emotion_audio", optional=True,
-                       tooltip="IndexTTS-2: speech whose emotion to take (its voice is not cloned)"),
-        io.String.Input("emotion", optional=True, default="", tooltip=EMOTION_TOOLTIP),
-        io.Float.Input("emotion_strength", optional=True, default=1.0, min=0.0, max=1.0, step=0.05,
-                       tooltip="IndexTTS-2: how much of the emotion; 0 keeps the voice's own"),
-        io.Boolean.Input("emotion_from_text", optional=True, default=False,
-                         tooltip="IndexTTS-2: its emotion model reads the emotion of the text being spoken "
-                                 "(when no emotion audio or weights are given)"),
-    ]
+#: The emotion inputs Text to Speech had in the previous release (now Emotion Options' inputs).
+SAVED_EMOTION_INPUTS = ("emotion_audio", "emotion", "emotion_strength", "emotion_from_text")
 
 
 def emotion_options(audio: Audio | None, text: str, strength: float, from_text: bool = False) -> dict[str, Any]:
     """The voice option of a request with emotion inputs; none when they are unset."""
     emotion = Emotion.from_inputs(audio, text, strength, from_text=from_text)
     return {} if emotion is None else {"emotion": emotion}
+
+
+def saved_emotion(saved: dict[str, Any]) -> dict[str, Any]:
+    """The voice options of a Text to Speech prompt saved by the previous release, whose emotion
+    inputs sat on the node itself; any other unknown input is one error naming it."""
+    unknown = sorted(set(saved) - set(SAVED_EMOTION_INPUTS))
+    if unknown:
+        raise MizuotoError(f"Text to Speech takes no input {', '.join(unknown)}")
+    return emotion_options(audio_in(saved.get("emotion_audio"), "emotion_audio"), saved.get("emotion", ""),
+                           saved.get("emotion_strength", 1.0), bool(saved.get("emotion_from_text", False)))
+
+
+class MizuotoEmotionOptions(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return schema(
+            node_id="MizuotoEmotionOptions",
+            display_name="Emotion Options (IndexTTS-2)",
+            category=CATEGORY,
+            search_aliases=["emotion", "indextts", "index-tts", "mood", "expressive", "options"],
+            description="IndexTTS-2's emotion for Text to Speech, Script to Speech or Subtitles to Speech (their "
+                        "options input): the emotion of a recording, a mix of emotions as name=weight, or the "
+                        "emotion its emotion model reads in the text being spoken.",
+            inputs=[
+                io.Audio.Input("emotion_audio", optional=True,
+                               tooltip="Speech whose emotion to take (its voice is not cloned)"),
+                io.String.Input("emotion", optional=True, default="", tooltip=EMOTION_TOOLTIP),
+                io.Float.Input("emotion_strength", optional=True, default=1.0, min=0.0, max=1.0, step=0.05,
+                               tooltip="How much of the emotion; 0 keeps the voice's own"),
+                io.Boolean.Input("emotion_from_text", optional=True, default=False,
+                                 tooltip="Its emotion model reads the emotion of the text being spoken (when no "
+                                         "emotion audio or weights are given)"),
+            ],
+            outputs=[OptionsSocket.Output(display_name="options")],
+        )
+
+    @classmethod
+    def execute(cls, emotion_audio: dict[str, Any] | None = None, emotion: str = "", emotion_strength: float = 1.0,
+                emotion_from_text: bool = False) -> io.NodeOutput:
+        return io.NodeOutput(emotion_options(audio_in(emotion_audio, "emotion_audio"), emotion, emotion_strength,
+                                             emotion_from_text))
 
 
 class MizuotoEmotion(io.ComfyNode):
@@ -98,4 +139,4 @@ class MizuotoEmotion(io.ComfyNode):
         return io.NodeOutput(out, ui=ui.PreviewText(memory_text(ctx.meta)))
 
 
-NODES: list[type[io.ComfyNode]] = [MizuotoEmotion]
+NODES: list[type[io.ComfyNode]] = [MizuotoEmotion, MizuotoEmotionOptions]

@@ -11,7 +11,11 @@ engine input when that is connected; both run `Runtime.say`, the same phases. It
 engine it used, so ComfyUI's output cache keeps that engine loaded between runs.
 
 Node ids and the order of existing widgets never change (saved workflows keep their values):
-new inputs go last.
+new inputs go last. Text to Speech shows only inputs every engine reads; options one engine
+reads (IndexTTS-2's emotion) arrive through its `options` socket. Its emotion widgets of the
+previous release were its last ones, so a saved workflow's values still fill the same widgets
+(the frontend drops the values past them); of those inputs ComfyUI still passes the linked
+ones (an emotion_audio), and they are still applied (`saved_emotion`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from .common import (
     STEPS_CATEGORY,
     CodesSocket,
     EngineSocket,
+    OptionsSocket,
     VoiceSocket,
     audio_in,
     audio_out,
@@ -48,7 +53,7 @@ from .common import (
     speaker_value,
 )
 from .engine_nodes import check_choice, checkpoint_input, dtype_input, engine_input
-from .indextts_nodes import emotion_inputs, emotion_options
+from .indextts_nodes import saved_emotion
 
 VOICE_TOOLTIPS = {
     "reference": "Speech to clone (Qwen3-TTS Base checkpoints); the first item of a batch",
@@ -209,7 +214,9 @@ class MizuotoTTS(io.ComfyNode):
                 checkpoint_input(catalog, optional=True),
                 dtype_input(optional=True),
                 *long_text_inputs(),
-                *emotion_inputs(),
+                OptionsSocket.Input("options", optional=True,
+                                    tooltip="Options one engine reads, e.g. IndexTTS-2's emotion from Emotion "
+                                            "Options (IndexTTS-2)"),
             ],
             outputs=[io.Audio.Output(display_name="audio"), io.String.Output(display_name="memory"),
                      EngineSocket.Output(display_name="engine")],
@@ -236,8 +243,8 @@ class MizuotoTTS(io.ComfyNode):
                 engine: EngineRef | None = None, reference: dict[str, Any] | None = None, transcript: str = "",
                 speaker: str = NO_SPEAKER, instruct: str = "", language: str = "", engine_name: str = "demo",
                 checkpoint: str = "none", dtype: str = "float32", split_long_text: bool = True,
-                chunk_chars: int = DEFAULT_CHUNK_CHARS, emotion_audio: dict[str, Any] | None = None,
-                emotion: str = "", emotion_strength: float = 1.0, emotion_from_text: bool = False) -> io.NodeOutput:
+                chunk_chars: int = DEFAULT_CHUNK_CHARS, options: dict[str, Any] | None = None,
+                **saved: Any) -> io.NodeOutput:
         if engine is None:  # the node's own choice; the output keeps it loaded between runs
             engine = PROCESS.engine(engine_name, paths.resolve(engine_name, checkpoint), dtype)
         sampling = sampling_from(seed, temperature, top_k, top_p, repetition_penalty, max_new_tokens, do_sample,
@@ -247,8 +254,7 @@ class MizuotoTTS(io.ComfyNode):
             speaker=speaker_value(speaker), instruct=instruct or None, sampling=sampling,
             allow_fallback=fallback_switch(allow_fallback), cancel_check=interrupt_check,
             on_progress=ProgressReporter(), chunking=TextChunking(enabled=split_long_text, max_chars=chunk_chars),
-            voice_options=emotion_options(audio_in(emotion_audio, "emotion_audio"), emotion, emotion_strength,
-                                          emotion_from_text),
+            voice_options=options if options is not None else saved_emotion(saved),
         )
         return io.NodeOutput(audio_out(audio), memory_json(meta), engine, ui=ui.PreviewText(memory_text(meta)))
 

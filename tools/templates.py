@@ -223,9 +223,44 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "links": [(1, "engine", 2, "engine"), (1, "engine", 3, "engine"), (2, "voice", 3, "voice"),
                   (1, "engine", 4, "engine"), (3, "codes", 4, "codes"), (4, "audio", 5, "audio")],
     },
+    "Script to Speech - two characters and a pause (demo engine)": {
+        "nodes": [
+            (1, "Note", 0, {"text": "A script: [Alice] and [Bob] speak the rest of their line in the voices Character "
+                                    "Voices gives them (a library voice from models/mizuoto/voices, a recording with "
+                                    "its transcript, or a speaker); lines without a tag use the node's own voice; "
+                                    "[pause:0.5s] is silence. Load a different recording for each character. "
+                                    + DEMO_NOTE.split(": ")[0] + "."}),
+            (2, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),
+            (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (4, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (5, "MizuotoCharacterVoices", 1, {"name": "Alice"}),
+            (6, "MizuotoCharacterVoices", 1, {"name": "Bob"}),
+            (7, "MizuotoScriptToSpeech", 2, {}),
+            (8, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_script"}),
+        ],
+        "links": [(3, "AUDIO", 5, "audio"), (4, "AUDIO", 6, "audio"), (5, "characters", 6, "characters"),
+                  (2, "engine", 7, "engine"), (6, "characters", 7, "characters"), (7, "audio", 8, "audio")],
+    },
+    "Subtitles to Speech - a subtitle track (demo engine)": {
+        "nodes": [
+            (1, "Note", 0, {"text": "Speaks an SRT track, each cue at its time; [Alice] inside a cue is that "
+                                    "character. Paste the SRT or pick an .srt file from ComfyUI's input folder. "
+                                    "timing: pad waits with silence, fit time-stretches each line to its cue "
+                                    "(pitch kept), natural uses the gap first. The srt output has the actual "
+                                    "times. " + DEMO_NOTE.split(": ")[0] + "."}),
+            (2, "MizuotoEngineLoader", 0, {"engine": "demo", "checkpoint": "none"}),
+            (3, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (4, "MizuotoCharacterVoices", 1, {"name": "Alice"}),
+            (5, "MizuotoSubtitlesToSpeech", 1, {}),
+            (6, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_subtitles"}),
+        ],
+        "links": [(3, "AUDIO", 4, "audio"), (2, "engine", 5, "engine"), (4, "characters", 5, "characters"),
+                  (5, "audio", 6, "audio")],
+    },
 }
 WIDTHS = {"Note": 300, "MizuotoTTS": 420, "MizuotoTalker": 400, "LoadAudio": 300, "MizuotoSaveWav": 320,
-          "MizuotoEmotion": 320}
+          "MizuotoEmotion": 320, "MizuotoScriptToSpeech": 420, "MizuotoSubtitlesToSpeech": 420,
+          "MizuotoCharacterVoices": 320}
 NOTE_H = 180
 THUMBNAIL_WIDTH = 640
 

@@ -208,14 +208,20 @@ def join_chunks(pieces: Sequence[Audio], crossfade_ms: float = CROSSFADE_MS) -> 
 
 class ChunkProgress:
     """One progress bar over every chunk: chunk *i*'s own (done, total) fills its share. With
-    one chunk the engine's figures pass through unchanged."""
+    one chunk the engine's figures pass through unchanged.
+
+    Chunks run phase by phase (`phases` of them: every chunk's talker, then every chunk's
+    decode), so the bar has `chunks` x `phases` slots, in run order: `phase` and `index` say
+    which slot the engine's figures fill now."""
 
     STEPS = 1000  # per chunk
 
-    def __init__(self, on_progress: Callable[[int, int], None] | None, chunks: int) -> None:
+    def __init__(self, on_progress: Callable[[int, int], None] | None, chunks: int, phases: int = 1) -> None:
         self.on_progress = on_progress
         self.chunks = chunks
+        self.phases = phases
         self.index = 0
+        self.phase = 0
 
     def __call__(self, done: int, total: int) -> None:
         if self.on_progress is None:
@@ -224,7 +230,18 @@ class ChunkProgress:
             self.on_progress(done, total)
             return
         share = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
-        self.on_progress(self.index * self.STEPS + round(share * self.STEPS), self.chunks * self.STEPS)
+        self._report(share)
+
+    def finished(self, phase: int, index: int) -> None:
+        """A chunk's phase ended: its slot is full, also for a phase that reports no steps."""
+        if self.on_progress is not None and self.chunks > 1:
+            self.phase, self.index = phase, index
+            self._report(1.0)
+
+    def _report(self, share: float) -> None:
+        assert self.on_progress is not None
+        slot = self.phase * self.chunks + self.index
+        self.on_progress(round((slot + share) * self.STEPS / self.phases), self.chunks * self.STEPS)
 
 
 __all__ = [

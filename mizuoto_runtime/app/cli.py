@@ -22,6 +22,7 @@ from ..memory import cuda_allocator
 from ..nn.dtypes import DTYPES
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .runtime import Runtime
+from .scripts import command as scripts
 from .timeline import write_svg
 
 log = logging.getLogger("mizuoto")
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mizuoto", description="Mizuoto TTS runtime")
     sub = p.add_subparsers(dest="command", required=True)
     say = sub.add_parser("say", help="synthesize text to a WAV file and print meta.memory")
-    say.add_argument("text")
+    say.add_argument("text", nargs="?", help="the words to speak; with [Name] tags, a script (see --script)")
     say.add_argument("--engine", default="demo", choices=sorted(ENGINES))
     say.add_argument("--model", help="checkpoint folder (engines that need weights)")
     say.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -70,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="IndexTTS-2: with --emotion or emotion text, a random variant of each emotion (seeded)")
     say.add_argument("--emotion-balance", action="store_true",
                      help="IndexTTS-2: tone --emotion down as IndexTTS-2's web UI does (total at most 0.8)")
+    scripts.add_arguments(say)
     say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
@@ -156,16 +158,26 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime(_settings(args.setting))
     # Everything the request names is checked before the engine loads (a load can take minutes).
     sampling = Sampling(seed=args.seed, max_new_tokens=args.max_new_tokens, language=args.language)
-    check_request(args.text, sampling)
+    text = scripts.script_text(args)
+    if not args.srt:
+        check_request(text, sampling)
     chunking = TextChunking(enabled=not args.no_chunking, max_chars=args.chunk_chars)
     output = _output_file(Path(args.output))
     timeline = _output_file(Path(args.timeline)) if args.timeline else None
     reference = _reference(Path(args.voice)) if args.voice else None
     options = _voice_options(args)
+    rt.prompt_store = scripts.prompt_store(args)
     engine = rt.engine(args.engine, args.model, args.dtype, args.device)
-    audio, meta = rt.say(engine, args.text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
-                         sampling=sampling, allow_fallback=args.allow_fallback or None, instruct=args.instruct,
-                         chunking=chunking, voice_options=options)
+    if scripts.wants_script(args):
+        own = scripts.CharacterVoice(reference, args.ref_text, args.speaker, args.instruct, options)
+        audio, meta = scripts.speak(rt, engine, args, text, scripts.character_voices(args, own), sampling, output,
+                                    args.allow_fallback or None)
+    else:
+        with scripts.progress_bar() as on_progress:
+            audio, meta = rt.say(engine, text, reference=reference, transcript=args.ref_text, speaker=args.speaker,
+                                 sampling=sampling, allow_fallback=args.allow_fallback or None,
+                                 instruct=args.instruct, chunking=chunking, voice_options=options,
+                                 on_progress=on_progress)
     try:
         path = write_wav(output, audio)
     except OSError as exc:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..engines import Engine, LoraChoice
+from ..engines.voice_store import VoicePromptStore
 from ..memory.policy import VramPolicy
 from ..memory.service import RuntimeService
 from .runtime import Runtime
@@ -113,11 +114,14 @@ class ProcessRuntime:
         self._accounting: Accounting | None = None
         self._refs: collections.Counter[EngineKey] = collections.Counter()
         self._lock = threading.RLock()
+        # Where engines keep prompted voices on disk; the pack points it into the voice library.
+        self.prompt_store: VoicePromptStore | None = None
 
     def runtime(self) -> Runtime:
         with self._lock:
             if self._runtime is None:
                 self._runtime = Runtime(self._settings)
+                self._runtime.prompt_store = self.prompt_store
                 self._accounting = self._join(self._runtime) if self._join is not None else None
             return self._runtime
 

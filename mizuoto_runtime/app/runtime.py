@@ -5,7 +5,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 
 from ..audio import Audio
 from ..engines import Engine, Sampling, Voice, check_request, engine_class
+from ..engines.voice_store import VoicePromptStore
 from ..errors import ArgumentError, DeviceTooSmallError, MizuotoError
 from ..memory import cuda_allocator
 from ..memory.calibration import Calibration, default_path
@@ -24,6 +25,9 @@ from ..memory.report import model_state, where
 from ..memory.service import RuntimeService
 from ..nn.dtypes import parse_dtype
 from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join_chunks
+from .scripts.runner import CharacterVoice, ScriptAudio, run_phases, speak_script, speak_subtitles
+from .scripts.subtitles import Cue, Placed, Timing
+from .scripts.syntax import Script
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,8 @@ class Runtime:
         cuda_allocator.state(self.policy.cuda_allocator)
         self.service = RuntimeService(self.manager, self.policy)  # M29, M34: which engines stay loaded
         self._loading = threading.Lock()  # two requests asking at once load an engine once (M8)
+        # Where engines keep prompted voices on disk (M4 across restarts); None: in memory only.
+        self.prompt_store: VoicePromptStore | None = None
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32",
                device: str | torch.device | None = None) -> Engine:
@@ -61,6 +67,7 @@ class Runtime:
                 with torch.inference_mode(False):
                     engine = engine_class(engine_id)(self.manager, model_dir, engine_dtype(dtype), where)
                 self.service.add(key, engine)
+            engine.prompt_store = self.prompt_store
         return engine
 
     def loaded_engine(self, engine_id: str, model_dir: str | Path | None = None,
@@ -112,9 +119,10 @@ class Runtime:
             voice_options: Mapping[str, Any] | None = None) -> tuple[Audio, dict[str, Any]]:
         """Synthesize `text`: phased engines run their phases (M1); others one `ctx.use` (M4).
 
-        Long text is cut as `chunking` says: the voice is prompted once, then each chunk runs
-        its own talker and decoder phases with seed + its index, and the chunks are joined by
-        a crossfade; `meta["chunks"]` counts them. One chunk is exactly the unchunked run."""
+        Long text is cut as `chunking` says: the voice is prompted once, then every chunk's
+        talker phase runs (chunk i with seed + i), then every chunk's decode (`run_phases`:
+        each component placed once, not once per chunk), and the chunks are joined by a
+        crossfade; `meta["chunks"]` counts them. One chunk is exactly the unchunked run."""
         sampling = sampling or Sampling()
         check_request(text, sampling)  # before the voice prompt runs
         options = dict(voice_options or {})
@@ -123,22 +131,52 @@ class Runtime:
             raise ArgumentError(f"engine {engine.id!r} takes no {', '.join(unknown)} "
                                 f"(its voice options: {', '.join(engine.VOICE_OPTIONS) or 'none'})")
         chunks = chunking.split(text)
-        progress = ChunkProgress(on_progress, len(chunks))
+        progress = ChunkProgress(on_progress, len(chunks), phases=2 if engine.PHASED else 1)
         ctx = self.request(sampling.seed, cancel_check, progress if on_progress else None)
-        pieces: list[Audio] = []
+        seeded = [dataclasses.replace(sampling, seed=chunk_seed(sampling.seed, i)) for i in range(len(chunks))]
+        with self.serving(engine):
+            if engine.PHASED:
+                voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct, **options)
+
+                def follow(phase: int, index: int) -> None:
+                    progress.phase, progress.index = phase, index
+
+                pieces = run_phases(engine, ctx, [(chunk, voice, s) for chunk, s in zip(chunks, seeded)],
+                                    allow_fallback=allow_fallback, before=follow,
+                                    after=progress.finished)
+            else:
+                pieces = []
+                with ctx.use(engine.handles(), engine.memory_required(text), name="all"):
+                    for index, (chunk, chunk_sampling) in enumerate(zip(chunks, seeded)):
+                        progress.index = index
+                        if ctx.generator is not None:
+                            ctx.generator.manual_seed(chunk_sampling.seed)
+                        pieces.append(engine.synthesize(ctx, chunk, Voice("", {}, engine.id), chunk_sampling,
+                                                        allow_fallback))
+        return join_chunks(pieces, chunking.crossfade_ms), {**ctx.meta, "chunks": len(chunks)}
+
+    def speak_script(self, engine: Engine, script: Script, voices: Mapping[str | None, CharacterVoice],
+                     sampling: Sampling | None = None, **options: Any) -> ScriptAudio:
+        """Speak a script phase by phase (`scripts.runner.speak_script`: every voice prompt,
+        then every talker line, then every decode), served like `say`."""
+        with self.serving(engine):
+            return speak_script(self, engine, script, voices, sampling or Sampling(), **options)
+
+    def speak_subtitles(self, engine: Engine, cues: Sequence[Cue], voices: Mapping[str | None, CharacterVoice],
+                        sampling: Sampling | None = None, timing: Timing = "pad", max_stretch: float = 1.5,
+                        **options: Any) -> Placed:
+        """Speak a subtitle track as one phase-grouped script and place it on its cues
+        (`scripts.runner.speak_subtitles`), served like `say`."""
+        with self.serving(engine):
+            return speak_subtitles(self, engine, cues, voices, sampling or Sampling(), timing, max_stretch, **options)
+
+    @contextlib.contextmanager
+    def serving(self, engine: Engine) -> Iterator[None]:
+        """Around a request on `engine`: the service counts it as in use (M29, M34); after an
+        out-of-memory error the next job starts from an empty device; host RAM is relieved after."""
         try:
-            with self.service.serving(engine), contextlib.ExitStack() as whole:
-                if engine.PHASED:
-                    voice = engine.voice_prompt(ctx, reference, transcript, speaker, instruct=instruct, **options)
-                else:
-                    whole.enter_context(ctx.use(engine.handles(), engine.memory_required(text), name="all"))
-                    voice = Voice("", {}, engine.id)
-                for index, chunk in enumerate(chunks):
-                    progress.index = index
-                    seeded = dataclasses.replace(sampling, seed=chunk_seed(sampling.seed, index))
-                    if ctx.generator is not None:
-                        ctx.generator.manual_seed(seeded.seed)
-                    pieces.append(engine.synthesize(ctx, chunk, voice, seeded, allow_fallback))
+            with self.service.serving(engine):
+                yield
         except DeviceTooSmallError:
             raise  # nothing freed elsewhere makes the device larger
         except Exception as exc:
@@ -147,7 +185,6 @@ class Runtime:
             raise
         finally:
             self.service.relieve_ram()  # M29
-        return join_chunks(pieces, chunking.crossfade_ms), {**ctx.meta, "chunks": len(chunks)}
 
     def describe(self) -> dict[str, Any]:
         """M51: the device, the policy, per model loaded, streamed (last request) and host bytes,

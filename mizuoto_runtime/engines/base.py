@@ -42,6 +42,7 @@ from ..errors import ArgumentError, MizuotoError
 from ..lru import LruCache
 from ..memory.rng import GLOBAL_RNG
 from .lora import LoraAdapter, LoraChoice, applied_lora
+from .voice_store import VoicePromptStore, prompt_key
 
 if TYPE_CHECKING:
     from ..memory.handle import Kind, ModelHandle
@@ -189,6 +190,10 @@ class Engine(ABC):
     BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
     # Keyword arguments its `voice_prompt` takes beyond the common ones (IndexTTS-2: "emotion").
     VOICE_OPTIONS: ClassVar[tuple[str, ...]] = ()
+    # Whether `encode_voice`'s prompt is kept on disk when the host gives a prompt store
+    # (tensors, numbers, strings and containers of them; never pickled). False where the
+    # prompt holds an upstream object the store would have to pickle.
+    PROMPT_ON_DISK: ClassVar[bool] = True
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -213,6 +218,8 @@ class Engine(ABC):
         self.dtype = dtype
         self.device = device or manager.devices.compute_device()  # where its components run
         self.voices: LruCache[str, Voice] = LruCache(VOICES_KEPT)
+        # Prompted voices kept across restarts (M4); the host sets it (`Runtime.prompt_store`).
+        self.prompt_store: VoicePromptStore | None = None
 
     @classmethod
     def package_module(cls, name: str) -> ModuleType:
@@ -317,14 +324,19 @@ class Engine(ABC):
     def voice_prompt(self, ctx: RequestContext, reference: Audio | None = None,
                      transcript: str | None = None, speaker: str | None = None,
                      instruct: str | None = None) -> Voice:
-        """A voice, from the cache when the same reference was prompted before (M4).
+        """A voice, from the cache when the same reference was prompted before (M4): in memory,
+        else in the host's prompt store on disk (also across restarts), else encoded now.
 
         `instruct` is a natural-language voice or style description, for engines that take one.
         """
         key = voice_key(reference, transcript, speaker, instruct)
         voice = self.voices.get(key)
         if voice is None:  # one read: another request may drop the entry at any moment
-            voice = Voice(key, self.encode_voice(ctx, reference, transcript, speaker, instruct=instruct), self.id)
+            encode = functools.partial(self.encode_voice, ctx, reference, transcript, speaker, instruct=instruct)
+            store = self.prompt_store if self.PROMPT_ON_DISK else None
+            data = encode() if store is None else store.get_or_encode(
+                prompt_key(self, reference, transcript, speaker, instruct), encode)
+            voice = Voice(key, data, self.id)
             self.voices[key] = voice
         return voice
 

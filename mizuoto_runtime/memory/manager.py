@@ -308,6 +308,7 @@ class ModelManager:
             budgets, reasons = self._budgets(movable, available - held - working - reserve)
             placements = []
             for h in handles:
+                placed = 0
                 if h in movable:
                     placed = h.load(budgets[h], stream_all=self.policy.vram_mode == "none", noted=noted)
                     self.events.append(("place", self.key(h), placed))
@@ -315,7 +316,7 @@ class ModelManager:
                     h.gave_up_for = []
                 placements.append(Placement(
                     self.key(h), phase, h.loaded_bytes, h.size_bytes, h.partial_reason, self.policy.vram_mode,
-                    available, working, reserve,
+                    available, working, reserve, copied_bytes=placed,
                 ))
             if self.external is not None:
                 self.external.on_placed(handles)

@@ -146,6 +146,7 @@ class Placement:
     gave_up_for: list[str] = dataclasses.field(default_factory=list)
     held_after: int | None = None  # what it still held after yielding VRAM to later phases
     held_now: int | None = None  # what it holds when the report is made (None: not looked at yet)
+    copied_bytes: int = 0  # what this placement copied onto the device (0: it was there already)
 
     @property
     def partial(self) -> bool:
@@ -370,6 +371,9 @@ class MemoryReport:
         self.phases: dict[str, dict[str, float | int]] = {}
         self.timeline: list[PhaseRun] = []
         self.used_in: dict[str, list[str]] = {}  # component -> the phases it ran in, each once
+        # component -> (times this request placed it, bytes copied doing so): phase-grouped
+        # runs show here as one placement per component, not one per line or chunk.
+        self.placed: dict[str, tuple[int, int]] = {}
 
     def add_phase(self, phase: str, **figures: float | int) -> None:
         """What a phase reserved, as its engine breaks the working memory down (e.g. the KV
@@ -379,6 +383,10 @@ class MemoryReport:
     def add(self, placement: Placement) -> None:
         placement.log()
         self.components[placement.component] = placement
+        times, copied = self.placed.get(placement.component, (0, 0))
+        if placement.copied_bytes:
+            times, copied = times + 1, copied + placement.copied_bytes
+        self.placed[placement.component] = (times, copied)
         phases = self.used_in.setdefault(placement.component, [])
         if placement.phase not in phases:
             phases.append(placement.phase)
@@ -391,7 +399,8 @@ class MemoryReport:
             "size_mb": mb(sum(p.size_bytes for p in comps)),
             "components": {
                 p.component: {"phase": p.phase, "loaded_mb": mb(p.loaded_bytes), "held_mb": mb(p.held_bytes),
-                              "size_mb": mb(p.size_bytes)}
+                              "size_mb": mb(p.size_bytes), "placed": self.placed[p.component][0],
+                              "copied_mb": mb(self.placed[p.component][1])}
                 for p in comps
             },
             "partial": {p.component: p.as_partial() for p in comps if p.partial},

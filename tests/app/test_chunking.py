@@ -159,7 +159,8 @@ def test_each_chunk_runs_its_own_phases_and_the_progress_bar_follows_the_chunks(
     reference = Audio(torch.randn(1, 8000) * 0.1, 16000)
     rt.say(engine, LONG, reference=reference, sampling=Sampling(seed=1, max_new_tokens=TOKENS),
            chunking=TextChunking(max_chars=60), on_progress=lambda done, total: seen.append((done, total)))
-    assert phases == ["voice prompt", *["talker", "codec decoder"] * LONG_CHUNKS]  # the voice once, then per chunk
+    # The voice once, then every chunk's talker, then every chunk's decode (grouped by phase).
+    assert phases == ["voice prompt", *["talker"] * LONG_CHUNKS, *["codec decoder"] * LONG_CHUNKS]
     steps = ChunkProgress.STEPS
     assert {total for _, total in seen} == {LONG_CHUNKS * steps}
     done = [d for d, _ in seen]

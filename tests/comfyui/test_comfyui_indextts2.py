@@ -113,8 +113,9 @@ def test_the_emotion_node_takes_random_balanced_weights(server: ComfyServer) -> 
 def test_text_to_speech_takes_an_emotion(server: ComfyServer, emotion: dict[str, Any]) -> None:
     prompt = {
         "2": node(server, "LoadAudio", audio=REFERENCE_WAV),
+        "5": node(server, "MizuotoEmotionOptions", **emotion),  # the engine's own options: through one socket
         "3": node(server, "MizuotoTTS", text="hello tiny model.", seed=3, max_new_tokens=12, reference=["2", 0],
-                  engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", **emotion),
+                  engine_name="indextts2", checkpoint=CHECKPOINT, dtype="float32", options=["5", 0]),
         "4": node(server, "MizuotoSaveWav", audio=["3", 0], filename_prefix="audio/indextts2_tts"),
     }
     saved_audio(server, prompt)

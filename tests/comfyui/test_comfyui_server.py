@@ -118,7 +118,8 @@ def test_nodes_appear_in_object_info_with_their_inputs(comfy_server: ComfyServer
 def test_widgets_saved_workflows_hold_keep_their_places(comfy_server: ComfyServer) -> None:
     """Saved workflows store widget values by position: inputs added later come after every
     widget an older workflow saved (instruct and language first, then the one-node and
-    long-text inputs of Text to Speech, then its emotion inputs)."""
+    long-text inputs of Text to Speech, then its options socket; its emotion widgets, last in
+    the previous release, are gone, so their saved values fall past every widget)."""
     order = {name: comfy_server.get(f"/object_info/{name}")[name]["input_order"] for name in NODES}
     assert order["MizuotoVoicePrompt"]["optional"] == ["reference", "transcript", "speaker", "instruct"]
     assert order["MizuotoTalker"]["optional"][-1] == "language"
@@ -126,7 +127,7 @@ def test_widgets_saved_workflows_hold_keep_their_places(comfy_server: ComfyServe
                                                "max_new_tokens", "do_sample", "allow_fallback"]
     assert order["MizuotoTTS"]["optional"] == ["engine", "reference", "transcript", "speaker", "instruct", "language",
                                                "engine_name", "checkpoint", "dtype", "split_long_text", "chunk_chars",
-                                               "emotion_audio", "emotion", "emotion_strength", "emotion_from_text"]
+                                               "options"]
     assert comfy_server.get("/object_info/MizuotoTTS")["MizuotoTTS"]["output"] == ["AUDIO", "STRING", "MIZUOTO_ENGINE"]
 
 

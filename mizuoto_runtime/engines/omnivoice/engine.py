@@ -100,6 +100,9 @@ class OmniVoiceEngine(Engine):
     REQUIREMENTS = "omnivoice"
     UPSTREAM = "omnivoice"
     PHASED = True
+    # Its voice prompt is upstream's VoiceClonePrompt object: kept in memory only, never
+    # pickled to disk.
+    PROMPT_ON_DISK = False
     sample_rate = 24000
     steps = DEFAULT_STEPS  # masked-diffusion steps (upstream's num_step); tests and benches set fewer
 
