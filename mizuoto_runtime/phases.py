@@ -30,6 +30,7 @@ import torch
 
 from .calibration import PhaseMeter
 from .errors import ArgumentError, DeviceTooSmallError
+from .intra_op import adopt_intra_op_threads
 from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, Where, mb, where
 from .streamer import StreamCharge, charging
 
@@ -191,7 +192,12 @@ class RequestContext:
 
     @contextlib.contextmanager
     def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:
-        """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends."""
+        """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends.
+
+        The calling thread computes with the process's intra-op thread count (`intra_op`): a
+        request on a thread of its own, two at once with `compute.gpu_jobs` 2 (M8), gives the
+        numbers the thread that set the count would."""
+        adopt_intra_op_threads()
         record = self._begin(name)
         try:
             with self._attempt(handles, memory, name, record) as placements:

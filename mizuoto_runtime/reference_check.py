@@ -216,15 +216,20 @@ def mkl_intel_path() -> bool | None:
     from the reference data by their own conditioning (measured on an AMD EPYC: CosyVoice's
     log-mel at near-floor bins by 9e-3, CosyVoice 2's NSF source by 3e-4, while upstream's code
     run on the same machine gives our bits exactly). None where torch's library exposes no MKL.
+
+    MKL asks through the process's symbol table, so a library preloaded to force its Intel path
+    (LD_PRELOAD) answers for it: that table is read first, torch's own library after it.
     """
     if not torch.backends.mkl.is_available():
         return None
-    try:
-        probe = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_intel_cpu_true
-    except (OSError, AttributeError):
-        return None
-    probe.restype = ctypes.c_int
-    return bool(probe())
+    for library in (None, str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")):
+        try:
+            probe = ctypes.CDLL(library).mkl_serv_intel_cpu_true
+        except (OSError, AttributeError):
+            continue
+        probe.restype = ctypes.c_int
+        return bool(probe())
+    return None
 
 
 def run_cli(engine: str, folder: str, only: str | None, threads: int, out: TextIO) -> int:

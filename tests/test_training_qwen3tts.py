@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.cli import main
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.qwen3tts.lora import LoraChoice, applied_lora, use_lora
+from mizuoto_runtime.intra_op import computing_thread
 from mizuoto_runtime.training import memory_plan
 from mizuoto_runtime.training.dataset import Clip, load_audio, read_clips, write_demo_clips
 from mizuoto_runtime.training.host_optimizer import HostAdamW
@@ -313,7 +313,7 @@ def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Pat
     def infer_when_training(event: dict[str, Any]) -> None:
         if event.get("event") == "step" and "thread" not in inference:
             inference["asked"] = len(rt.manager.events)
-            inference["thread"] = threading.Thread(target=lambda: inference.update(audio=say(rt, base, data)))
+            inference["thread"] = computing_thread(lambda: inference.update(audio=say(rt, base, data)))
             inference["thread"].start()
 
     job = TrainingJob(rt, "qwen3tts_lora", job_params(base, data, tmp_path / "job.safetensors", steps=3),
