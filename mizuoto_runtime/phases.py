@@ -79,11 +79,17 @@ def _held_copies(handles: Sequence[ModelHandle]) -> int:
 
 
 class RequestContext:
-    """One request: its phases, its generator, and its `meta` (memory report, what was applied)."""
+    """One request: its phases, its generator, and its `meta` (memory report, what was applied).
+
+    The thread that makes it, and each thread entering a phase, computes with the process's
+    intra-op thread count (`intra_op`): a request on a thread of its own — two at once with
+    `compute.gpu_jobs` 2 (M8) — gives the numbers the thread that set the count would, also in
+    what an engine computes before its first phase (issue 31)."""
 
     def __init__(self, manager: ModelManager, *, generator: torch.Generator | None = None,
                  cancel_check: Callable[[], None] | None = None,
                  on_progress: Callable[[int, int], None] | None = None) -> None:
+        adopt_intra_op_threads()
         self.manager = manager
         self.generator = generator
         self.cancel_check = cancel_check
@@ -192,11 +198,8 @@ class RequestContext:
 
     @contextlib.contextmanager
     def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:
-        """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends.
-
-        The calling thread computes with the process's intra-op thread count (`intra_op`): a
-        request on a thread of its own, two at once with `compute.gpu_jobs` 2 (M8), gives the
-        numbers the thread that set the count would."""
+        """M2: place `handles` with `memory` bytes of working memory; none yields until the block
+        ends. The calling thread takes the process's intra-op thread count first (see the class)."""
         adopt_intra_op_threads()
         record = self._begin(name)
         try:

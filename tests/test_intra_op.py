@@ -65,11 +65,11 @@ def on_plain_threads(count: int, body: object) -> list[list[torch.Tensor]]:
 
 @pytest.mark.parametrize("gpu_jobs", [1, 2])
 def test_a_request_on_a_new_thread_equals_the_main_threads_run(gpu_jobs: int) -> None:
+    """The main thread's request places the model (its weight copies would set a new thread's
+    count on the way, ATen's parallel copy), so the new threads' requests go straight to it."""
     torch.manual_seed(0)
     model = LongSums().eval()
     x = inputs()
-    with torch.no_grad():
-        expected = model(x)
     m = make_manager(64, gpu_jobs=gpu_jobs)
     handle = m.register(model, engine="t", name="sums", kind="oneshot")
 
@@ -77,9 +77,28 @@ def test_a_request_on_a_new_thread_equals_the_main_threads_run(gpu_jobs: int) ->
         with m.request().use([handle], 0, "p"), torch.no_grad():
             return model(x)
 
+    expected = request()
     for got in on_plain_threads(gpu_jobs, request):
         for g, e, k in zip(got, expected, INNER):
             assert torch.equal(g, e), f"inner dimension {k}: differs from the main thread's run"
+
+
+def test_what_a_request_computes_before_its_first_phase_equals_the_main_threads() -> None:
+    """An engine's work before any phase (its frontend: host tensors, no component placed)."""
+    torch.manual_seed(0)
+    model = LongSums().eval()
+    x = inputs()
+    with torch.no_grad():
+        expected = model(x)
+    m = make_manager(64)
+
+    def request() -> list[torch.Tensor]:
+        m.request()
+        with torch.no_grad():
+            return model(x)
+
+    (got,) = on_plain_threads(1, request)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
 
 
 def test_a_computing_thread_rounds_as_its_creator() -> None:
