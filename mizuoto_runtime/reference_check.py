@@ -232,6 +232,26 @@ def mkl_intel_path() -> bool | None:
     return None
 
 
+#: The codes of `mkl_cbwr_get_auto_branch` (MKL's conditional numerical reproducibility, mkl_cbwr.h).
+_MKL_BRANCHES = {2: "compatible", 3: "sse2", 6: "ssse3", 7: "sse4_1", 8: "sse4_2", 9: "avx", 10: "avx2",
+                 11: "avx512_mic", 12: "avx512", 13: "avx512_mic_e1", 14: "avx512_e1"}
+
+
+def mkl_kernels() -> str | None:
+    """Which of Intel MKL's kernel families torch's CPU matrix products and FFT run here, as MKL's
+    reproducibility branches name them: "compatible" on its generic path (another vendor's CPU),
+    else the Intel path's instruction set ("avx2", "avx512_e1", ...). Results round per family;
+    None where torch's library exposes no MKL."""
+    if not torch.backends.mkl.is_available():
+        return None
+    try:
+        probe = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_cbwr_get_auto_branch
+    except (OSError, AttributeError):
+        return None
+    probe.restype = ctypes.c_int
+    return _MKL_BRANCHES.get(probe(), "unknown")
+
+
 def run_cli(engine: str, folder: str, only: str | None, threads: int, out: TextIO) -> int:
     """The CLI's exit status: 0 when every line passed, 1 otherwise."""
     torch.set_num_threads(threads)
