@@ -160,7 +160,9 @@ def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op thread for the test. On a shared 2-core machine, torch's pool waiting for
-    busy cores made the Qwen3-TTS tests 20x slower; results within a process do not depend on it."""
+    busy cores made the Qwen3-TTS tests 20x slower. Results can depend on the count (Intel MKL
+    splits a long sum across its threads on its Intel code path), so a test's threads and
+    requests take it too (`threads.py`, `mizuoto_runtime.memory.intra_op`; issue 31)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

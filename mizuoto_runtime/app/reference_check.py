@@ -151,15 +151,40 @@ def mkl_intel_path() -> bool | None:
     from the reference data by their own conditioning (measured on an AMD EPYC: CosyVoice's
     log-mel at near-floor bins by 9e-3, CosyVoice 2's NSF source by 3e-4, while upstream's code
     run on the same machine gives our bits exactly). None where torch's library exposes no MKL.
+
+    MKL asks through the process's symbol table, so a library preloaded to force its Intel path
+    (LD_PRELOAD) answers for it: that table is read first, torch's own library after it.
     """
     if not torch.backends.mkl.is_available():
         return None
+    for library in (None, str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")):
+        try:
+            probe = ctypes.CDLL(library).mkl_serv_intel_cpu_true
+        except (OSError, AttributeError):
+            continue
+        probe.restype = ctypes.c_int
+        return bool(probe())
+    return None
+
+
+#: The codes of `mkl_cbwr_get_auto_branch` (MKL's conditional numerical reproducibility, mkl_cbwr.h).
+_MKL_BRANCHES = {2: "compatible", 3: "sse2", 6: "ssse3", 7: "sse4_1", 8: "sse4_2", 9: "avx", 10: "avx2",
+                 11: "avx512_mic", 12: "avx512", 13: "avx512_mic_e1", 14: "avx512_e1"}
+
+
+def mkl_kernels() -> str | None:
+    """Which of Intel MKL's kernel families torch's CPU matrix products and FFT run here, as MKL's
+    reproducibility branches name them: "compatible" on its generic path (another vendor's CPU),
+    else the Intel path's instruction set ("avx2", "avx512_e1", ...). Results round per family;
+    None where torch's library exposes no MKL."""
+    if not torch.backends.mkl.is_available():
+        return None
     try:
-        probe = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_intel_cpu_true
+        probe = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_cbwr_get_auto_branch
     except (OSError, AttributeError):
         return None
     probe.restype = ctypes.c_int
-    return bool(probe())
+    return _MKL_BRANCHES.get(probe(), "unknown")
 
 
 def run_cli(engine: str, folder: str, only: str | None, threads: int, out: TextIO) -> int:

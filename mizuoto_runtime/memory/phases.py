@@ -37,6 +37,7 @@ import torch
 from ..errors import ArgumentError, DeviceTooSmallError
 from . import graphs
 from .calibration import PhaseMeter
+from .intra_op import adopt_intra_op_threads
 from .profiling import label
 from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, RequestLog, Where, mb, where
 from .rng import GLOBAL_RNG
@@ -107,11 +108,17 @@ def _held_copies(handles: Sequence[ModelHandle]) -> int:
 
 
 class RequestContext:
-    """One request: its phases, its generator, and its `meta` (memory report, what was applied)."""
+    """One request: its phases, its generator, and its `meta` (memory report, what was applied).
+
+    The thread that makes it, and each thread entering a phase, computes with the process's
+    intra-op thread count (`intra_op`): a request on a thread of its own — two at once with
+    `compute.gpu_jobs` 2 (M8) — gives the numbers the thread that set the count would, also in
+    what an engine computes before its first phase (issue 31)."""
 
     def __init__(self, manager: Manager, *, generator: torch.Generator | None = None,
                  cancel_check: Callable[[], None] | None = None,
                  on_progress: Callable[[int, int], None] | None = None) -> None:
+        adopt_intra_op_threads()
         self.manager = manager
         self.generator = generator
         self.cancel_check = cancel_check
@@ -221,7 +228,9 @@ class RequestContext:
 
     @contextlib.contextmanager
     def use(self, handles: Sequence[ModelHandle], memory: int = 0, name: str = "phase") -> Iterator[list[Placement]]:
-        """M2: place `handles` with `memory` bytes of working memory; none yields until the block ends."""
+        """M2: place `handles` with `memory` bytes of working memory; none yields until the block
+        ends. The calling thread takes the process's intra-op thread count first (see the class)."""
+        adopt_intra_op_threads()
         record = self._begin(name)
         try:
             with label("mizuoto::phase", name), self._attempt(handles, memory, name, record) as placements:

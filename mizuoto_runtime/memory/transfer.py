@@ -54,6 +54,7 @@ from torch import nn
 
 from .compiled import Restore, run_compiled_eagerly
 from .devices import DeviceService
+from .intra_op import computing_thread
 from .pinning import Pinner, shared_pinner
 from .units import ALIGN
 
@@ -202,7 +203,8 @@ class ThreadStreams:
     the events guard a buffer exactly as they must on CUDA (a missing wait gives wrong numbers
     here, not only on a GPU).
 
-    The copy thread runs its work in order and ends when idle (`COPY_THREAD_IDLE_S`). A copy
+    The copy thread runs its work in order and ends when idle (`COPY_THREAD_IDLE_S`); it runs
+    with the intra-op thread count of the request that started it (`intra_op`, issue 31). A copy
     that fails is told by the event recorded after it (`failure`): the engine raises where a
     leaf waits for those weights, and drops that copy.
     """
@@ -258,7 +260,7 @@ class ThreadStreams:
             self._work.put(work)
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._run, name="mizuoto-copy", daemon=True).start()
+                computing_thread(self._run, name="mizuoto-copy", daemon=True).start()
 
     def _run(self) -> None:
         while True:

@@ -70,3 +70,13 @@ def test_unknown_engine_and_bad_folder(tmp_path: Path) -> None:
         reference_check.provider_for("demo")  # an engine whose class names no reference module
     with pytest.raises(MizuotoError, match="lacks ckpt, reference.safetensors, reference.json"):
         Reference(tmp_path)
+
+
+def test_mkl_kernels_and_path_agree() -> None:
+    """MKL's kernel family (issue 31): its generic path exactly where it reports a non-Intel CPU
+    (an LD_PRELOAD shim that forces the Intel path changes both)."""
+    kernels, intel = reference_check.mkl_kernels(), reference_check.mkl_intel_path()
+    if kernels is None:
+        pytest.skip("torch's library exposes no Intel MKL here")
+    assert kernels in reference_check._MKL_BRANCHES.values()
+    assert (kernels == "compatible") == (intel is False)

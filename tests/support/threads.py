@@ -1,10 +1,14 @@
-"""Run test bodies on threads of their own (M8 tests: requests at once) and collect what they raised."""
+"""Run test bodies on threads of their own (M8 tests: requests at once) and collect what they raised.
+
+Every thread here runs with the intra-op thread count of the test's thread (`computing_thread`):
+a reference computed there and a request computed here round alike (issue 31)."""
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
+from mizuoto_runtime.memory.intra_op import computing_thread
 from mizuoto_runtime.memory.slots import DeviceSlots
 
 
@@ -18,7 +22,7 @@ def run_on_threads(bodies: Sequence[Callable[[], None]], timeout_s: float = 300.
         except BaseException as exc:  # noqa: BLE001 - handed to the test, which reports it
             raised.append(exc)
 
-    workers = [threading.Thread(target=guarded, args=(body,)) for body in bodies]
+    workers = [computing_thread(guarded, body) for body in bodies]
     for w in workers:
         w.start()
     for w in workers:
@@ -38,7 +42,7 @@ def another_request_holding(slots: DeviceSlots, timeout_s: float = 60.0) -> Iter
         done.wait(timeout_s)
         slots.give()
 
-    other = threading.Thread(target=other_request)
+    other = computing_thread(other_request)
     other.start()
     assert holding.wait(timeout_s), "the other request got no slot"
     try:

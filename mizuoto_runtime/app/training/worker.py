@@ -59,7 +59,7 @@ def main() -> int:
     apply_in_process(job["cpu_allocator"], os.environ)
     try:
         method = method_module(job["method"])
-        torch.set_num_threads(job["threads"])  # the host's: results do not depend on it, speed does
+        torch.set_num_threads(job["threads"])  # the host's: MKL's sums may round by it (issue 31)
         result = method.run(job["params"], MemoryPlan(**job["memory"]), torch.device(job["device"]),
                             job["settings"], emit)
     except MizuotoError as exc:

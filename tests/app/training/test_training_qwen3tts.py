@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from mizuoto_runtime.app.training.lora import save_lora
 from mizuoto_runtime.app.training.methods import method_module
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import LoraChoice, Sampling
+from mizuoto_runtime.memory.intra_op import computing_thread
 from mizuoto_runtime.nn.lora import read_lora
 
 from conftest import require_qwen_tts
@@ -314,7 +314,7 @@ def test_the_job_releases_the_device_holds_it_and_makes_inference_wait(base: Pat
     def infer_when_training(event: dict[str, Any]) -> None:
         if event.get("event") == "step" and "thread" not in inference:
             inference["asked"] = len(rt.manager.events)
-            inference["thread"] = threading.Thread(target=lambda: inference.update(audio=say(rt, base, data)))
+            inference["thread"] = computing_thread(lambda: inference.update(audio=say(rt, base, data)))
             inference["thread"].start()
 
     job = TrainingJob(rt, "qwen3tts_lora", job_params(base, data, tmp_path / "job.safetensors", steps=3),
