@@ -121,7 +121,7 @@ def time_engines(folders: dict[str, Path], steps: int, repeat: int, device: str)
         runtimes = {name: Runtime(settings) for name, settings in placements(device).items()}
         times: dict[str, list[float]] = {name: [] for name in runtimes}
         streamed: dict[str, float] = {}
-        for name, rt in runtimes.items():
+        for _name, rt in runtimes.items():
             request(rt, engine_id, folder, steps, device)  # warm-up: load, learn the unit order
         for _ in range(repeat):
             for name, rt in runtimes.items():  # interleaved, so machine noise hits all alike

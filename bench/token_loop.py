@@ -55,7 +55,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mizuoto_runtime import DeviceService, ModelHandle, Runtime  # noqa: E402
 from mizuoto_runtime.engines import Sampling  # noqa: E402
-from mizuoto_runtime.memory import transfer
+from mizuoto_runtime.memory import transfer  # noqa: E402
 from mizuoto_runtime.memory.units import Unit  # noqa: E402
 
 MB = 1 << 20
@@ -249,9 +249,9 @@ def bench_qwen3tts(frames: int, repeat: int, clock: CopyClock) -> tuple[list[dic
         streamed = v.meta.get("memory", {}).get("streamed_mb", 0.0) / max(n, 1)
         equal = bool(v.codes is not None and torch.equal(v.codes, reference[device]))
         all_equal &= equal
-        row = {"variant": v.name, "frames": n, "ms_per_frame": round(ms, 3), "streamed_mb_per_frame": round(streamed, 2),
-               "equal_to_upstream": equal, "applied": {k: v.meta.get("applied", {}).get(k)
-                                                       for k in ("talker_loop", "kv_cache", "cuda_graphs")}}
+        row = {"variant": v.name, "frames": n, "ms_per_frame": round(ms, 3),
+               "streamed_mb_per_frame": round(streamed, 2), "equal_to_upstream": equal,
+               "applied": {k: v.meta.get("applied", {}).get(k) for k in ("talker_loop", "kv_cache", "cuda_graphs")}}
         if v.resident is not None:
             resident = by_name[v.resident]
             compute_ms = resident.best / max(n, 1) * 1e3

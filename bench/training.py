@@ -129,7 +129,8 @@ def main() -> int:
     for r in rows:
         ref = next(x for x in rows if x["preset"] == "default" and x["batch_size"] == r["batch_size"])
         print(f"{r['preset']:8} {r['batch_size']:>5} {r['step_s']:>8.3f} {r['step_s'] / ref['step_s']:>9.2f}x "
-              f"{r['prepare_peak_mb']:>11.1f} {r['train_peak_mb']:>9.1f} {r['first_loss']:>6.2f}->{r['final_loss']:.2f}")
+              f"{r['prepare_peak_mb']:>11.1f} {r['train_peak_mb']:>9.1f} "
+              f"{r['first_loss']:>6.2f}->{r['final_loss']:.2f}")
     on, off = huge["hugepages"]["step_s"], huge["no_hugepages"]["step_s"]
     print(f"\nlowest, huge pages on vs off: step {on:.3f} s vs {off:.3f} s ({on / off:.2f}x)")
     on, off = optimizer["hugepages"]["step_s"], optimizer["no_hugepages"]["step_s"]
@@ -139,8 +140,9 @@ def main() -> int:
     where = "cpu" if args.device == "cpu" else f"cuda: {machine}"
     print("\nPeakRow lines for mizuoto_runtime/app/training/peaks.py:")
     for r in rows:
-        print(f'    PeakRow("qwen3tts tiny Base", {size}, "{r["preset"]}", {r["batch_size"]}, {r["train_peak_mb"]:.1f}, '
-              f'"{where}", "bench/training.py, {args.steps} steps, 2 clips of 1 s, {machine}, {today}"),')
+        print(f'    PeakRow("qwen3tts tiny Base", {size}, "{r["preset"]}", {r["batch_size"]}, '
+              f'{r["train_peak_mb"]:.1f}, "{where}",\n'
+              f'            "bench/training.py, {args.steps} steps, 2 clips of 1 s, {machine}, {today}"),')
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"params": size, "machine": machine, "rows": rows, "huge_pages_job": huge,
                                           "huge_pages_optimizer": optimizer}, indent=1))

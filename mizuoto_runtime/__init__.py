@@ -54,8 +54,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ArgumentError", "Audio", "CancelledError", "CheckpointError", "DeviceService", "DeviceTooSmallError", "MizuotoError", "ModelHandle",
-    "ModelManager", "OomInjector", "RequestContext", "Runtime", "SettingError", "StrictDeviceError",
-    "VramPolicy", "build_on_meta", "load_safetensors", "plan_units", "read_wav", "tiled_1d", "write_wav",
+    "ArgumentError", "Audio", "CancelledError", "CheckpointError", "DeviceService", "DeviceTooSmallError",
+    "MizuotoError", "ModelHandle", "ModelManager", "OomInjector", "RequestContext", "Runtime", "SettingError",
+    "StrictDeviceError", "VramPolicy", "build_on_meta", "load_safetensors", "plan_units", "read_wav", "tiled_1d",
+    "write_wav",
 ]
 __version__ = "0.1.0"

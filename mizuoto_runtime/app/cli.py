@@ -72,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--emotion-balance", action="store_true",
                      help="IndexTTS-2: tone --emotion down as IndexTTS-2's web UI does (total at most 0.8)")
     scripts.add_arguments(say)
-    say.add_argument("--allow-fallback", action="store_true", help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback (output differs slightly)")
+    say.add_argument("--allow-fallback", action="store_true",
+                     help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback "
+                          "(output differs slightly)")
     train = _train_parser(sub)
     for name in ("say", "runtime", "doctor", "train"):
         target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")

@@ -4,9 +4,9 @@
 DIR holds ``ckpt/`` (a checkpoint in the official layout), ``reference.safetensors`` (tensors
 named ``<stage>.<in|out>.<name>``) and ``reference.json`` (ids, seeds, settings). An engine
 provides the stages: its class names the module of its package that has them (`Engine.REFERENCE`,
-``reference``), with a function ``stages(ref: Reference) -> Iterable[Stage]``. Each stage loads what it needs with the engine's own loader, feeds the recorded
-inputs and returns `Check`s: an output it computed beside the recorded one, and the tolerance
-that applies.
+``reference``), with a function ``stages(ref: Reference) -> Iterable[Stage]``. Each stage loads
+what it needs with the engine's own loader, feeds the recorded inputs and returns `Check`s: an
+output it computed beside the recorded one, and the tolerance that applies.
 
 A stage may add, for an ill-conditioned output, how far a one-ulp change of its recorded input
 moves it (`Check.conditioning`): printed beside the error, so a failure within the output's own
@@ -70,7 +70,8 @@ def provider_for(engine: str) -> Provider:
     try:
         module = cls.package_module(cls.REFERENCE)
     except ModuleNotFoundError as exc:
-        raise MizuotoError(f"engine {engine!r}: its reference checker needs {exc.name!r}, which is not installed") from exc
+        raise MizuotoError(f"engine {engine!r}: its reference checker needs {exc.name!r}, "
+                           "which is not installed") from exc
     stages = getattr(module, "stages", None)
     if not callable(stages):
         raise MizuotoError(f"{module.__name__} defines no stages(ref) function")
@@ -92,7 +93,8 @@ def compare(check: Check, ref: Reference) -> Line:
         if got_i.shape != want_i.shape:
             return Line(check.name, "exact", False, note=f"length {got_i.numel()} vs {want_i.numel()}")
         diff = (got_i != want_i).nonzero()
-        note = "" if diff.numel() == 0 else f"first difference at {int(diff[0])}: {int(got_i[diff[0]])} vs {int(want_i[diff[0]])}"
+        note = "" if diff.numel() == 0 else (f"first difference at {int(diff[0])}: "
+                                             f"{int(got_i[diff[0]])} vs {int(want_i[diff[0]])}")
         err = float((got_i - want_i).abs().max()) if got_i.numel() else 0.0
         return Line(check.name, "exact", diff.numel() == 0, err, err, note)
     if got.shape != want.shape:

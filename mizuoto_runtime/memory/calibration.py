@@ -5,10 +5,10 @@ placed weights, minus the streamer copies' peak, minus memory the phase leaves b
 Graph pools, buffers kept with the model) — only where no other request held the device during
 the phase (`compute.gpu_jobs` > 1: the allocator's peak is the device's, not the request's). If
 that is above the estimate, the ratio × 1.1 (at most 16) is remembered per engine and component
-(`qwen3tts:talker`) and the next estimate is scaled by it. Ratios persist in `<cache>/memory/calibration.json` (format version 2; other
-versions are ignored). The file only makes estimates better: one that cannot be read or
-holds nonsense is ignored with one log line, and one that cannot be written never fails a
-phase that succeeded.
+(`qwen3tts:talker`) and the next estimate is scaled by it. Ratios persist in
+`<cache>/memory/calibration.json` (format version 2; other versions are ignored). The file only
+makes estimates better: one that cannot be read or holds nonsense is ignored with one log line,
+and one that cannot be written never fails a phase that succeeded.
 """
 from __future__ import annotations
 

@@ -69,7 +69,10 @@ class AbsentParameter(nn.Parameter):
     """A parameter that is not on the strict simulated device: metadata only (M56)."""
 
     absent_name: str = "?"
-    __torch_function__ = classmethod(_absent_torch_function)  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return _absent_torch_function(cls, func, types, args, kwargs)
 
     def __new__(cls, like: torch.Tensor, name: str) -> AbsentParameter:
         meta = torch.empty_like(like, device="meta")
@@ -82,7 +85,10 @@ class AbsentTensor(torch.Tensor):
     """A buffer that is not on the strict simulated device (M56)."""
 
     absent_name: str = "?"
-    __torch_function__ = classmethod(_absent_torch_function)  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return _absent_torch_function(cls, func, types, args, kwargs)
 
     def __new__(cls, like: torch.Tensor, name: str) -> AbsentTensor:
         obj = torch.Tensor._make_subclass(cls, torch.empty_like(like, device="meta"), False)

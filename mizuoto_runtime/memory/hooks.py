@@ -259,6 +259,6 @@ def _order(pre: RemovableHandle, post: RemovableHandle) -> None:
     """Our pre-hook first and our post-hook last on their module, whatever was added since."""
     pres, posts = pre.hooks_dict_ref(), post.hooks_dict_ref()
     if pres is not None and pre.id in pres:
-        pres.move_to_end(pre.id, last=False)  # type: ignore[attr-defined]
+        pres.move_to_end(pre.id, last=False)
     if posts is not None and post.id in posts:
-        posts.move_to_end(post.id)  # type: ignore[attr-defined]
+        posts.move_to_end(post.id)

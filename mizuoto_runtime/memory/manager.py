@@ -457,7 +457,8 @@ class ModelManager:
                 if h.device == device and h not in keep and not h.in_use and h.device_bytes > 0]
         return sorted(idle, key=lambda h: (not h.is_partial, self.policy.is_pinned(h.engine, h.name), h.last_used))
 
-    def _budgets(self, handles: Sequence[ModelHandle], room: int) -> tuple[dict[ModelHandle, int | None], dict[ModelHandle, str]]:
+    def _budgets(self, handles: Sequence[ModelHandle],
+                 room: int) -> tuple[dict[ModelHandle, int | None], dict[ModelHandle, str]]:
         """M9 and M33: each handle's weight budget (None = whole) and why it is partial."""
         mode = self.policy.vram_mode
         if mode == "high":
@@ -472,7 +473,8 @@ class ModelManager:
                     budgets[h], reasons[h] = low, REASON_MODE.format(mode=mode)
         return budgets, reasons
 
-    def _split(self, handles: Sequence[ModelHandle], room: int) -> tuple[dict[ModelHandle, int | None], dict[ModelHandle, str]]:
+    def _split(self, handles: Sequence[ModelHandle],
+               room: int) -> tuple[dict[ModelHandle, int | None], dict[ModelHandle, str]]:
         """M33: smaller components load whole first, each leaving at least the others' minimum
         working sets; the largest gets the rest and streams what does not fit."""
         order = sorted(handles, key=lambda h: h.size_bytes)

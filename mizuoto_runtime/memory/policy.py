@@ -91,7 +91,8 @@ def _parse_value(key: str, spec: _Setting, value: Any) -> Any:
         raise SettingError(f"setting 'compute.{key}' must be a finite number, got {value!r}")
     if spec.choices and value not in spec.choices:
         raise SettingError(f"setting 'compute.{key}' must be one of {', '.join(spec.choices)}; got {value!r}")
-    if spec.minimum is not None and value < spec.minimum:
+    # A minimum is declared on number settings only; the isinstance is for the type checker.
+    if spec.minimum is not None and isinstance(value, (int, float)) and value < spec.minimum:
         raise SettingError(f"setting 'compute.{key}' must be >= {spec.minimum:g}, got {value!r}")
     if key in _NOT_YET and value != spec.default:
         raise SettingError(f"setting 'compute.{key}' has no effect yet ({_NOT_YET[key]}); "

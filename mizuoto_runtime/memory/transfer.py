@@ -7,17 +7,17 @@ order on one stream (`SimulatedStreams`; M21: copies there are synchronous). So 
 simulated device runs the same copy path and the same event protocol as a GPU, and none of
 them allocates per step.
 
-**Copy-buffer protection: static, event-guarded copy buffers**, not `record_stream`. Each handle has a small pool of preallocated device
-buffers; a unit's tensors are views into one buffer (each at a 512-byte offset, like the
-caching allocator's blocks, with the strides `.to(device)` would give, so a streamed layer
-runs the same kernel as a resident one). Every buffer is allocated on the compute stream
-and carries one event, recorded at allocation (the block's previous user may still be
-queued), re-recorded after each write on the copy stream and after each use on the compute
-stream; before a buffer is written again — on either stream — or handed back to the
-allocator, the writing stream waits on that event. Why not `record_stream`: it defers the
-block's reuse to the allocator, which polls events at allocation time and, when they have not
-completed, takes fresh memory or stalls freeing the cache; and each step would allocate and
-free one block per weight.
+**Copy-buffer protection: static, event-guarded copy buffers**, not `record_stream`. Each handle
+has a small pool of preallocated device buffers; a unit's tensors are views into one buffer
+(each at a 512-byte offset, like the caching allocator's blocks, with the strides `.to(device)`
+would give, so a streamed layer runs the same kernel as a resident one). Every buffer is
+allocated on the compute stream and carries one event, recorded at allocation (the block's
+previous user may still be queued), re-recorded after each write on the copy stream and after
+each use on the compute stream; before a buffer is written again — on either stream — or handed
+back to the allocator, the writing stream waits on that event. Why not `record_stream`: it
+defers the block's reuse to the allocator, which polls events at allocation time and, when they
+have not completed, takes fresh memory or stalls freeing the cache; and each step would allocate
+and free one block per weight.
 Static buffers allocate nothing per step, hold exactly the memory the handle's budget
 counted (M16), and the single wait is explicit and cheap. Buffers are chosen best-fit (for
 equal-sized units: round-robin), the pool never exceeds the `capacity` largest streamed
@@ -210,7 +210,7 @@ class ThreadStreams:
     """
 
     def __init__(self) -> None:
-        self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = False
         self._failed: BaseException | None = None  # since the last record (the copy thread's)
@@ -255,7 +255,7 @@ class ThreadStreams:
     def overlaps(self, pinned: bool) -> bool:
         return True
 
-    def _submit(self, work: Callable[[], None]) -> None:
+    def _submit(self, work: Callable[[], object]) -> None:  # what `work` returns is not used
         with self._lock:
             self._work.put(work)
             if not self._running:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.weight_norm import WeightNorm
 
+from ..errors import MizuotoError
 from .devices import DeviceService, absent_like
 
 UNIT_MIN_CHILD_BYTES = 1 << 20  # M12: a list child of at least 1 MB is a unit
@@ -77,7 +79,11 @@ class Slot:
         module, attr = self.owners[0]
         if self.param is not None:
             return self.param.data
-        return module._buffers[attr]
+        buffer = module._buffers[attr]
+        if buffer is None:
+            raise MizuotoError(f"buffer {self.name!r} was set to None by the model's code; a placed buffer "
+                               "must stay a tensor")
+        return buffer
 
     def hold(self, tensor: torch.Tensor) -> None:
         """Make every owner hold `tensor` (a device copy or the host tensor)."""
@@ -237,7 +243,7 @@ def collect_slots(root: nn.Module) -> dict[int, Slot]:
                 slots[key] = Slot(
                     name=full,
                     owners=[(module, attr)],
-                    param=tensor if is_param else None,  # type: ignore[arg-type]
+                    param=tensor if is_param else None,
                     host=tensor.data if is_param else tensor,
                     nbytes=tensor_bytes(tensor),
                 )
@@ -310,7 +316,8 @@ def _readers(root: nn.Module) -> dict[int, nn.Module]:
     readers: dict[int, nn.Module] = {}
     for module in root.modules():
         if parametrize.is_parametrized(module):
-            for plist in module.parametrizations.values():
+            # is_parametrized: `parametrizations` is the ModuleDict that torch registered
+            for plist in cast(nn.ModuleDict, module.parametrizations).values():
                 readers[id(plist)] = module
     return readers
 

@@ -128,7 +128,8 @@ def test_cli_refuses_a_bad_request_before_the_engine_loads(
     cases: list[tuple[list[str], str]] = [
         (["say", "   ", "-o", str(tmp_path / "x.wav")], "text is empty"),
         (["say", "hi", "--max-new-tokens", "0", "-o", str(tmp_path / "x.wav")], "max_new_tokens"),
-        (["say", "hi", "-o", str(tmp_path / "missing" / "x.wav")], f"output folder {tmp_path / 'missing'} does not exist"),
+        (["say", "hi", "-o", str(tmp_path / "missing" / "x.wav")],
+         f"output folder {tmp_path / 'missing'} does not exist"),
         (["say", "hi", "-o", str(tmp_path / "a_folder")], "is a folder; give a file name"),
         (["say", "hi", "-o", str(tmp_path / "x.wav"), "--voice", str(tmp_path / "nope.wav")],
          f"reference file {tmp_path / 'nope.wav'} does not exist"),

@@ -102,9 +102,10 @@ LONG = ("The first sentence is short. The second one is a little longer than the
         "A third sentence follows here! Does a question end it? It does, and then the text ends.")
 LONG_CHUNKS = 4  # at 60 characters
 TOKENS = 16  # codes per chunk: the demo engine's talker stops there (fast tests)
+CHUNKING = TextChunking(max_chars=60)
 
 
-def say(rt: Runtime, text: str, seed: int = 7, chunking: TextChunking = TextChunking(max_chars=60),
+def say(rt: Runtime, text: str, seed: int = 7, chunking: TextChunking = CHUNKING,
         **kwargs: Any) -> tuple[Audio, dict[str, Any]]:
     engine = rt.engine("demo")
     return rt.say(engine, text, sampling=Sampling(seed=seed, max_new_tokens=TOKENS), chunking=chunking, **kwargs)

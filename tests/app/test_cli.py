@@ -88,7 +88,8 @@ raise SystemExit(code)
 """
 
 
-@pytest.mark.parametrize("form", [["--setting", "compute.cuda_allocator=async"], ["--setting=compute.cuda_allocator=async"]])
+@pytest.mark.parametrize("form", [["--setting", "compute.cuda_allocator=async"],
+                                  ["--setting=compute.cuda_allocator=async"]])
 def test_the_entry_point_sets_the_allocator_before_torch_loads(form: list[str]) -> None:
     """M54, issue 27: torch reads PYTORCH_CUDA_ALLOC_CONF as its CUDA library loads; the entry
     point writes it first, and the runtime then reports it in force (a fresh process)."""

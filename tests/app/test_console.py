@@ -35,7 +35,8 @@ def failure_lines(output: str) -> list[str]:
 
 def test_failure_lines_sees_what_it_must() -> None:
     """The check itself: each kind of false alarm the issue names is caught; our logs are not."""
-    assert failure_lines("INFO mizuoto: talker 11.7 MB: all on the GPU\nWARNING mizuoto_runtime.memory.handle: budget") == []
+    assert failure_lines("INFO mizuoto: talker 11.7 MB: all on the GPU\n"
+                         "WARNING mizuoto_runtime.memory.handle: budget") == []
     for alarm in ("[ERROR] `past_key_values` is part of X.forward's signature, but not documented.",
                   "Traceback (most recent call last):",
                   "/venv/site-packages/transformers/configuration_utils.py:726: FutureWarning: `rope_scaling` is"):

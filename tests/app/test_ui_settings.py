@@ -169,7 +169,8 @@ def run_module(tmp_path: Path, script: str, code: str, *args: str) -> Any:
 
 @needs_node
 def test_the_dialog_offers_the_policys_settings_with_its_defaults_and_ranges(tmp_path: Path) -> None:
-    code = 'import * as s from "./settings.mjs";\nconsole.log(JSON.stringify({table: s.COMPUTE_SETTINGS, defs: s.settingDefinitions()}));'
+    code = ('import * as s from "./settings.mjs";\n'
+            'console.log(JSON.stringify({table: s.COMPUTE_SETTINGS, defs: s.settingDefinitions()}));')
     out = run_module(tmp_path, "settings", code)
     table = {s["key"]: s for s in out["table"]}
     assert tuple(table) == DIALOG_KEYS
@@ -179,7 +180,8 @@ def test_the_dialog_offers_the_policys_settings_with_its_defaults_and_ranges(tmp
         assert default == spec.default, key
         assert entry.get("unset") == UNSET.get(key), key
         assert tuple(entry.get("options", ())) == spec.choices, key
-        if "attrs" in entry and spec.minimum is not None:  # the field's range: the policy's minimum, or the unset number
+        # the field's range: the policy's minimum, or the unset number
+        if "attrs" in entry and spec.minimum is not None:
             assert entry["attrs"]["min"] == UNSET.get(key, spec.minimum), key
         assert entry["type"] == {bool: "boolean", str: "combo"}.get(spec.kind, "number"), key
         assert not any(f"M{n}" in entry["tooltip"] + entry["name"] for n in range(1, 64)), key  # plain words
@@ -207,13 +209,15 @@ def route_payload() -> dict[str, Any]:
                 "components": [{"name": component, "loaded_mb": loaded, "streamed_mb": streamed, "working_mb": 1.0}],
                 "yields": [], "retries": [], "fallbacks": [], **marks}
     timeline = [
-        run("talker", 0.0, 1.0, "demo:talker", 4.2, 7.5, retries=[{"at_s": 0.5, "attempt": 1, "error": "out of memory"}]),
+        run("talker", 0.0, 1.0, "demo:talker", 4.2, 7.5,
+            retries=[{"at_s": 0.5, "attempt": 1, "error": "out of memory"}]),
         run("decoder", 1.0, 1.5, "demo:decoder", 2.0, 0.0,
             yields=[{"component": "demo:talker", "for_whom": ["demo:decoder"], "mb": 4.2, "at_s": 1.0}],
             fallbacks=[{"what": "tiled decode", "at_s": 1.4}]),
         run("talker", 1.5, 2.0, "demo:talker", 4.2, 7.5),
     ]
-    return {"device": {"device": "cpu", "simulated": True, "free_mb": 10, "total_mb": 16, "name": "simulated GPU, 16 MB"},
+    return {"device": {"device": "cpu", "simulated": True, "free_mb": 10, "total_mb": 16,
+                       "name": "simulated GPU, 16 MB"},
             "policy": {"mode": "normal"},
             "models": [{"engine": "demo", "name": "talker", "size_bytes": 12_268_339, "loaded_bytes": 4_404_019,
                         "host_bytes": 12_268_339, "streamed_bytes": 15_728_640, "streamed_bytes_total": 347_000_000}],

@@ -19,7 +19,8 @@ COMFYUI = os.environ["COMFYUI_PATH"]
 CHECKS_WANTED = sys.argv[1:]
 sys.path.insert(0, COMFYUI)  # a script outside the tree does not get it on sys.path
 sys.path.append(str(REPO))  # appended: the repo's `nodes/` must not shadow ComfyUI's `nodes`
-sys.argv = [sys.argv[0], "--cpu", "--reserve-vram", "4"]  # ComfyUI parses its CLI at import (accounting_checks.COMFYUI_ARGS)
+# ComfyUI parses its CLI at import (accounting_checks.COMFYUI_ARGS)
+sys.argv = [sys.argv[0], "--cpu", "--reserve-vram", "4"]
 
 import comfy.options  # noqa: E402
 

@@ -126,8 +126,8 @@ def free_port() -> int:
 
 def qwen_tts_problem(python: str) -> str | None:
     """Why `python` cannot import `qwen_tts` (really importing it), or None when it can."""
-    done = subprocess.run([python, "-c", QWEN_PROBE], cwd=REPO, capture_output=True, text=True, timeout=TINY_WRITE_TIMEOUT_S,
-                          env=comfyui_env())
+    done = subprocess.run([python, "-c", QWEN_PROBE], cwd=REPO, capture_output=True, text=True,
+                          timeout=TINY_WRITE_TIMEOUT_S, env=comfyui_env())
     if done.returncode == 0:
         return None
     return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]

@@ -35,7 +35,8 @@ def write_tiny(root: Path) -> None:
         folder = root / "models" / "mizuoto" / "cosyvoice" / f"tiny{version}"
         done = subprocess.run([COMFYUI_PYTHON, "-c", WRITER, str(version), str(folder)], cwd=REPO, env=comfyui_env(),
                               capture_output=True, text=True, timeout=300)
-        assert done.returncode in (0, 3), f"writing the tiny CosyVoice {version} checkpoint failed:\n{done.stderr[-4000:]}"
+        assert done.returncode in (0, 3), (f"writing the tiny CosyVoice {version} checkpoint failed:\n"
+                                           f"{done.stderr[-4000:]}")
         if done.returncode == 0:
             WRITTEN.add(version)
 

@@ -22,7 +22,8 @@ def results() -> dict[str, dict[str, object]]:
         link = Path(folder) / "mizuoto"  # the pack under the name a user would give it
         link.symlink_to(REPO, target_is_directory=True)
         return run_checks([COMFYUI_PYTHON, str(SCRIPT)], COMFYUI_PATH, TIMEOUT_S,
-                          {**comfyui_env(), "MIZUOTO_PACK_LINK": str(link), "MIZUOTO_CACHE": str(Path(folder) / "cache")})
+                          {**comfyui_env(), "MIZUOTO_PACK_LINK": str(link),
+                           "MIZUOTO_CACHE": str(Path(folder) / "cache")})
 
 
 def assert_check(results: dict[str, dict[str, object]], name: str) -> None:

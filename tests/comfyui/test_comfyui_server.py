@@ -68,7 +68,8 @@ def memory_settings(simulate_vram_mb: int) -> dict[str, Any]:
         "oom_retry": True, "oom_fallback": False, "simulate_vram_mb": simulate_vram_mb}}
 
 
-def phases_prompt(server: ComfyServer, *, text: str, seed: int, prefix: str, max_new_tokens: int = 2048) -> dict[str, Any]:
+def phases_prompt(server: ComfyServer, *, text: str, seed: int, prefix: str,
+                  max_new_tokens: int = 2048) -> dict[str, Any]:
     """The step-by-step template on the demo checkpoint folder, with Memory Settings for a
     simulated small GPU connected to its loader."""
     prompt = template(server, STEPS)
@@ -203,8 +204,8 @@ def test_every_template_fits_the_nodes_inputs(comfy_server: ComfyServer) -> None
             if node["type"] in FRONTEND_ONLY:
                 continue
             assert node["type"] in object_info, (name, node["type"])
-            assert not widget_problems(node, object_info[node["type"]]), (name, node["type"],
-                                                                          widget_problems(node, object_info[node["type"]]))
+            assert not widget_problems(node, object_info[node["type"]]), (
+                name, node["type"], widget_problems(node, object_info[node["type"]]))
 
 
 def deprecated_nodes(object_info: dict[str, Any]) -> dict[str, list[str]]:
@@ -348,7 +349,8 @@ def test_one_text_to_speech_node_writes_a_wav(comfy_server: ComfyServer) -> None
     runs = {}
     for name, inputs in (("own", chunked), ("linked", linked)):
         prompt = {"1": {"class_type": "MizuotoTTS", "inputs": inputs},
-                  "2": {"class_type": "MizuotoSaveWav", "inputs": {"audio": ["1", 0], "filename_prefix": f"audio/{name}"}},
+                  "2": {"class_type": "MizuotoSaveWav",
+                        "inputs": {"audio": ["1", 0], "filename_prefix": f"audio/{name}"}},
                   "3": {"class_type": "MizuotoEngineLoader",
                         "inputs": {"engine": "demo", "checkpoint": "demo-small", "dtype": "float32"}}}
         history = comfy_server.wait_history(comfy_server.queue(prompt), RUN_TIMEOUT_S)

@@ -50,7 +50,8 @@ def runtime(placement: str, **settings: object) -> Runtime:
     return Runtime(settings)
 
 
-def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 3, **voice: object) -> tuple[torch.Tensor, dict]:
+def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 3,
+        **voice: object) -> tuple[torch.Tensor, dict]:
     engine = rt.engine("cosyvoice", folder)
     if placement == "half":
         for h in engine.handles():

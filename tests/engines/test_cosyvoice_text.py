@@ -31,12 +31,22 @@ BOTH: list[Row] = [
     ('Hello there',
      ['Hello there.'],
      'Hello there'),
-    ('This is the first sentence of a fairly long English paragraph that keeps going. This is the second sentence, which also has a good number of words in it. A third sentence follows here, just to make the text longer than eighty tokens. Short one. And a final short bit.',
-     ['This is the first sentence of a fairly long English paragraph that keeps going.', ' This is the second sentence, which also has a good number of words in it.', ' A third sentence follows here, just to make the text longer than eighty tokens.', ' Short one. And a final short bit.'],
-     'This is the first sentence of a fairly long English paragraph that keeps going. This is the second sentence, which also has a good number of words in it. A third sentence follows here, just to make the text longer than eighty tokens. Short one. And a final short bit.'),
-    ('One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve. Thirteen. Fourteen. Fifteen. Sixteen. Seventeen. Eighteen. Nineteen. Twenty.',
-     ['One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve.', ' Thirteen. Fourteen. Fifteen. Sixteen. Seventeen. Eighteen. Nineteen. Twenty.'],
-     'One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve. Thirteen. Fourteen. Fifteen. Sixteen. Seventeen. Eighteen. Nineteen. Twenty.'),
+    ('This is the first sentence of a fairly long English paragraph that keeps going. This is the second sentence,'
+     ' which also has a good number of words in it. A third sentence follows here,'
+     ' just to make the text longer than eighty tokens. Short one. And a final short bit.',
+     ['This is the first sentence of a fairly long English paragraph that keeps going.',
+      ' This is the second sentence, which also has a good number of words in it.',
+      ' A third sentence follows here, just to make the text longer than eighty tokens.',
+      ' Short one. And a final short bit.'],
+     'This is the first sentence of a fairly long English paragraph that keeps going. This is the second sentence,'
+     ' which also has a good number of words in it. A third sentence follows here,'
+     ' just to make the text longer than eighty tokens. Short one. And a final short bit.'),
+    ('One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve. Thirteen. Fourteen. Fifteen.'
+     ' Sixteen. Seventeen. Eighteen. Nineteen. Twenty.',
+     ['One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve.',
+      ' Thirteen. Fourteen. Fifteen. Sixteen. Seventeen. Eighteen. Nineteen. Twenty.'],
+     'One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve. Thirteen. Fourteen. Fifteen.'
+     ' Sixteen. Seventeen. Eighteen. Nineteen. Twenty.'),
     ('Hi.',
      ['Hi.'],
      'Hi.'),
@@ -47,7 +57,9 @@ BOTH: list[Row] = [
      ['收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐，笑容如花儿般绽放。'],
      '收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐，笑容如花儿般绽放。'),
     ('我们走吧。你说呢？好！这是一个很长的句子，它包含了很多很多的字，目的是让整段文字的长度超过八十个字符，从而触发分句的逻辑。第二个长句子也在这里，它同样包含了足够多的汉字，以便我们检查合并的规则是否与上游完全一致。最后一句。',
-     ['我们走吧。你说呢？好！这是一个很长的句子，它包含了很多很多的字，目的是让整段文字的长度超过八十个字符，从而触发分句的逻辑。', '第二个长句子也在这里，它同样包含了足够多的汉字，以便我们检查合并的规则是否与上游完全一致。最后一句。'],
+     ['我们走吧。你说呢？好！这是一个很长的句子，它包含了很多很多的字，目的是让整段文字的长度超过八十个字符，'
+      '从而触发分句的逻辑。',
+      '第二个长句子也在这里，它同样包含了足够多的汉字，以便我们检查合并的规则是否与上游完全一致。最后一句。'],
      '我们走吧。你说呢？好！这是一个很长的句子，它包含了很多很多的字，目的是让整段文字的长度超过八十个字符，从而触发分句的逻辑。第二个长句子也在这里，它同样包含了足够多的汉字，以便我们检查合并的规则是否与上游完全一致。最后一句。'),
     ('他说：“你好。”然后离开了。她问“为什么？”没有人回答，',
      ['他说：“你好。”然后离开了。她问“为什么？”没有人回答。'],
@@ -68,8 +80,10 @@ WETEXT: list[Row] = BOTH + [
      ['It costs twenty five dollars and three cents, on May fifth twenty twenty four.'],
      'It costs twenty five dollars and three cents, on May fifth twenty twenty four.'),
     ('The year 1999 was long. We had 12 cats! Did you know? I have 3 dogs; they eat 2 meals: breakfast and dinner',
-     ['The year nineteen ninety nine was long. We had twelve cats! Did you know?', ' I have three dogs; they eat two meals: breakfast and dinner.'],
-     'The year nineteen ninety nine was long. We had twelve cats! Did you know? I have three dogs; they eat two meals: breakfast and dinner'),
+     ['The year nineteen ninety nine was long. We had twelve cats! Did you know?',
+      ' I have three dogs; they eat two meals: breakfast and dinner.'],
+     'The year nineteen ninety nine was long. We had twelve cats! Did you know? I have three dogs;'
+     ' they eat two meals: breakfast and dinner'),
     ('He said "Stop." Then he left. "Why?" she asked. The end is near, and it comes fast.',
      ['He said \\"Stop.\\" Then he left. \\"Why?\\" she asked. The end is near, and it comes fast.'],
      'He said \\"Stop.\\" Then he left. \\"Why?\\" she asked. The end is near, and it comes fast.'),
@@ -91,8 +105,11 @@ PLAIN: list[Row] = BOTH + [
      ['It costs twenty-five dollars and three cents, on May fiveth two thousand and twenty-four.'],
      'It costs twenty-five dollars and three cents, on May fiveth two thousand and twenty-four.'),
     ('The year 1999 was long. We had 12 cats! Did you know? I have 3 dogs; they eat 2 meals: breakfast and dinner',
-     ['The year one thousand, nine hundred and ninety-nine was long.', ' We had twelve cats! Did you know? I have three dogs; they eat two meals:', ' breakfast and dinner.'],
-     'The year one thousand, nine hundred and ninety-nine was long. We had twelve cats! Did you know? I have three dogs; they eat two meals: breakfast and dinner'),
+     ['The year one thousand, nine hundred and ninety-nine was long.',
+      ' We had twelve cats! Did you know? I have three dogs; they eat two meals:',
+      ' breakfast and dinner.'],
+     'The year one thousand, nine hundred and ninety-nine was long. We had twelve cats! Did you know?'
+     ' I have three dogs; they eat two meals: breakfast and dinner'),
     ('He said "Stop." Then he left. "Why?" she asked. The end is near, and it comes fast.',
      ['He said "Stop." Then he left. "Why?" she asked. The end is near, and it comes fast.'],
      'He said "Stop." Then he left. "Why?" she asked. The end is near, and it comes fast.'),

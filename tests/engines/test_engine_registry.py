@@ -123,7 +123,8 @@ root = Path(sys.argv[1])
 assert main(["tiny-checkpoint", "--engine", "toy", "--version", "b", str(root / "toy")]) == 0
 assert main(["say", "Hello", "--engine", "toy", "--model", str(root / "toy"), "-o", str(root / "toy.wav")]) == 0
 (root / "ref" / "ckpt").mkdir(parents=True)
-save_file({"double.in.x": torch.ones(3), "double.out.y": torch.full((3,), 2.0)}, str(root / "ref" / "reference.safetensors"))
+save_file({"double.in.x": torch.ones(3), "double.out.y": torch.full((3,), 2.0)},
+          str(root / "ref" / "reference.safetensors"))
 (root / "ref" / "reference.json").write_text("{}")
 checked = main(["check-reference", "--engine", "toy", str(root / "ref")])
 print(json.dumps({"engines": list(ENGINES), "title": engine_class("toy").title, "checked": checked,

@@ -112,7 +112,8 @@ def test_loading_errors_name_what_is_wrong(f5tts_checkpoint: Checkpoint, tmp_pat
     with pytest.raises(CheckpointError, match="no model_<step>.safetensors"):
         rt.engine("f5tts", link_checkpoint(folder, tmp_path / "noweights", skip=("model_1250000.safetensors",)))
     with pytest.raises(CheckpointError, match="missing vocab.txt, vocos-mel-24khz/pytorch_model.bin"):
-        rt.engine("f5tts", link_checkpoint(folder, tmp_path / "missing", skip=("vocab.txt", "vocos-mel-24khz/pytorch_model.bin")))
+        rt.engine("f5tts", link_checkpoint(folder, tmp_path / "missing",
+                                           skip=("vocab.txt", "vocos-mel-24khz/pytorch_model.bin")))
     # A vocoder config may name Vocos's own classes only: a model folder is not a license to import.
     evil = link_checkpoint(folder, tmp_path / "evil", skip=("vocos-mel-24khz/config.yaml",))
     config = (folder / "vocos-mel-24khz" / "config.yaml").read_text()

@@ -352,7 +352,8 @@ def test_cli_tiny_checkpoint_and_say(folder: Folder, version: str, tmp_path: Pat
                 {"config.json", "model.pth", "tokenizer.tiktoken", "special_tokens.json", "codec.pth"})
     assert code == 0 and files == expected
     for name in sorted(files):
-        digest = [hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (folder(version), tmp_path / "ckpt")]
+        digest = [hashlib.sha256((root / name).read_bytes()).hexdigest()
+                  for root in (folder(version), tmp_path / "ckpt")]
         assert digest[0] == digest[1], f"{name} is not byte-identical across runs"
     write_wav(tmp_path / "ref.wav", REFERENCE)
     out = tmp_path / "out.wav"

@@ -83,7 +83,8 @@ PROMPTS = [
 #: (text, language): upstream reads nothing but marks here (a voice speaking only pauses); ours
 #: refuses the text, naming the language, as it refuses a text with no word in the chosen language
 READ_AS_MARKS_ONLY = [  # upstream's values measured with plain pyopenjtalk
-    (LONG, "ja"),  # upstream: 51 and 4 commas in its two pieces; OpenJTalk gives these simplified-Chinese clauses no reading
+    # upstream: 51 and 4 commas in its two pieces; OpenJTalk gives these simplified-Chinese clauses no reading
+    (LONG, "ja"),
     ("はい", "zh"),  # upstream "."; the Chinese normaliser keeps only Chinese characters
     ("今天天气很好", "en"),  # upstream ", ."; the English normaliser keeps only Latin letters
 ]

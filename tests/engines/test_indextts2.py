@@ -175,7 +175,8 @@ def test_conv1d_streams_because_it_declares_it() -> None:
     declared = plan_units(stack)
     assert [u.name for u in declared.units] == ["h.0", "h.1"]
     for block in stack.h:
-        for holder, name in ((block.attn, "c_attn"), (block.attn, "c_proj"), (block.mlp, "c_fc"), (block.mlp, "c_proj")):
+        for holder, name in ((block.attn, "c_attn"), (block.attn, "c_proj"), (block.mlp, "c_fc"),
+                             (block.mlp, "c_proj")):
             old = getattr(holder, name)
             plain = Conv1D(old.nf, old.nx)
             plain.load_state_dict(old.state_dict())

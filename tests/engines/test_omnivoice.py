@@ -148,7 +148,8 @@ def test_estimates_follow_the_request(omnivoice_checkpoint: Checkpoint) -> None:
     short = engine.llm_memory(200)
     assert short < engine.llm_memory(400) < 4.1 * short  # the attention scores grow quadratically
     assert engine.codec_decoder_memory(100) < engine.codec_decoder_memory(200) <= 2 * engine.codec_decoder_memory(100)
-    assert engine.voice_prompt_memory(24000) < engine.voice_prompt_memory(48000) < 2.1 * engine.voice_prompt_memory(24000)
+    assert (engine.voice_prompt_memory(24000) < engine.voice_prompt_memory(48000)
+            < 2.1 * engine.voice_prompt_memory(24000))
     voice = engine.voice_prompt(rt.request(), **VOICES["clone"])  # type: ignore[arg-type]
     task = engine._task(TEXT, voice, Sampling(language="English"))
     ref = voice.data["prompt"].ref_audio_tokens.shape[-1]
@@ -160,8 +161,9 @@ def test_cli_say_and_tiny_checkpoint(omnivoice_checkpoint: Checkpoint, tmp_path:
     folder = tmp_path / "tiny-omnivoice"
     assert main(["tiny-checkpoint", "--engine", "omnivoice", str(folder)]) == 0
     files = json.loads(capsys.readouterr().out)["files"]
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "audio_tokenizer/config.json",
-            "audio_tokenizer/model.safetensors", "audio_tokenizer/preprocessor_config.json"} <= set(files)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "audio_tokenizer/config.json", "audio_tokenizer/model.safetensors",
+            "audio_tokenizer/preprocessor_config.json"} <= set(files)
     for name in ("model.safetensors", "audio_tokenizer/model.safetensors", "config.json", "tokenizer.json"):
         digest = [hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (folder, omnivoice_checkpoint())]
         assert digest[0] == digest[1], f"{name} is not byte-identical across runs"

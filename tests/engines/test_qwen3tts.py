@@ -147,7 +147,8 @@ def test_meta_memory_reports_each_phase(qwen3tts_checkpoint: Checkpoint) -> None
             assert memory["partial"]["qwen3tts:codec_encoder"]["gave_up_for"] == ["qwen3tts:speaker_encoder"]
             decoder = memory["partial"]["qwen3tts:codec_decoder"]
             ref_frames = math.ceil(REFERENCE.seconds * 24000 / 1920)  # the ICL decoder decodes them too
-            assert decoder["working_mb"] == mb(engine.codec_decoder_memory(ref_frames + FRAMES)) and decoder["free_mb"] == 16
+            assert (decoder["working_mb"] == mb(engine.codec_decoder_memory(ref_frames + FRAMES))
+                    and decoder["free_mb"] == 16)
             assert placed_whole == {"qwen3tts:speaker_encoder", "qwen3tts:talker"}
             assert memory["streamed_mb"] > 0
         else:
@@ -262,7 +263,8 @@ def test_loading_errors_name_what_is_wrong(qwen3tts_checkpoint: Checkpoint, tmp_
     rt = Runtime()
     with pytest.raises(CheckpointError, match="folder not found"):
         rt.engine("qwen3tts", tmp_path / "nowhere")
-    missing = link_checkpoint(folder, tmp_path / "missing", skip=("generation_config.json", "speech_tokenizer/model.safetensors"))
+    missing = link_checkpoint(folder, tmp_path / "missing",
+                              skip=("generation_config.json", "speech_tokenizer/model.safetensors"))
     with pytest.raises(CheckpointError, match="missing generation_config.json, speech_tokenizer/model.safetensors"):
         rt.engine("qwen3tts", missing)
 

@@ -22,7 +22,8 @@ require_qwen_tts()
 
 # Published Qwen3-TTS speech-tokenizer names (Qwen/Qwen3-TTS-Tokenizer-12Hz, saved by 4.57).
 PUBLISHED = ("encoder.encoder.layers.0.conv.weight", "encoder.encoder_transformer.layers.0.mlp.fc1.weight",
-             "encoder.downsample.conv.weight", "encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum",
+             "encoder.downsample.conv.weight",
+             "encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum",
              "decoder.pre_transformer.layers.0.self_attn.q_proj.weight")
 
 

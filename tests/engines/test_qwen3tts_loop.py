@@ -129,7 +129,8 @@ def test_every_placement_and_kv_cache_is_exact(qwen3tts_checkpoint: Checkpoint, 
     expected, expected_audio, _ = run(Runtime(), folder, "upstream", sampling(), **voice)
     settings: dict[str, Any] = {"compute.kv_cache": kv_cache}
     if placement != "plain":
-        settings.update({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
+        settings.update({"compute.simulate_vram_mb": 256,
+                         "compute.vram_mode": "none" if placement == "none" else "normal"})
     rt = Runtime(settings)
     if placement == "half":
         talker = rt.engine("qwen3tts", folder).talker

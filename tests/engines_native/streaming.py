@@ -191,8 +191,9 @@ def test_policy_is_what_the_runtime_reads() -> None:
 
 # ---- Qwen3-TTS (issue 6): every voice mode, every placement, sample by sample ------------------
 # Tiny random checkpoints in the official layout (conftest `qwen3tts_checkpoint`; skipped where
-# a package of requirements/qwen3tts.txt is not installed). Each mode runs its phases (voice prompt, talker, codec decoder)
-# on the plain CPU and on the strict simulated device: codes and audio must be identical.
+# a package of requirements/qwen3tts.txt is not installed). Each mode runs its phases (voice
+# prompt, talker, codec decoder) on the plain CPU and on the strict simulated device: codes and
+# audio must be identical.
 
 QWEN_REFERENCE = Audio(0.3 * torch.sin(torch.arange(16000) / 6.0).unsqueeze(0), 16000)  # resampled to 24 kHz
 QWEN_TEXT = "Streaming is exact."
@@ -247,8 +248,9 @@ def test_qwen3tts_streams_exactly(qwen3tts_checkpoint: Callable[[str], object], 
 
 # ---- VoxCPM 2 (issue 12): every voice mode, every placement, sample by sample ------------------
 # A tiny random checkpoint in the official layout (conftest `voxcpm2_checkpoint`; skipped where
-# a package of requirements/voxcpm2.txt is not installed). Each mode runs its phases (voice prompt, generate, decoder) on the
-# plain CPU and on the strict simulated device: latents and audio must be identical. The VAE's
+# a package of requirements/voxcpm2.txt is not installed). Each mode runs its phases (voice
+# prompt, generate, decoder) on the plain CPU and on the strict simulated device: latents and
+# audio must be identical. The VAE's
 # encoder and decoder have two streamable units each and `oneshot` handles keep two copies in
 # flight, so their minimum working set is their size: half-way is whole for them.
 

@@ -70,7 +70,8 @@ def test_two_components_in_phases_of_one_name_keep_their_own_factors(monkeypatch
     speaker = m.register(TinyLM(layers=1), engine="qwen3tts", name="speaker_encoder")
     ctx = m.request()
     for handle, used in ((codec, 3 << 20), (speaker, 5 << 20)):
-        monkeypatch.setattr(cal.PhaseMeter, "for_device", staticmethod(lambda device, simulated, used=used: FakeMeter(used)))
+        monkeypatch.setattr(cal.PhaseMeter, "for_device",
+                            staticmethod(lambda device, simulated, used=used: FakeMeter(used)))
         with ctx.use([handle], 1 << 20, "voice prompt"):
             pass
     assert m.calibration.factor("qwen3tts:codec_encoder") == pytest.approx(3.3)
@@ -161,7 +162,8 @@ def test_calibration_on_a_streamed_phase_learns_the_working_memory_it_used(monke
         def reset_peak_memory_stats(self, device: torch.device) -> None:
             devices.reset_peak(device)
 
-    monkeypatch.setattr(cal.PhaseMeter, "for_device", staticmethod(lambda device, simulated: PhaseMeter(device, Counter())))
+    monkeypatch.setattr(cal.PhaseMeter, "for_device",
+                        staticmethod(lambda device, simulated: PhaseMeter(device, Counter())))
 
     def talk() -> None:
         devices.allocate(cpu, 1 * MB)  # left behind, as a graph pool captured on the first step

@@ -193,7 +193,8 @@ class StandIn:
         """The clone sweep (`detach(False)` of every entry of the same model) and a load within
         the free memory; no `free_memory` call (as on a CPU device)."""
         for patcher in models:
-            entry = next((e for e in self.current_loaded_models if e.model is patcher), None) or StandInLoadedModel(patcher)
+            entry = (next((e for e in self.current_loaded_models if e.model is patcher), None)
+                     or StandInLoadedModel(patcher))
             for old in [e for e in self.current_loaded_models if patcher.is_clone(e.model)]:
                 self.current_loaded_models.remove(old)
                 old.model.detach(False)

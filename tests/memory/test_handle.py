@@ -140,7 +140,8 @@ def test_below_the_minimum_is_said_once_per_handle_and_request(caplog: pytest.Lo
                     with request.use([handle], 14 * MB, "chunk"):
                         assert handle.is_partial
     said = [r for r in caplog.records if "below the minimum working set" in r.getMessage()]
-    assert [(r.getMessage().split(":")[0], r.levelno) for r in said] == [("lm", logging.INFO), ("other", logging.INFO)] * 2
+    assert ([(r.getMessage().split(":")[0], r.levelno) for r in said]
+            == [("lm", logging.INFO), ("other", logging.INFO)] * 2)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -161,7 +162,7 @@ def test_host_copies_off_frees_host_ram_and_copies_back() -> None:
     h.load(None)
     assert all(s.host is None for s in h.plan.fixed + [s for u in h.units for s in u.slots] if not s.is_buffer)
     h.offload()  # nothing kept on the host: the weights are copied back
-    for (name, p), (_, q) in zip(plain.named_parameters(), h.module.named_parameters()):
+    for (name, p), (_, _q) in zip(plain.named_parameters(), h.module.named_parameters()):
         slot = next(s for s in h.plan.fixed + [s for u in h.units for s in u.slots] if s.name == name)
         assert torch.equal(slot.host, p), name
 

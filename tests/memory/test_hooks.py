@@ -44,7 +44,8 @@ def streamed_lm(layers: int = 4) -> ModelHandle:
 def assert_at_rest(h: ModelHandle) -> None:
     """Nothing entered, nothing swapped in, no copy: only the placement is on the device."""
     copies = h.streamer._handles[id(h)].copies
-    assert not copies, f"live copies of units {[c.unit.name for c in copies.values()]} (refs {[c.refs for c in copies.values()]})"
+    assert not copies, (f"live copies of units {[c.unit.name for c in copies.values()]} "
+                        f"(refs {[c.refs for c in copies.values()]})")
     for unit in h.streamed_units:
         for slot in unit.slots:
             with pytest.raises(StrictDeviceError):

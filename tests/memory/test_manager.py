@@ -80,7 +80,8 @@ def test_phase_split_smaller_whole_largest_streams() -> None:
     assert set(partial) == {"a:large"}
     entry = partial["a:large"]
     assert entry["reason"] == "budget too small" and entry["mode"] == "normal"
-    assert set(entry) == {"reason", "mode", "free_mb", "working_mb", "reserve_mb", "loaded_mb", "size_mb", "gave_up_for"}
+    assert set(entry) == {"reason", "mode", "free_mb", "working_mb", "reserve_mb", "loaded_mb", "size_mb",
+                          "gave_up_for"}
     assert entry["working_mb"] == 1.0 and entry["loaded_mb"] < entry["size_mb"]
 
 

@@ -104,7 +104,7 @@ def _reads() -> tuple[set[str], dict[str, set[str]]]:
     methods: dict[str, set[str]] = {}
     for path in files:
         tree = ast.parse(path.read_text())
-        if path.name == "policy.py" and path.parent.name == "mizuoto_runtime":
+        if path.name == "policy.py" and path.parent.name == "memory":
             cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VramPolicy")
             for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
                 methods[fn.name] = {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript)

@@ -3,6 +3,8 @@ check, the bytes streamed for it and its retries — never another request's —
 manager's placement log stays bounded."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -54,7 +56,8 @@ def test_oom_retries_add_up_over_the_phases_of_a_request() -> None:
     m = make_manager(64)
     h = m.register(TinyLM(layers=2), engine="a", name="lm", kind="sequence")
     ctx = m.request()
-    for phase in ("voice prompt", "talker"):
+
+    def failing_once(phase: str) -> Callable[[], torch.Tensor]:
         failures = [1]
 
         def fn() -> torch.Tensor:
@@ -63,7 +66,10 @@ def test_oom_retries_add_up_over_the_phases_of_a_request() -> None:
                 raise torch.OutOfMemoryError(f"one failure in {phase}")
             return generate(h)
 
-        ctx.run(phase, [h], fn)
+        return fn
+
+    for phase in ("voice prompt", "talker"):
+        ctx.run(phase, [h], failing_once(phase))
     assert ctx.meta["applied"]["oom_retries"] == 2
 
 

@@ -220,10 +220,11 @@ def t5() -> nn.Module:
 
 
 def whisper() -> nn.Module:
-    config = transformers.WhisperConfig(vocab_size=512, num_mel_bins=80, encoder_layers=2, decoder_layers=2, d_model=256,
-                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
-                                        decoder_ffn_dim=1024, max_source_positions=32, max_target_positions=32,
-                                        decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    config = transformers.WhisperConfig(vocab_size=512, num_mel_bins=80, encoder_layers=2, decoder_layers=2,
+                                        d_model=256, encoder_attention_heads=4, decoder_attention_heads=4,
+                                        encoder_ffn_dim=1024, decoder_ffn_dim=1024, max_source_positions=32,
+                                        max_target_positions=32, decoder_start_token_id=1, pad_token_id=0,
+                                        eos_token_id=2, bos_token_id=1)
     return transformers.WhisperForConditionalGeneration(config)
 
 

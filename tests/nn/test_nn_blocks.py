@@ -330,7 +330,8 @@ def test_rotary_pairs_against_the_formula_both_forms() -> None:
     x = torch.randn(1, 5, 2, 8)  # (B, S, H, D)
     table = rotary.pair_table(torch.arange(5), 8, 100.0)
     assert table.shape == (5, 4, 2) and table.dtype == torch.float32
-    torch.testing.assert_close(table.double(), torch.stack((_angles(5, 8, 100.0).cos(), _angles(5, 8, 100.0).sin()), -1),
+    torch.testing.assert_close(table.double(),
+                               torch.stack((_angles(5, 8, 100.0).cos(), _angles(5, 8, 100.0).sin()), -1),
                                rtol=0, atol=1e-6)
     assert torch.equal(rotary.pair_table(torch.arange(5), 8, 100.0, torch.bfloat16), table.to(torch.bfloat16))
 
@@ -408,7 +409,8 @@ def test_timestep_embedding_layouts_against_the_formula(sinusoid: timestep.Sinus
     w = {k.split(".", 1)[-1] if mlp else k: v for k, v in embed.state_dict().items()}
     first, second = ("0", "2") if mlp else ("linear_1", "linear_2")
     got_emb = (timestep.sinusoidal_embedding(t, 16) if sinusoid == "sin_cos"
-               else torch.cat([torch.cos(1000 * t[:, None] * embed.freqs), torch.sin(1000 * t[:, None] * embed.freqs)], -1))
+               else torch.cat([torch.cos(1000 * t[:, None] * embed.freqs),
+                               torch.sin(1000 * t[:, None] * embed.freqs)], -1))
     torch.testing.assert_close(got_emb.double(), want_emb, rtol=0, atol=2e-3)  # float32 angles up to 1000
     want = F.linear(F.silu(F.linear(got_emb, w[f"{first}.weight"], w[f"{first}.bias"])),
                     w[f"{second}.weight"], w[f"{second}.bias"])
@@ -421,7 +423,8 @@ def test_parse_dtype_by_name_or_dtype() -> None:
     assert {parse_dtype(name) for name in DTYPES} == set(DTYPE_NAMES)
     assert parse_dtype(torch.bfloat16) is torch.bfloat16
     assert DTYPE_NAMES[parse_dtype("float16")] == "float16"
-    with pytest.raises(ArgumentError, match="tiny checkpoint dtype must be one of float32, bfloat16, float16, got 'half'"):
+    with pytest.raises(ArgumentError,
+                       match="tiny checkpoint dtype must be one of float32, bfloat16, float16, got 'half'"):
         parse_dtype("half", "tiny checkpoint dtype")
     with pytest.raises(ValueError, match="got torch.float64"):
         parse_dtype(torch.float64)

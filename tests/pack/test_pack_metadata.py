@@ -68,7 +68,8 @@ def test_the_readme_points_only_at_files_a_clone_has() -> None:
     assert "../shared" not in readme
     for target in re.findall(r"\]\((?!https?://|#)([^)]+)\)", readme):
         assert (REPO / target).exists(), f"README links to {target}, which a clone does not have"
-    for path in re.findall(r"`((?:requirements|tools|tests|web|example_workflows|mizuoto_runtime|nodes)/[^`* ]+)`", readme):
+    for path in re.findall(r"`((?:requirements|tools|tests|web|example_workflows|mizuoto_runtime|nodes)"
+                           r"/[^`* ]+)`", readme):
         assert (REPO / path).exists() or "<" in path, f"README names {path}, which a clone does not have"
 
 

@@ -26,7 +26,8 @@ POLYPHONIC = {"行": ("ㄒㄧㄥ2", "ㄏㄤ2"), "長": ("ㄔㄤ2", "ㄓㄤ3"), "
               "得": ("ㄉㄜ2", "ㄉㄜ5", "ㄉㄟ3"), "了": ("ㄌㄜ5", "ㄌㄧㄠ3"), "著": ("ㄓㄜ5", "ㄓㄠ2", "ㄓㄨㄛ2"),
               "都": ("ㄉㄡ1", "ㄉㄨ1"), "為": ("ㄨㄟ2", "ㄨㄟ4"), "地": ("ㄉㄧ4", "ㄉㄜ5"),
               "中": ("ㄓㄨㄥ1", "ㄓㄨㄥ4"), "大": ("ㄉㄚ4", "ㄉㄞ4"), "和": ("ㄏㄜ2", "ㄏㄜ4")}
-MONOPHONIC = {"你": "ㄋㄧ3", "們": "ㄇㄣ5", "天": "ㄊㄧㄢ1", "是": "ㄕ4", "我": "ㄨㄛ3", "似": "ㄕ4"}  # 似: upstream reads it with pypinyin
+# 似: upstream reads it with pypinyin
+MONOPHONIC = {"你": "ㄋㄧ3", "們": "ㄇㄣ5", "天": "ㄊㄧㄢ1", "是": "ㄕ4", "我": "ㄨㄛ3", "似": "ㄕ4"}
 PINYIN = {"ㄒㄧㄥ": "xing", "ㄏㄤ": "hang", "ㄔㄤ": "chang", "ㄓㄤ": "zhang", "ㄓㄨㄥ": "zhong", "ㄔㄨㄥ": "chong",
           "ㄏㄠ": "hao", "ㄌㄜ": "le", "ㄩㄝ": "yue", "ㄏㄞ": "hai", "ㄏㄨㄢ": "huan", "ㄉㄜ": "de", "ㄉㄟ": "dei",
           "ㄌㄧㄠ": "liao", "ㄓㄜ": "zhe", "ㄓㄠ": "zhao", "ㄓㄨㄛ": "zhuo", "ㄉㄡ": "dou", "ㄉㄨ": "du",
@@ -134,7 +135,8 @@ def write_tokenizer(folder: Path) -> Path:
     from transformers import BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    chars = dict.fromkeys("行长重好乐还得了着都为地中大和你们天是我似一不今北京玩" + "".join(POLYPHONIC) + "".join(MONOPHONIC))
+    chars = dict.fromkeys("行长重好乐还得了着都为地中大和你们天是我似一不今北京玩"
+                          + "".join(POLYPHONIC) + "".join(MONOPHONIC))
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"!,-.?…", *chars]) + "\n",
                      encoding="utf-8")

@@ -26,6 +26,7 @@ predictor's layers (``targets``); everything else frozen. Memory tools per `trai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -185,7 +186,7 @@ def prepare(engine: Any, runtime: Runtime, clips: list[Clip], language: str, see
         if codes is None or codes.shape[0] < 1:
             raise MizuotoError(f"{clip.audio}: too short to give a single codec frame")
         samples.append(ctx.run("talker", [engine.talker],
-                               lambda: _sample(engine, clip, codes, voice["spk"], language), 0))
+                               functools.partial(_sample, engine, clip, codes, voice["spk"], language), 0))
     return samples
 
 

@@ -68,7 +68,7 @@ def main() -> int:
     except torch.OutOfMemoryError as exc:
         emit(event="error", kind="oom", message=str(exc))
         return EXIT_ERROR
-    except Exception as exc:  # the host shows it; the traceback goes to the log
+    except Exception as exc:  # noqa: BLE001 - any crash goes to the host, which shows it; traceback to the log
         traceback.print_exc()
         emit(event="error", kind="crash", message=f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR

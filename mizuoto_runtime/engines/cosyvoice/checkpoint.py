@@ -127,11 +127,13 @@ def build_flow(cfg: ModelConfig) -> CosyVoiceFlow:
                              ("activation_type", ("swish",))):
             _require(e, key, allowed, "flow/encoder", cfg.path)
         spec = EncoderSpec(input_size=int(e["input_size"]), output_size=int(e.get("output_size", 256)),
-                           attention_heads=int(e.get("attention_heads", 4)), linear_units=int(e.get("linear_units", 2048)),
-                           num_blocks=int(e.get("num_blocks", 6)), pre_lookahead_len=int(a.get("pre_lookahead_len", 3)))
+                           attention_heads=int(e.get("attention_heads", 4)),
+                           linear_units=int(e.get("linear_units", 2048)), num_blocks=int(e.get("num_blocks", 6)),
+                           pre_lookahead_len=int(a.get("pre_lookahead_len", 3)))
         return CosyVoiceFlow(**common, encoder=UpsampleConformerEncoder(spec))  # type: ignore[arg-type]
     pre = a.get("pre_lookahead_layer")
-    expect(pre, {"cosyvoice.transformer.upsample_encoder.PreLookaheadLayer": True}, "flow/pre_lookahead_layer", cfg.path)
+    expect(pre, {"cosyvoice.transformer.upsample_encoder.PreLookaheadLayer": True}, "flow/pre_lookahead_layer",
+           cfg.path)
     p = args_of(pre)
     layer = PreLookaheadLayer(int(p["in_channels"]), int(p["channels"]), int(p.get("pre_lookahead_len", 1)))
     return CosyVoiceFlow(**common, pre_lookahead_layer=layer)  # type: ignore[arg-type]
@@ -157,7 +159,8 @@ def hift_spec(cfg: ModelConfig) -> HiFTSpec:
         resblock_kernel_sizes=tup("resblock_kernel_sizes", (3, 7, 11)),
         resblock_dilation_sizes=tuple(tuple(d) for d in a.get("resblock_dilation_sizes", [[1, 3, 5]] * 3)),
         source_resblock_kernel_sizes=tup("source_resblock_kernel_sizes", (7, 11)),
-        source_resblock_dilation_sizes=tuple(tuple(d) for d in a.get("source_resblock_dilation_sizes", [[1, 3, 5]] * 2)),
+        source_resblock_dilation_sizes=tuple(tuple(d) for d in a.get("source_resblock_dilation_sizes",
+                                                                     [[1, 3, 5]] * 2)),
         lrelu_slope=float(a.get("lrelu_slope", 0.1)), audio_limit=float(a.get("audio_limit", 0.99)),
         conv_pre_look_right=int(a.get("conv_pre_look_right", 4)), f0_cond_channels=int(f.get("cond_channels", 512)))
 
@@ -195,8 +198,10 @@ def fill(module: nn.Module, state: Mapping[str, torch.Tensor], source: Path) -> 
     shapes = [f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
               for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or shapes:
-        parts = ([f"missing {', '.join(missing[:6])}" + (" ..." if len(missing) > 6 else "")] if missing else []) + \
-                ([f"unexpected {', '.join(unexpected[:6])}" + (" ..." if len(unexpected) > 6 else "")] if unexpected else []) + shapes[:6]
+        parts = (([f"missing {', '.join(missing[:6])}" + (" ..." if len(missing) > 6 else "")] if missing else [])
+                 + ([f"unexpected {', '.join(unexpected[:6])}" + (" ..." if len(unexpected) > 6 else "")]
+                    if unexpected else [])
+                 + shapes[:6])
         raise CheckpointError(f"{source} does not match {type(module).__name__}: " + "; ".join(parts))
     module.load_state_dict(dict(state), strict=True, assign=True)
     return module

@@ -113,7 +113,8 @@ class UpsampleConformerEncoder(nn.Module):
         return self.after_norm(xs)
 
 
-def cosine_t_span(n_timesteps: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
+def cosine_t_span(n_timesteps: int, dtype: torch.dtype = torch.float32,
+                  device: torch.device | None = None) -> torch.Tensor:
     t = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=dtype)
     return 1 - torch.cos(t * 0.5 * torch.pi)
 

@@ -230,7 +230,8 @@ class HiFT(nn.Module):
                                           spec.source_resblock_dilation_sizes)):
             u, ch = int(u), base // (2 ** (i + 1))
             if u == 1:
-                down: nn.Module = (CausalConv1d(spec.n_fft + 2, ch, 1) if causal else nn.Conv1d(spec.n_fft + 2, ch, 1, 1))
+                down: nn.Module = (CausalConv1d(spec.n_fft + 2, ch, 1) if causal
+                                   else nn.Conv1d(spec.n_fft + 2, ch, 1, 1))
             else:
                 down = (CausalConv1d(spec.n_fft + 2, ch, u * 2, stride=u, padding=u - 1) if causal
                         else nn.Conv1d(spec.n_fft + 2, ch, u * 2, u, padding=u // 2))
@@ -242,7 +243,8 @@ class HiFT(nn.Module):
             ch = base // (2 ** (i + 1))
             for k, d in zip(spec.resblock_kernel_sizes, spec.resblock_dilation_sizes):
                 self.resblocks.append(ResBlock1(ch, k, d, activation=Snake, causal=causal))
-        self.conv_post = CausalConv1d(ch, spec.n_fft + 2, 7) if causal else nn.Conv1d(ch, spec.n_fft + 2, 7, 1, padding=3)
+        self.conv_post = (CausalConv1d(ch, spec.n_fft + 2, 7) if causal
+                          else nn.Conv1d(ch, spec.n_fft + 2, 7, 1, padding=3))
         self.f0_predictor = F0Predictor(spec.in_channels, spec.f0_cond_channels, causal)
         if causal:  # upstream runs this predictor in float64 (and keeps it there)
             self.f0_predictor.to(torch.float64)

@@ -170,7 +170,8 @@ class CosyVoiceLM(nn.Module):
         else:
             speech = text_emb.new_zeros(1, 0, self.spec.llm_input_size)
         device = text.device
-        return torch.cat([self._special(self.sos, device), text_emb, self._special(self.task_id, device), speech], dim=1)
+        return torch.cat([self._special(self.sos, device), text_emb, self._special(self.task_id, device), speech],
+                         dim=1)
 
     def logits(self, x: torch.Tensor, cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of `x` after the cache, and the decoder logits of its last position."""

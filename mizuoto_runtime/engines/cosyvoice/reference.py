@@ -161,7 +161,8 @@ def _estimator(ref: Reference) -> list[Check]:
 def _flow_solve(ref: Reference) -> list[Check]:
     flow = _model(ref).flow
     token, prompt = _ids(ref, "flow.in.token"), _ids(ref, "flow.in.prompt_token")
-    mu, mask, spks, cond = flow.conditions(token, prompt, ref.tensor("flow.in.prompt_feat"), ref.tensor("flow.in.embedding"))
+    mu, mask, spks, cond = flow.conditions(token, prompt, ref.tensor("flow.in.prompt_feat"),
+                                           ref.tensor("flow.in.embedding"))
     full = flow.decoder(mu, mask, spks, cond)
     prompt_frames = ref.tensor("flow.in.prompt_feat").shape[1]
     return [Check("flow.out.cfm_full", full, "chain"), Check("flow.out.mel", full[:, :, prompt_frames:], "chain")]

@@ -119,7 +119,8 @@ def load_vocoder(folder: Path) -> nn.Module:
         spec = config.get(part)
         if not isinstance(spec, dict) or spec.get("class_path") not in classes:
             raise CheckpointError(f"{folder / 'config.yaml'}: {part}.class_path must be one of "
-                                  f"{', '.join(sorted(classes))}, got {spec.get('class_path') if isinstance(spec, dict) else spec!r}")
+                                  f"{', '.join(sorted(classes))}, "
+                                  f"got {spec.get('class_path') if isinstance(spec, dict) else spec!r}")
         parts[part] = (classes[spec["class_path"]], spec.get("init_args") or {})
     from vocos import Vocos
 

@@ -101,8 +101,8 @@ class F5TTSEngine(Engine):
                  device: torch.device | None = None) -> None:
         super().__init__(manager, model_dir, dtype, device)
         if self.model_dir is None:
-            raise CheckpointError("f5tts needs a checkpoint folder (the F5TTS_v1_Base layout: model_<step>.safetensors, "
-                                  f"vocab.txt, {VOCODER_FOLDER}/)")
+            raise CheckpointError("f5tts needs a checkpoint folder (the F5TTS_v1_Base layout: "
+                                  f"model_<step>.safetensors, vocab.txt, {VOCODER_FOLDER}/)")
         self.cfm, mel_kwargs = load_flow(self.model_dir, dtype)
         self.vocos = load_vocoder(self.model_dir / VOCODER_FOLDER)
         self.mel = import_upstream().MelSpec(**mel_kwargs)  # parameter-free: computed where the audio is
@@ -169,7 +169,8 @@ class F5TTSEngine(Engine):
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         data = voice.data
         if "mel" not in data:
-            raise MizuotoError("f5tts: the voice has no reference mel; make it with voice_prompt(reference=…, transcript=…)")
+            raise MizuotoError("f5tts: the voice has no reference mel; "
+                               "make it with voice_prompt(reference=…, transcript=…)")
         modules = import_upstream()
         ref_frames, total = self.durations(voice, text)
         tokens = modules.convert_char_to_pinyin([data["ref_text"] + text])

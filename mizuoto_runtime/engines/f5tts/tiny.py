@@ -81,7 +81,8 @@ def _write_yaml(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
 
 
-def write(directory: str | Path, *, version: str | None = None, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
+          dtype: torch.dtype | None = None) -> Path:
     """Write a tiny random F5-TTS folder; `dtype` is that of the DiT weights (None: float32;
     Vocos: float32)."""
     from safetensors.torch import save_file
@@ -103,7 +104,8 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0, d
     arch = {k: v for k, v in ARCH.items() if k != "checkpoint_activations"}
     mel = {k: MEL_SPEC[k] for k in ("n_fft", "hop_length", "win_length", "target_sample_rate", "mel_spec_type")}
     cfm = modules.CFM(transformer=modules.DiT(**arch, text_num_embeds=len(VOCAB), mel_dim=100),
-                      mel_spec_kwargs={**mel, "n_mel_channels": 100}, vocab_char_map={t: i for i, t in enumerate(VOCAB)})
+                      mel_spec_kwargs={**mel, "n_mel_channels": 100},
+                      vocab_char_map={t: i for i, t in enumerate(VOCAB)})
     randomize(cfm, gen)
     state = {EMA_PREFIX + k: v.detach().to(dtype if v.is_floating_point() else v.dtype).contiguous().clone()
              for k, v in cfm.state_dict().items()}

@@ -268,7 +268,8 @@ def infer_codec_config(state: Mapping[str, Tensor], path: Path, window: int = DE
     )
 
 
-def load_codec(folder: Path, dtype: torch.dtype, window: int = DEFAULT_CODEC_WINDOW) -> tuple[CodecEncoder, CodecDecoder]:
+def load_codec(folder: Path, dtype: torch.dtype,
+               window: int = DEFAULT_CODEC_WINDOW) -> tuple[CodecEncoder, CodecDecoder]:
     """The codec's two halves from ``folder/codec.pth`` in `dtype` (every tensor used by one)."""
     path = folder / CODEC_FILE
     state = read_codec_state(path)

@@ -190,7 +190,8 @@ class SlowTransformer(nn.Module):
             x = torch.where(semantic[:, None], x / math.sqrt(cfg.num_codebooks + 1), x)
         return x[None]
 
-    def forward(self, rows: Tensor, start: int, cache: KVCache | None, all_positions: bool = False) -> tuple[Tensor, Tensor]:
+    def forward(self, rows: Tensor, start: int, cache: KVCache | None,
+                all_positions: bool = False) -> tuple[Tensor, Tensor]:
         """Run frames ``rows`` at positions ``[start, start + S)``; return (logits, hidden) for
         every position if `all_positions`, else for the last one (``[1, 1, vocab]``, ``[1, 1, dim]``)."""
         s = rows.shape[1]
@@ -235,8 +236,8 @@ class FastTransformer(nn.Module):
 
     def rope(self, device: torch.device | str) -> Tensor:
         """The RoPE rows of every codebook position (one table, sliced per step)."""
-        return pair_table(torch.arange(self.cfg.num_codebooks, device=device), self.cfg.fast_head_dim, self.cfg.rope_base,
-                          ROPE_DTYPE)
+        return pair_table(torch.arange(self.cfg.num_codebooks, device=device), self.cfg.fast_head_dim,
+                          self.cfg.rope_base, ROPE_DTYPE)
 
     def masks(self, device: torch.device | str) -> Tensor:
         """Row ``i``: the causal mask of position ``i`` over all ``num_codebooks`` cache positions."""

@@ -214,7 +214,8 @@ class FishSpeechEngine(Engine):
     def _sampling_tensors(self, sampling: Sampling) -> SamplingTensors | S1Sampling:
         cfg = self.model.config
         if self.version == "s1-mini":
-            return S1Sampling.build(temperature=sampling.temperature, top_p=sampling.top_p if sampling.do_sample else 0.0,
+            return S1Sampling.build(temperature=sampling.temperature,
+                                    top_p=sampling.top_p if sampling.do_sample else 0.0,
                                     repetition_penalty=sampling.repetition_penalty, device=self.device)
         return SamplingTensors.build(
             temperature=sampling.temperature, top_p=sampling.top_p,

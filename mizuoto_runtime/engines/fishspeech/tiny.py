@@ -120,7 +120,8 @@ def _s2_tokenizer(folder: Path) -> tuple[int, int]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                         show_progress=False))
     tok.add_special_tokens(S2_SPECIALS + [SEMANTIC.format(i=i) for i in range(CODEBOOK_SIZE)])
     tok.save(str(folder / "tokenizer.json"))

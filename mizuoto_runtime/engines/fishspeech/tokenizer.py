@@ -132,7 +132,8 @@ def load_tokenizer(folder: Path) -> JsonTokenizer | TiktokenTokenizer:
         return JsonTokenizer(folder / "tokenizer.json")
     if (folder / "tokenizer.tiktoken").is_file() and (folder / "special_tokens.json").is_file():
         return TiktokenTokenizer(folder)
-    raise CheckpointError(f"{folder}: no tokenizer.json (S2-Pro) nor tokenizer.tiktoken + special_tokens.json (S1-mini)")
+    raise CheckpointError(f"{folder}: no tokenizer.json (S2-Pro) "
+                          "nor tokenizer.tiktoken + special_tokens.json (S1-mini)")
 
 
 SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")

@@ -133,7 +133,8 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 1234
         sv_cfg = SV_TINY
         hps = {"model": {**VITS_MODEL, "gin_channels": 32 if pro else 512, "version": "v2"}, "data": dict(VITS_DATA),
                "train": {"segment_size": 20480}, "name": name, "version": FILE_VERSIONS[version]}
-        sovits = {"weight": _vits_state(FILE_VERSIONS[version], hps["model"]["gin_channels"], sv_cfg.output_dim, seed + 1),
+        sovits = {"weight": _vits_state(FILE_VERSIONS[version], hps["model"]["gin_channels"], sv_cfg.output_dim,
+                                        seed + 1),
                   "config": hps, "info": "8epoch_16iteration"}
         buffer = io.BytesIO()
         torch.save(sovits, buffer)

@@ -122,7 +122,8 @@ def feature_width(layout: Layout) -> int:
     stats = load_torch(layout.file("w2v_stat", "wav2vec2bert_stats.pt"))
     mean = stats.get("mean") if isinstance(stats, dict) else None
     if not isinstance(mean, torch.Tensor) or mean.ndim != 1:
-        raise MizuotoError(f"{layout.file('w2v_stat', 'wav2vec2bert_stats.pt')}: expected {{'mean': [width], 'var': [width]}}")
+        raise MizuotoError(f"{layout.file('w2v_stat', 'wav2vec2bert_stats.pt')}: "
+                           "expected {'mean': [width], 'var': [width]}")
     return int(mean.shape[0])
 
 

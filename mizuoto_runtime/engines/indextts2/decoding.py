@@ -168,7 +168,8 @@ def _beams(model: StepModel, ids: torch.Tensor, max_new: int, stop: int, s: Deco
                 if rank < beams:
                     hyps.add(ids[sources[rank]].clone(), picked[0, rank].item(), cur - prompt)
             else:
-                next_scores[filled], next_tokens[filled], next_rows[filled] = picked[0, rank], tokens[rank], sources[rank]
+                next_scores[filled], next_tokens[filled], next_rows[filled] = (picked[0, rank], tokens[rank],
+                                                                               sources[rank])
                 filled += 1
             if filled == beams:
                 break

@@ -206,7 +206,8 @@ class IndexTTS2Engine(Engine):
         cfg = self.w2v.model.config
         hidden = 4 * frames * cfg.hidden_size
         scores = 4 * cfg.num_attention_heads * frames * frames
-        w2v = (len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores + 4 * frames * (cfg.intermediate_size + 160)
+        w2v = ((len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores
+               + 4 * frames * (cfg.intermediate_size + 160))
         head = self.campplus.module.head
         campplus = 4 * CAMPPLUS_MAPS * head.conv1.out_channels * 80 * (samples_16k // 160 + 1)
         return w2v + campplus
@@ -264,7 +265,8 @@ class IndexTTS2Engine(Engine):
             def run() -> torch.Tensor:
                 return self.merged_emotion(base.to(self.device), wav, emotion.alpha).cpu()
 
-            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run, self.voice_prompt_memory(wav.shape[-1]))
+            cached = ctx.run("voice prompt", [self.w2v_bert, self.conditioning], run,
+                             self.voice_prompt_memory(wav.shape[-1]))
             self.emotions[key] = cached
         return cached
 

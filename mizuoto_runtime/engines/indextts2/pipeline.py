@@ -50,7 +50,8 @@ def feature_lengths(x: torch.Tensor) -> torch.Tensor:
 def reference_mel(wav_22k: torch.Tensor, s2mel_cfg: dict[str, Any]) -> torch.Tensor:
     p = s2mel_cfg["preprocess_params"]["spect_params"]
     fmax = p.get("fmax")
-    return mel_spectrogram(wav_22k, n_fft=p["n_fft"], num_mels=p["n_mels"], sampling_rate=s2mel_cfg["preprocess_params"]["sr"],
+    return mel_spectrogram(wav_22k, n_fft=p["n_fft"], num_mels=p["n_mels"],
+                           sampling_rate=s2mel_cfg["preprocess_params"]["sr"],
                            hop_size=p["hop_length"], win_size=p["win_length"], fmin=p.get("fmin", 0),
                            fmax=None if fmax in (None, "None") else float(fmax))
 
@@ -78,7 +79,8 @@ def voice_prompt(gpt: UnifiedVoice, codec: SemanticCodec, s2mel: S2Mel, campplus
                        gpt.speaker_latent(spk_emb, lengths), gpt.emotion_vector(spk_emb, lengths))
 
 
-def emotion_from_audio(gpt: UnifiedVoice, voice: VoicePrompt, emo_emb: torch.Tensor | None, alpha: float) -> torch.Tensor:
+def emotion_from_audio(gpt: UnifiedVoice, voice: VoicePrompt, emo_emb: torch.Tensor | None,
+                       alpha: float) -> torch.Tensor:
     """merge_emovec: base + alpha * (emotion - base); no emotion audio -> the voice's own, alpha 1."""
     if emo_emb is None:
         return voice.base_emotion
@@ -93,7 +95,8 @@ def emotion_rows(tables: Tables, style: torch.Tensor, rng: random.Random | None 
     if rng is not None:
         return [rng.randint(0, len(rows) - 1) for rows in tables.emo_matrix]
     cosine = torch.nn.functional.cosine_similarity
-    return [int(torch.argmax(cosine(style.float(), rows.float().to(style.device), dim=1))) for rows in tables.spk_matrix]
+    return [int(torch.argmax(cosine(style.float(), rows.float().to(style.device), dim=1)))
+            for rows in tables.spk_matrix]
 
 
 def check_weights(tables: Tables, weights: Sequence[float]) -> None:

@@ -165,7 +165,8 @@ def _codec_stage(ref: Reference) -> Iterator[Check]:
 @torch.inference_mode()
 def _campplus_stage(ref: Reference) -> Iterator[Check]:
     raw = ref.tensor("campplus.in.fbank_raw")
-    yield Check("campplus.in.fbank", (raw - raw.mean(dim=0, keepdim=True)).unsqueeze(0), want=ref.tensor("campplus.in.fbank"))
+    yield Check("campplus.in.fbank", (raw - raw.mean(dim=0, keepdim=True)).unsqueeze(0),
+                want=ref.tensor("campplus.in.fbank"))
     yield Check("campplus.out.style", pipeline.speaker_style(_campplus(ref), raw))
 
 
@@ -188,8 +189,9 @@ def _flow(ref: Reference) -> Iterator[Check]:
     t, meta = ref.tensor, ref.meta["stages"].get("flow", {})
     cfm = _s2mel(ref).cfm
     if ref.has("flow.in.est_x"):
-        yield Check("flow.out.est_out", cfm.estimator(t("flow.in.est_x"), t("flow.in.est_prompt_x"), t("flow.in.est_x_lens"),
-                                                      t("flow.in.est_t"), t("flow.in.est_style"), t("flow.in.est_mu")))
+        yield Check("flow.out.est_out", cfm.estimator(t("flow.in.est_x"), t("flow.in.est_prompt_x"),
+                                                      t("flow.in.est_x_lens"), t("flow.in.est_t"),
+                                                      t("flow.in.est_style"), t("flow.in.est_mu")))
     if not ref.has("flow.in.mu"):
         return
     if "noise_seed" in meta:

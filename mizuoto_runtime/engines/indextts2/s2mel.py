@@ -118,7 +118,8 @@ class DiTTransformer(nn.Module):
         self.heads = heads
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        table = pair_table(torch.arange(x.shape[1]), x.shape[2] // self.heads).to(x.device)  # made on the CPU, then moved
+        # made on the CPU, then moved
+        table = pair_table(torch.arange(x.shape[1]), x.shape[2] // self.heads).to(x.device)
         half = len(self.layers) // 2
         skips: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):

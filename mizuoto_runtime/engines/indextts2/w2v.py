@@ -27,7 +27,8 @@ class W2VBert(nn.Module):
         self.extractor = SeamlessM4TFeatureExtractor.from_pretrained(str(folder), local_files_only=True)
         model = Wav2Vec2BertModel.from_pretrained(str(folder), local_files_only=True)
         if len(model.encoder.layers) < LAYER:
-            raise MizuotoError(f"{folder}: w2v-BERT has {len(model.encoder.layers)} layers, IndexTTS-2 reads layer {LAYER}")
+            raise MizuotoError(f"{folder}: w2v-BERT has {len(model.encoder.layers)} layers, "
+                               f"IndexTTS-2 reads layer {LAYER}")
         cfg = model.config
         # upstream's transformers (4.52) draws one torch.rand([]) per encoder and adapter layer on
         # every call, in eval mode too (its LayerDrop check): the decoding's random stream on

@@ -131,8 +131,8 @@ class OmniVoiceEngine(Engine):
             "encoder_semantic": codec.encoder_semantic, "fc": codec.fc,
         }), "audio_encoder")
         self.quantizer = self.register(codec.quantizer, "quantizer")
-        self.audio_decoder = self.register(nn.ModuleDict({"fc2": codec.fc2, "acoustic_decoder": codec.acoustic_decoder}),
-                                           "audio_decoder")
+        self.audio_decoder = self.register(
+            nn.ModuleDict({"fc2": codec.fc2, "acoustic_decoder": codec.acoustic_decoder}), "audio_decoder")
         self.llm = self.register(self.model, "llm")
 
     def handles(self) -> list[Any]:
@@ -177,7 +177,8 @@ class OmniVoiceEngine(Engine):
             prompt.ref_audio_tokens = prompt.ref_audio_tokens.cpu()
             return prompt
 
-        prompt = ctx.run("voice prompt", [self.audio_encoder, self.quantizer], encode, self.voice_prompt_memory(samples))
+        prompt = ctx.run("voice prompt", [self.audio_encoder, self.quantizer], encode,
+                         self.voice_prompt_memory(samples))
         return {"prompt": prompt, "instruct": instruct or None}
 
     def voice_prompt_memory(self, samples: int) -> int:
@@ -273,5 +274,6 @@ class OmniVoiceEngine(Engine):
                          fallback=("tiled_1d", lambda: run(lambda t: tiled_1d(vocode, t))),
                          allow_fallback=allow_fallback)
         wav = pieces[0] if len(pieces) == 1 else cross_fade_chunks(pieces, self.sample_rate)
-        wav = self.model._post_process_audio(wav, ref_rms=codes.extra.get("ref_rms"), gen_config=self.generation_config())
+        wav = self.model._post_process_audio(wav, ref_rms=codes.extra.get("ref_rms"),
+                                             gen_config=self.generation_config())
         return Audio(torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32)), self.sample_rate)

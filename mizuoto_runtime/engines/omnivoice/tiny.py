@@ -10,9 +10,9 @@ The models are the packages' own classes (`omnivoice.OmniVoice` over a Qwen3 LLM
 ``save_pretrained``, weights drawn from a seeded generator: byte-identical files on every run.
 Geometry: the codec keeps the real frame structure (24 kHz, hop 960 = 25 Hz, 8 codebooks;
 HuBERT at 16 kHz, 50 Hz halved to 25) with tiny widths and 256-entry codebooks; every LLM layer
-(4) is a 3.75 MB unit in float32 (so half-way placements keep some and stream others), the DAC encoder's last block (3 MB) and decoder's first (3.7 MB)
-too: the M57 tests really stream. The text tokenizer is byte-level with OmniVoice's control
-tokens as added tokens.
+(4) is a 3.75 MB unit in float32 (so half-way placements keep some and stream others), the DAC
+encoder's last block (3 MB) and decoder's first (3.7 MB) too: the M57 tests really stream. The
+text tokenizer is byte-level with OmniVoice's control tokens as added tokens.
 """
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ def _save(model: nn.Module, path: Path, dtype: torch.dtype | None = None) -> Non
     os.chmod(path, 0o644)
 
 
-def write(directory: str | Path, *, version: str | None = None, seed: int = 0, dtype: torch.dtype | None = None) -> Path:
+def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
+          dtype: torch.dtype | None = None) -> Path:
     """Write a tiny random OmniVoice folder; `dtype` is that of ``model.safetensors`` (None:
     float32; the codec is float32, as published)."""
     one_version(version)
@@ -139,7 +140,8 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0, d
     randomize(model, gen)
     _save(model, out / "model.safetensors", None if dtype == torch.float32 else dtype)
 
-    codec_config = HiggsAudioV2TokenizerConfig(acoustic_model_config=dict(ACOUSTIC), semantic_model_config=dict(SEMANTIC),
+    codec_config = HiggsAudioV2TokenizerConfig(acoustic_model_config=dict(ACOUSTIC),
+                                               semantic_model_config=dict(SEMANTIC),
                                                codebook_size=CODEBOOK, codebook_dim=64,
                                                target_bandwidths=TARGET_BANDWIDTHS)
     codec_config.architectures = ["HiggsAudioV2TokenizerModel"]

@@ -46,7 +46,8 @@ QWEN_TTS_NOISE = ImportNoise(
              ("transformers.utils.generic", "`past_key_values`/`cache_params` are deprecated")),
     chatty_loggers=("qwen_tts",),
     warnings=(WarningNoise(FutureWarning, "`rope_scaling` is deprecated", "transformers.configuration_utils"),
-              WarningNoise(FutureWarning, "`rope_config_validation` is deprecated", "transformers.modeling_rope_utils")),
+              WarningNoise(FutureWarning, "`rope_config_validation` is deprecated",
+                           "transformers.modeling_rope_utils")),
 )
 
 

@@ -191,7 +191,8 @@ def test_bad_training_input_is_one_clear_error(base: Path, data: Path, tmp_path:
         params(base, data, tmp_path / "x.safetensors", learning_rate=1e-3)
     with pytest.raises(MizuotoError, match="must be a .safetensors file"):
         params(base, data, tmp_path / "x.bin")
-    assert main(["train", "--model", str(base), "--data", str(tmp_path / "none"), "-o", str(tmp_path / "x.safetensors")]) == 2
+    assert main(["train", "--model", str(base), "--data", str(tmp_path / "none"),
+                 "-o", str(tmp_path / "x.safetensors")]) == 2
 
 
 # ---- the LoRA file and applying it -------------------------------------------------------------------

@@ -76,8 +76,8 @@ def package_file(package: str, relative: str) -> Path:
 # ---- numbers ---------------------------------------------------------------------------------
 UNITS = {"m": ("meter", "meters"), "km": ("kilometer", "kilometers"),
          "km/h": ("kilometer per hour", "kilometers per hour"), "ft": ("feet", "feet"), "L": ("liter", "liters"),
-         "tbsp": ("tablespoon", "tablespoons"), "tsp": ("teaspoon", "teaspoons"), "h": ("hour", "hours"), "min": ("minute", "minutes"),
-         "s": ("second", "seconds"), "°C": ("degree celsius", "degrees celsius"),
+         "tbsp": ("tablespoon", "tablespoons"), "tsp": ("teaspoon", "teaspoons"), "h": ("hour", "hours"),
+         "min": ("minute", "minutes"), "s": ("second", "seconds"), "°C": ("degree celsius", "degrees celsius"),
          "°F": ("degree fahrenheit", "degrees fahrenheit")}
 OPERATORS = {"+": " plus ", "-": " minus ", "×": " times ", "÷": " divided by ", "=": " Equals "}
 ORDINAL_ENDINGS = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",

@@ -34,7 +34,8 @@ from .symbols import PUNCTUATION
 _JAPANESE_CHARS = r"A-Za-z\d\u3005\u3040-\u30ff\u4e00-\u9fff\uff11-\uff19\uff21-\uff3a\uff41-\uff5a\uff66-\uff9d"
 _JAPANESE = re.compile(f"[{_JAPANESE_CHARS}]")
 _NOT_JAPANESE = re.compile(f"[^{_JAPANESE_CHARS}]")
-MARK_MAP = {"：": ",", "；": ",", "，": ",", "。": ".", "！": "!", "？": "?", "\n": ".", "·": ",", "、": ",", "...": "…"}
+MARK_MAP = {"：": ",", "；": ",", "，": ",", "。": ".", "！": "!", "？": "?",
+            "\n": ".", "·": ",", "、": ",", "...": "…"}
 _MARKS = "".join(PUNCTUATION)
 _REPEATED_MARKS = re.compile(f"([{re.escape(_MARKS)}])([{re.escape(_MARKS)}])+")
 

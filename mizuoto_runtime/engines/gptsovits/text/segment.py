@@ -125,7 +125,7 @@ def settle(pieces: list[tuple[str, str]]) -> list[Span]:
             _join(numbered, _number_language(numbered, runs, i) if language == NUMBER else language, text)
         runs = numbered
     settled: list[Span] = []
-    for i, (language, text) in enumerate(runs):
+    for language, text in runs:
         if language == UNDECIDED:
             language = settled[-1][0] if settled else runs[1][0] if len(runs) > 1 else "zh"
         _join(settled, language, text)
