@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -40,13 +41,15 @@ def test_token_loop_bench_runs_tiny(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert all(r["equal_to_upstream"] and r["frames"] == 3 for r in rows.values())
     streamed = rows["simulated, all streamed / lean"]
     assert streamed["streamed_mb_per_frame"] > 0 and streamed["vs_bound"] > 0 and streamed["copy_gbps"] > 0
-    assert streamed["copies_in_loop_ms_per_frame"] > 0 and streamed["hidden"] <= 1
+    # `hidden` is a ratio of wall times (how much of the copies ran behind compute): the bench
+    # reports it; a bound on it fails on a busy machine, so the test only asks that it is there.
+    assert streamed["copies_in_loop_ms_per_frame"] > 0 and math.isfinite(streamed["hidden"])
     assert rows["cpu plain / lean, static kv"]["applied"]["kv_cache"] == "static"
     lm = result["generic_lm"]
     assert [r["rows"] for r in lm] == [1, 2]
     for r in lm:
         assert r["equal"] and r["streamed_mb_per_token"] > 0 and r["copy_ms_per_token"] > 0
-        assert r["copies_in_loop_ms_per_token"] > 0 and r["hidden"] <= 1
+        assert r["copies_in_loop_ms_per_token"] > 0 and math.isfinite(r["hidden"])
         assert r["floor_vs_plain"] > 1 and r["limit_vs_plain"] > 0 and r["vs_limit"] > 0
     assert lm[0]["profile_streamed"]
     printed = capsys.readouterr().out
