@@ -57,9 +57,10 @@ from torch import nn
 from ...errors import CheckpointError
 from ...nn import weight_norm
 from ...nn.checkpoint import load_weights_only
-from .sv import ERes2NetV2, config_for
-from .t2s import T2SConfig, Text2Semantic, load_state
-from .vits import Synthesizer, VitsConfig
+from .config import T2SConfig, VitsConfig, config_for
+from .sv import ERes2NetV2
+from .t2s import Text2Semantic, load_state
+from .vits import Synthesizer
 
 HUBERT_FOLDER = "chinese-hubert-base"
 SV_FILE = "sv/pretrained_eres2netv2w24s4ep4.ckpt"

@@ -9,28 +9,13 @@ not used by that path; they are read and kept so the file loads strictly.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-@dataclasses.dataclass(frozen=True)
-class SVConfig:
-    base_width: int = 24
-    scale: int = 4
-    expansion: int = 4
-    m_channels: int = 64
-    num_blocks: tuple[int, ...] = (3, 4, 6, 3)
-    embedding_size: int = 192
-    feat_dim: int = 80
-
-    @property
-    def output_dim(self) -> int:
-        """forward3's size: channels x frequency bins of the last stage."""
-        return self.m_channels * 8 * self.expansion * math.ceil(self.feat_dim / 8)
+from .config import SVConfig
 
 
 def _relu20(x: torch.Tensor) -> torch.Tensor:
@@ -123,17 +108,3 @@ class ERes2NetV2(nn.Module):
         out3 = self.layer3(self.layer2(self.layer1(out)))
         fused = self.fuse34(self.layer4(out3), self.layer3_ds(out3))
         return fused.flatten(start_dim=1, end_dim=2).mean(-1)
-
-
-def config_for(state: dict[str, torch.Tensor], where: str) -> SVConfig:
-    """The published sizes, or a smaller model's read from its tensors (m_channels from conv1,
-    blocks per stage from the layer indices, embedding size from seg_1); baseWidth 24, scale 4
-    and expansion 4 are what upstream hard-codes."""
-    try:
-        m = state["conv1.weight"].shape[0]
-        blocks = tuple(1 + max(int(k.split(".")[1]) for k in state if k.startswith(f"layer{i}."))
-                       for i in range(1, 5))
-        emb = state["seg_1.weight"].shape[0]
-    except (KeyError, ValueError):
-        raise ValueError(f"{where}: not an ERes2NetV2 state dict (needs conv1, layer1..4 and seg_1)") from None
-    return SVConfig(m_channels=m, num_blocks=blocks, embedding_size=emb)

@@ -20,41 +20,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .config import T2SConfig
 from .sampling import upstream_sample
 
 PE_ROWS = 4000  # upstream builds its sine table for 4000 positions and extends it on demand
-
-
-@dataclasses.dataclass(frozen=True)
-class T2SConfig:
-    """The ``config["model"]`` block of a GPT-SoVITS ``.ckpt`` (s1longer-v2.yaml)."""
-
-    vocab_size: int
-    phoneme_vocab_size: int
-    embedding_dim: int
-    hidden_dim: int
-    head: int
-    n_layer: int
-    eos: int
-
-    @classmethod
-    def from_checkpoint(cls, model: dict[str, Any], where: str) -> T2SConfig:
-        try:
-            cfg = cls(int(model["vocab_size"]), int(model["phoneme_vocab_size"]), int(model["embedding_dim"]),
-                      int(model["hidden_dim"]), int(model["head"]), int(model["n_layer"]), int(model["EOS"]))
-        except KeyError as exc:
-            raise ValueError(f"{where}: config['model'] has no {exc.args[0]!r}") from None
-        if cfg.eos != cfg.vocab_size - 1:
-            raise ValueError(f"{where}: EOS {cfg.eos} is not vocab_size - 1 ({cfg.vocab_size - 1})")
-        if cfg.hidden_dim % cfg.head:
-            raise ValueError(f"{where}: hidden_dim {cfg.hidden_dim} is not a multiple of head {cfg.head}")
-        return cfg
 
 
 class TokenEmbedding(nn.Module):

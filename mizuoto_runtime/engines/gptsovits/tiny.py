@@ -24,10 +24,11 @@ import torch
 from ...nn import weight_norm
 from ..tiny import version_of
 from .bert import BERT_FOLDER
+from .config import SVConfig, T2SConfig, VitsConfig
 from .engine import GptSovitsEngine
-from .sv import ERes2NetV2, SVConfig
-from .t2s import T2SConfig, Text2Semantic
-from .vits import Synthesizer, VitsConfig
+from .sv import ERes2NetV2
+from .t2s import Text2Semantic
+from .vits import Synthesizer
 
 T2S_MODEL = {"vocab_size": 1025, "phoneme_vocab_size": 732, "embedding_dim": 64, "hidden_dim": 64, "head": 2,
              "linear_units": 256, "n_layer": 2, "dropout": 0, "EOS": 1024, "random_bert": 0}

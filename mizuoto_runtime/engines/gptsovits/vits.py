@@ -18,9 +18,7 @@ not built.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 import torch
 from torch import nn
@@ -28,60 +26,9 @@ from torch.nn import functional as F
 
 from ...nn.hifigan import LRELU_SLOPE, ResBlock1, ResBlock2, resblock_mean
 from ...nn.wavenet import WaveNet
+from .config import VitsConfig
 
 V2_SYMBOLS = 732  # len(symbols2): the v2 phoneme set (v1's 322 is not supported)
-PRO_VERSIONS = ("v2Pro", "v2ProPlus")
-
-
-@dataclasses.dataclass(frozen=True)
-class VitsConfig:
-    """``hps.model`` of a SoVITS ``.pth`` (s2.json / s2v2Pro.json / s2v2ProPlus.json), with
-    ``version`` as the loader decided it, and ``hps.data`` 's spectrogram settings."""
-
-    inter_channels: int
-    hidden_channels: int
-    filter_channels: int
-    n_heads: int
-    n_layers: int
-    kernel_size: int
-    resblock: str
-    resblock_kernel_sizes: tuple[int, ...]
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...]
-    upsample_rates: tuple[int, ...]
-    upsample_initial_channel: int
-    upsample_kernel_sizes: tuple[int, ...]
-    gin_channels: int
-    version: str
-    filter_length: int = 2048
-    hop_length: int = 640
-    win_length: int = 2048
-    sampling_rate: int = 32000
-    sv_dim: int = 20480  # the speaker embedding's size (ERes2NetV2.forward3); smaller in tiny models
-
-    @property
-    def is_pro(self) -> bool:
-        return self.version in PRO_VERSIONS
-
-    @classmethod
-    def from_hparams(cls, model: dict[str, Any], data: dict[str, Any], version: str, where: str,
-                     sv_dim: int = 20480) -> VitsConfig:
-        try:
-            return cls(
-                int(model["inter_channels"]), int(model["hidden_channels"]), int(model["filter_channels"]),
-                int(model["n_heads"]), int(model["n_layers"]), int(model["kernel_size"]), str(model["resblock"]),
-                tuple(int(k) for k in model["resblock_kernel_sizes"]),
-                tuple(tuple(int(d) for d in ds) for ds in model["resblock_dilation_sizes"]),
-                tuple(int(u) for u in model["upsample_rates"]), int(model["upsample_initial_channel"]),
-                tuple(int(k) for k in model["upsample_kernel_sizes"]), int(model["gin_channels"]), version,
-                int(data["filter_length"]), int(data["hop_length"]), int(data["win_length"]),
-                int(data["sampling_rate"]), sv_dim)
-        except KeyError as exc:
-            raise ValueError(f"{where}: config has no {exc.args[0]!r}") from None
-
-    @property
-    def samples_per_code(self) -> int:
-        """Audio samples per 25 Hz semantic code (each code is two frames of the decoder)."""
-        return 2 * math.prod(self.upsample_rates)
 
 
 def sequence_mask(length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

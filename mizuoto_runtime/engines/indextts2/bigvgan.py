@@ -14,11 +14,7 @@ final SnakeBeta + conv clamped to [-1, 1] (or tanh when the config asks).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,37 +22,9 @@ from torch import nn
 
 from ...nn.hifigan import ActivationNames, ResBlock1, resblock_mean
 from ...nn.snake import SnakeBeta
+from .config import BigVGANConfig
 
 FILTER_TAPS = 12  # the anti-aliasing filters of a 2x resampler
-
-
-@dataclasses.dataclass(frozen=True)
-class BigVGANConfig:
-    num_mels: int
-    upsample_rates: tuple[int, ...]
-    upsample_kernel_sizes: tuple[int, ...]
-    upsample_initial_channel: int
-    resblock_kernel_sizes: tuple[int, ...]
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...]
-    snake_logscale: bool = True
-    use_tanh_at_final: bool = True
-    use_bias_at_final: bool = True
-
-    @classmethod
-    def read(cls, path: Path) -> BigVGANConfig:
-        with path.open(encoding="utf-8") as f:
-            h: dict[str, Any] = json.load(f)
-        if h.get("resblock") != "1" or h.get("activation") != "snakebeta":
-            raise ValueError(f"{path}: BigVGAN v2 with resblock '1' and snakebeta expected, got "
-                             f"resblock {h.get('resblock')!r}, activation {h.get('activation')!r}")
-        return cls(h["num_mels"], tuple(h["upsample_rates"]), tuple(h["upsample_kernel_sizes"]),
-                   h["upsample_initial_channel"], tuple(h["resblock_kernel_sizes"]),
-                   tuple(tuple(d) for d in h["resblock_dilation_sizes"]), h.get("snake_logscale", True),
-                   h.get("use_tanh_at_final", True), h.get("use_bias_at_final", True))
-
-    @property
-    def hop(self) -> int:
-        return int(torch.tensor(self.upsample_rates).prod())
 
 
 class Upsample2(nn.Module):

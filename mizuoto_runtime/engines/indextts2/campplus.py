@@ -8,12 +8,13 @@ bottleneck 128, 128 initial channels) and shrunk test files load alike.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .config import CAMPPlusSizes
 
 BLOCKS = ((12, 3, 1), (24, 3, 2), (16, 3, 2))  # (layers, kernel, dilation) of the three dense blocks
 
@@ -127,27 +128,6 @@ class Embedding(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.nonlinear(self.linear(x.unsqueeze(-1)).squeeze(-1))
-
-
-@dataclasses.dataclass(frozen=True)
-class CAMPPlusSizes:
-    feat_dim: int = 80
-    embedding_size: int = 192
-    growth_rate: int = 32
-    bn_size: int = 4
-    init_channels: int = 128
-    head_channels: int = 32
-
-    @classmethod
-    def from_state(cls, state: dict[str, torch.Tensor], feat_dim: int = 80) -> CAMPPlusSizes:
-        def shape(key: str) -> torch.Size:
-            if key not in state:
-                raise ValueError(f"CAM++ checkpoint: no tensor {key!r}")
-            return state[key].shape
-        growth = shape("xvector.block1.tdnnd1.cam_layer.linear_local.weight")[0]
-        return cls(feat_dim, shape("xvector.dense.linear.weight")[0], growth,
-                   shape("xvector.block1.tdnnd1.linear1.weight")[0] // growth,
-                   shape("xvector.tdnn.linear.weight")[0], shape("head.conv1.weight")[0])
 
 
 class CAMPPlus(nn.Module):

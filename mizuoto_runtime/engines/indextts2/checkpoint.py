@@ -22,28 +22,16 @@ from torch import nn
 from ...errors import CheckpointError, MizuotoError
 from ...nn.checkpoint import load_state_dict, load_weights_only
 from ...nn.weight_norm import fold_state_dict
-from .bigvgan import BigVGAN, BigVGANConfig
-from .campplus import CAMPPlus, CAMPPlusSizes
+from .bigvgan import BigVGAN
+from .campplus import CAMPPlus
+from .config import BigVGANConfig, CAMPPlusSizes, CodecConfig, GPTConfig, read_config
 from .s2mel import S2Mel, gpt_projection
-from .semantic_codec import CodecConfig, SemanticCodec
-from .unified_voice import GPTConfig, UnifiedVoice
+from .semantic_codec import SemanticCodec
+from .unified_voice import UnifiedVoice
 
 # Keys a real gpt.pth may hold that the model does not read: GPT-2's unused token and position
 # tables, the causal-mask buffers older transformers saved, the inference wrapper's aliases.
 IGNORED_GPT_KEYS = re.compile(r"^(inference_model\.|gpt\.wte\.|gpt\.wpe\.|gpt\.h\.\d+\.attn\.(bias|masked_bias)$)")
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.yaml"
-    if not path.is_file():
-        raise MizuotoError(f"IndexTTS-2 checkpoint folder {folder} has no config.yaml")
-    import yaml  # an engine requirement: imported when a checkpoint loads, not when the engine table does
-
-    with path.open(encoding="utf-8") as f:
-        cfg = yaml.safe_load(f)
-    if not isinstance(cfg, dict) or "gpt" not in cfg:
-        raise MizuotoError(f"{path}: not an IndexTTS-2 config (no 'gpt' section)")
-    return cfg
 
 
 def load_torch(path: Path) -> Any:

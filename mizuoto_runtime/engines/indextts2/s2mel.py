@@ -11,7 +11,6 @@ kernel torch's weight norm itself calls, so the weights are bit-equal to upstrea
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from ...nn.norm import RMSNorm
 from ...nn.rotary import apply_pair_table, pair_table
 from ...nn.timestep import TimestepEmbedding
 from ...nn.wavenet import WaveNet
+from .config import DiTConfig
 
 
 def length_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
@@ -139,37 +139,6 @@ class FinalLayer(nn.Module):
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
         return self.linear(self.norm_final(x) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1))
-
-
-@dataclasses.dataclass(frozen=True)
-class DiTConfig:
-    hidden: int
-    heads: int
-    depth: int
-    in_channels: int
-    content_dim: int
-    content_codebook_size: int
-    style_dim: int
-    wn_hidden: int
-    wn_kernel: int
-    wn_dilation: int
-    wn_layers: int
-
-    @classmethod
-    def from_yaml(cls, s2mel: dict[str, Any]) -> DiTConfig:
-        dit, wn = s2mel["DiT"], s2mel["wavenet"]
-        unsupported = {k: dit.get(k) for k, want in (("final_layer_type", "wavenet"), ("time_as_token", False),
-                                                      ("style_as_token", False), ("uvit_skip_connection", True),
-                                                      ("long_skip_connection", True), ("style_condition", True),
-                                                      ("is_causal", False)) if dit.get(k, want) != want}
-        if unsupported:
-            raise ValueError(f"config.yaml s2mel.DiT: settings IndexTTS-2 does not use: {unsupported}")
-        if wn["hidden_dim"] != dit["hidden_dim"]:
-            raise ValueError("config.yaml s2mel: wavenet.hidden_dim must equal DiT.hidden_dim "
-                             "(the final layer reads the DiT time embedding)")
-        return cls(dit["hidden_dim"], dit["num_heads"], dit["depth"], dit["in_channels"], dit["content_dim"],
-                   dit["content_codebook_size"], s2mel["style_encoder"]["dim"], wn["hidden_dim"],
-                   wn["kernel_size"], wn["dilation_rate"], wn["num_layers"])
 
 
 class DiT(nn.Module):

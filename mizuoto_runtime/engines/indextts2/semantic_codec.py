@@ -8,14 +8,12 @@ used by inference; it is built so the file loads strictly.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import torch
 from torch import nn
 
 from ...nn.convnext import ConvNeXtBlock
 from ...nn.vq import nearest_codes
+from .config import CodecConfig
 
 
 class VocosBackbone(nn.Module):
@@ -52,23 +50,6 @@ class FactorizedVQ(nn.Module):
     def embed(self, indices: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, D, T)."""
         return self.out_project(self.codebook(indices).transpose(1, 2))
-
-
-@dataclasses.dataclass(frozen=True)
-class CodecConfig:
-    codebook_size: int = 8192
-    hidden_size: int = 1024
-    codebook_dim: int = 8
-    vocos_dim: int = 384
-    vocos_intermediate_dim: int = 2048
-    vocos_num_layers: int = 12
-
-    @classmethod
-    def from_yaml(cls, cfg: dict[str, Any]) -> CodecConfig:
-        for key in ("num_quantizers", "downsample_scale"):
-            if cfg.get(key, 1) != 1:
-                raise ValueError(f"config.yaml semantic_codec.{key}={cfg[key]}: IndexTTS-2 uses 1")
-        return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg})
 
 
 class SemanticCodec(nn.Module):

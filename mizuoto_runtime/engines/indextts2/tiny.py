@@ -20,11 +20,12 @@ from torch import nn
 
 from ...nn import weight_norm
 from ..tiny import fan_in_std, one_version, write_json
-from .bigvgan import BigVGAN, BigVGANConfig
-from .campplus import CAMPPlus, CAMPPlusSizes
+from .bigvgan import BigVGAN
+from .campplus import CAMPPlus
+from .config import BigVGANConfig, CAMPPlusSizes, CodecConfig, GPTConfig
 from .s2mel import S2Mel
-from .semantic_codec import CodecConfig, SemanticCodec
-from .unified_voice import GPTConfig, UnifiedVoice
+from .semantic_codec import SemanticCodec
+from .unified_voice import UnifiedVoice
 
 WIDTH = 32  # w2v-BERT's width here (1024 in the real model)
 EMO_NUM = [1, 2, 1, 1, 1, 1, 2, 1]

@@ -10,7 +10,6 @@ Read from upstream's model as a specification. Sequence layout fed to GPT-2:
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -18,40 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.conformer import ConformerEncoder
+from .config import GPTConfig
 from .gpt2 import GPT2Stack, LayerCache
 from .perceiver import PerceiverResampler
 
 COND_LATENTS = 32
 W2V_DIM = 1024  # w2v-BERT 2.0's width; a test checkpoint may use another (read from the stats file)
 EMO_DIM = 1024  # the emotion perceiver's width (fixed upstream, whatever the features' width)
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    model_dim: int
-    heads: int
-    layers: int
-    max_mel_tokens: int
-    max_text_tokens: int
-    number_text_tokens: int
-    number_mel_codes: int
-    start_mel_token: int
-    stop_mel_token: int
-    start_text_token: int
-    stop_text_token: int
-    condition_module: dict[str, Any]
-    emo_condition_module: dict[str, Any]
-
-    @classmethod
-    def from_yaml(cls, gpt: dict[str, Any]) -> GPTConfig:
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in gpt]
-        if missing:
-            raise ValueError(f"config.yaml gpt: missing keys {missing}")
-        if gpt.get("condition_type", "conformer_perceiver") != "conformer_perceiver":
-            raise ValueError(f"config.yaml gpt.condition_type {gpt['condition_type']!r}: IndexTTS-2 uses "
-                             "'conformer_perceiver'")
-        return cls(**{n: gpt[n] for n in names})
 
 
 class LearnedPositions(nn.Module):
