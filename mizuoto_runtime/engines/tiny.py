@@ -4,8 +4,9 @@ loudness, JSON files. Each engine package's ``tiny.write(directory, *, version, 
 is its writer (`base.TinyWriter`)."""
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,19 @@ def fan_in_std(p: torch.Tensor) -> float:
     return 1.0 / max(fan_in, 1) ** 0.5
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """One intra-op thread while a writer computes from its own weights: a forward's sums round
+    with the thread count, and a tiny checkpoint's bytes must depend on its seed alone, not on
+    the caller's thread settings (issue 31)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @torch.no_grad()
 def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch.Tensor, ...],
                  target_std: float = 0.1) -> None:
@@ -43,7 +57,8 @@ def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch
     seen: dict[str, torch.Tensor] = {}
     hook = last.register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
     try:
-        run()
+        with one_thread():
+            run()
     finally:
         hook.remove()
     scale = target_std / float(seen["out"].std())

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[dict[str, Any]], None]
 POLL_S = 0.2
 STOP_GRACE_S = 5.0
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding `mizuoto_runtime`
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder holding `mizuoto_runtime`
 
 
 class TrainingFailed(MizuotoError):
