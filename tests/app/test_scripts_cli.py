@@ -4,6 +4,7 @@ adjusted SRT beside the WAV, plain text is spoken exactly as before, and progres
 a terminal."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import wave
 from pathlib import Path
@@ -137,6 +138,12 @@ def test_progress_shows_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> N
         assert on_progress is None
     monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
     monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    find_spec = importlib.util.find_spec
+    with monkeypatch.context() as without:  # a terminal, but no tqdm (the core install): silent
+        without.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tqdm" else find_spec(name, *a))
+        with command.progress_bar() as on_progress:
+            assert on_progress is None
+    pytest.importorskip("tqdm")
     with command.progress_bar() as on_progress:
         assert on_progress is not None
         on_progress(3, 10)

@@ -10,6 +10,7 @@ text before any tag.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -147,8 +148,9 @@ def speak(rt: Runtime, engine: Engine, args: argparse.Namespace, text: str, voic
 
 @contextmanager
 def progress_bar() -> Iterator[Progress | None]:
-    """A tqdm bar on stderr when both stdout and stderr are a terminal; None (silent) otherwise."""
-    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+    """A tqdm bar on stderr when both stdout and stderr are a terminal and tqdm is installed (it
+    is in ComfyUI's environment, not in the core install); None (silent) otherwise."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()) or importlib.util.find_spec("tqdm") is None:
         yield None
         return
     from tqdm import tqdm
