@@ -383,10 +383,13 @@ def test_cancelling_ends_the_training_process_and_frees_the_device(base: Path, d
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to one process is POSIX")
 def test_ctrl_c_on_mizuoto_train_ends_the_training_process(base: Path, data: Path, tmp_path: Path) -> None:
+    # Ctrl-C as a terminal delivers it: a test run started in the background of a non-interactive
+    # shell inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     cli = subprocess.Popen([sys.executable, "-m", "mizuoto_runtime.app.cli", "train", "--model", str(base), "--data",
                             str(data), "-o", str(tmp_path / "never.safetensors"), "--steps", "1000"],
                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         worker = wait_for_child(cli)
         cli.send_signal(signal.SIGINT)
