@@ -17,6 +17,7 @@ _PATH_AT_START = list(sys.path)
 REPO = Path(__file__).resolve().parents[1]
 
 from mizuoto_runtime import DeviceService, ModelManager, VramPolicy  # noqa: E402
+from mizuoto_runtime.memory.intra_op import intra_op_threads  # noqa: E402
 
 MB = 1 << 20
 
@@ -163,9 +164,5 @@ def one_torch_thread() -> Iterator[None]:
     busy cores made the Qwen3-TTS tests 20x slower. Results can depend on the count (Intel MKL
     splits a long sum across its threads on its Intel code path), so a test's threads and
     requests take it too (`threads.py`, `mizuoto_runtime.memory.intra_op`; issue 31)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         yield
-    finally:
-        torch.set_num_threads(threads)

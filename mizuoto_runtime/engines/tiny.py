@@ -4,14 +4,15 @@ loudness, JSON files. Each engine package's ``tiny.write(directory, *, version, 
 is its writer (`base.TinyWriter`)."""
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..memory.intra_op import intra_op_threads
 
 
 def version_of(version: str | None, versions: Sequence[str]) -> str:
@@ -36,19 +37,6 @@ def fan_in_std(p: torch.Tensor) -> float:
     return 1.0 / max(fan_in, 1) ** 0.5
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """One intra-op thread while a writer computes from its own weights: a forward's sums round
-    with the thread count, and a tiny checkpoint's bytes must depend on its seed alone, not on
-    the caller's thread settings (issue 31)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @torch.no_grad()
 def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch.Tensor, ...],
                  target_std: float = 0.1) -> None:
@@ -57,7 +45,7 @@ def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch
     seen: dict[str, torch.Tensor] = {}
     hook = last.register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
     try:
-        with one_thread():
+        with intra_op_threads(1):  # a forward's sums round with the count: the bytes follow the seed alone
             run()
     finally:
         hook.remove()

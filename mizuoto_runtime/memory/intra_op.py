@@ -12,8 +12,9 @@ the numbers. Everything here makes a thread compute with the count its creator h
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,3 +40,14 @@ def computing_thread(target: Callable[..., object], *args: Any, name: str | None
         target(*args)
 
     return threading.Thread(target=run, name=name, daemon=daemon)
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """`threads` intra-op threads in the calling thread for the block, then its count before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

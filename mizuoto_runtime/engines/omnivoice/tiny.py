@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...memory.intra_op import intra_op_threads
 from ...nn.dtypes import DTYPE_NAMES, parse_dtype
-from ..tiny import one_thread, one_version
+from ..tiny import one_version
 from .checkpoint import import_upstream
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def randomize(model: nn.Module, gen: torch.Generator) -> None:
 def _calibrate_output(codec: nn.Module, gen: torch.Generator) -> None:
     """Scale the DAC decoder's last conv so random codes give std ~0.1 (random weights give ~100)."""
     codes = torch.randint(0, CODEBOOK, (1, 8, 12), generator=gen)
-    with one_thread():
+    with intra_op_threads(1):  # the bytes follow the seed alone, not the caller's thread count
         scale = 0.1 / float(codec.decode(codes).audio_values.std())
     last = codec.acoustic_decoder.conv2
     last.weight.mul_(scale)
