@@ -51,6 +51,7 @@ from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError
 from ...nn.features import kaldi_fbank
 from ...nn.kv_cache import peak_bytes
+from ...nn.loading import reading_weights
 from ..base import (
     TYPICAL_CHARS_PER_SECOND,
     TYPICAL_REFERENCE_SECONDS,
@@ -126,6 +127,7 @@ class GptSovitsEngine(Engine):
     UPSTREAM = "jieba"  # its text frontend's
     VERSIONS = ("v2", "v2pro")
     REFERENCE = "reference"
+    PUBLISHED = "published"
     PHASED = True
 
     @classmethod
@@ -175,10 +177,13 @@ class GptSovitsEngine(Engine):
         folder = find_aux(pair.sovits.parent, HUBERT_FOLDER)
         if folder is None:
             return None
-        from transformers import HubertModel
+        from transformers import HubertConfig, HubertModel
 
         try:
-            model = HubertModel.from_pretrained(str(folder), local_files_only=True, dtype=self.dtype)
+            if reading_weights():
+                model = HubertModel.from_pretrained(str(folder), local_files_only=True, dtype=self.dtype)
+            else:  # a shapes-only build (engines.published): the folder's config alone
+                model = HubertModel(HubertConfig.from_pretrained(str(folder))).to(self.dtype)
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{folder}: not a HubertModel folder ({exc})") from exc
         return self.register(model.eval(), "hubert")
