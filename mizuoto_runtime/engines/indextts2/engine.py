@@ -43,6 +43,7 @@ from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...lru import LruCache
 from ...nn.features import kaldi_fbank
+from ...nn.loading import reading_weights
 from ..base import (
     TYPICAL_REFERENCE_SECONDS,
     CheckpointInfo,
@@ -111,6 +112,7 @@ class IndexTTS2Engine(Engine):
     title = "IndexTTS-2"
     REQUIREMENTS = "indextts2"
     REFERENCE = "reference"
+    PUBLISHED = "published"
     sample_rate = SAMPLE_RATE
     VOICE_OPTIONS = ("emotion",)
 
@@ -133,7 +135,9 @@ class IndexTTS2Engine(Engine):
         check_layout(self.model_dir)
         layout = Layout.open(self.model_dir)
         self.config = layout.config
-        self.tokenizer = TextTokenizer(self.model_dir / "bpe.model", self.model_dir / GLOSSARY_FILE)
+        # A shapes-only build (engines.published) has the configs alone: no bpe.model to read.
+        self.tokenizer = (TextTokenizer(self.model_dir / "bpe.model", self.model_dir / GLOSSARY_FILE)
+                          if reading_weights() else None)
         self.tables = load_tables(layout)
         self.gpt = load_gpt(layout).to(dtype)  # all of UnifiedVoice, as upstream's use_fp16 halves it
         codec = load_codec(layout)
