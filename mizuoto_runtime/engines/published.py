@@ -5,42 +5,55 @@ Placement depends only on shapes. A model built on `meta` costs no memory and ha
 units, fixed part and minimum working set as the real one, so the runtime can say before any
 download what a published model needs and how it will be placed.
 
-The interface (stable; a new engine joins by adding one module):
+The interface (stable; a new engine joins by adding one module and one class attribute):
 
-* An engine package has a module ``published.py`` (the engine class names it: ``PUBLISHED =
-  "published"``; the default None: no published models, the demo and dummy) with one name,
-  ``MODELS``: a tuple of `PublishedModel`. Each gives the model's name and Hugging Face repo,
-  its run precision, the engine's checkpoint version it is, and ``files``: the checkpoint
-  folder's files its loader reads configuration from, as the publisher ships them — a dict
-  (written as JSON, or YAML for ``.yaml``), a str (written as text), a callable that writes
-  the file (a torch file holding a config: GPT-SoVITS), or None (an empty file the loader
-  only checks is there: the weights). Only configuration goes in: the facts the loader reads.
+* The engine class says ``PUBLISHED = "published"`` (the default, None: no published models,
+  as the demo and dummy) and its package has ``published.py`` with one name, ``MODELS``: a
+  tuple of `PublishedModel`. Each gives the model's name (as its model card), its repo, the
+  precision it is published in (the build's dtype), the engine's checkpoint version, and
+  ``files``: its checkpoint folder as the loader needs it, path -> content —
+  - a dict: a config file as the publisher ships it (JSON; YAML for ``.yaml``), the facts;
+  - a str: a text file (CosyVoice's HyperPyYAML);
+  - a callable ``(path) -> None`` that writes the file: a torch file whose config or whose
+    tensors' shapes the loader reads (GPT-SoVITS' ``.ckpt`` / ``.pth`` hold their configs;
+    Fish Speech's ``codec.pth`` and IndexTTS-2's CAM++ have none but their tensors' shapes),
+    written with the tensors' names and shapes and no data (``torch.zeros(()).expand(shape)``);
+  - None: an empty file the loader only checks is there (weights, tokenizers).
 * `build(model, manager)` writes those files into a temporary folder and constructs the
   engine class on it exactly as a user's load does (its ``__init__``: the same loader, the same
   components, kinds and marks, registered with `manager`), inside `nn.loading.shapes_only`:
-  parameters are created on `meta` and no weight is read (`load_safetensors` and
-  ``nn.Module.load_state_dict`` keep the meta tensors). A loader that reads more than configs
-  and weights (a tokenizer, a feature extractor) skips that where `nn.loading.reading_weights()`
-  is false. The handles' plans are then the real model's.
+  every parameter is created on `meta` and no weight is read (`load_safetensors` and
+  ``nn.Module.load_state_dict`` keep the meta tensors). Where a loader reads more than configs
+  (a tokenizer, a feature extractor, a weights file it checks by hand), it skips that when
+  `nn.loading.reading_weights()` is false. The handles' plans are then the real model's. The
+  engine places on a simulated device (meta tensors are "copied" as meta tensors and counted)
+  but cannot run a request.
 * ``Engine.typical_phases(seconds)`` (each engine, `base.PhaseEstimate`): the phases of a
   typical request giving `seconds` of speech — each phase's handles and the working-memory
-  estimate the engine's own phase code asks for — from the engine's own estimate functions.
-  `fit.py` (the fit table, ``mizuoto doctor --fit``) places each phase with the manager's own
-  budget split and each handle's own unit choice.
+  estimate the engine's own phase code passes for it — from the engine's own estimate
+  functions and `base.TYPICAL_*` (a 10 s reference, 15 characters a second).
+  `app.fit` (the fit table, ``mizuoto doctor --fit``, the loader node's memory output) places
+  each phase with the manager's own budget split (`ModelManager.planned_budgets`) and each
+  handle's own unit choice (`ModelHandle.planned_units`).
 * `shapes(engine)` reports per handle: units, size, fixed part and minimum working set (the
   runtime's numbers: `memory.units`, `ModelHandle`), and each phase's estimate for a 20 s line
   and a 2-minute script (`TYPICAL_SECONDS`).
 
-A new engine (VibeVoice, Higgs Audio, Chatterbox, Dia, CSM) joins with: ``published.py`` whose
-``MODELS`` carry its published config files as dicts; a loader that fills weights through
-`nn.loading.load_safetensors` (or ``load_state_dict``) and builds its modules with
-`build_on_meta` or plain constructors (both give meta parameters under `shapes_only`), with
-any tokenizer load behind ``reading_weights()``; and ``typical_phases``. Its meta build is then
-tested with every other engine's (``tests/engines/test_published.py`` lists the engines).
+A new engine (VibeVoice, Higgs Audio, Chatterbox, Dia, CSM) joins with: ``PUBLISHED =
+"published"`` and ``published.py`` whose ``MODELS`` carry its published config files as dicts;
+a loader that builds its modules with `build_on_meta` or plain constructors (both give meta
+parameters under `shapes_only`) and fills weights through `nn.loading.load_safetensors` or
+``load_state_dict`` (both keep meta tensors there), with any other file read behind
+``reading_weights()``; and ``typical_phases``. Its builds are then tested with every other
+engine's: ``tests/engines/test_published.py`` (every published model builds on meta and
+reports), ``tests/app/test_fit.py`` (predicted placement = the manager's, on its tiny
+checkpoint), and the README's fit table (``python tools/fit_table.py``) gains its rows.
 
-For bench/full_size.py: `build` gives the meta engine; its handles' modules name every tensor
-with its published shape and dtype, and `PublishedModel.files` are the configs to write beside
-the weights.
+For bench/full_size.py: `build` gives the meta engine; its handles' modules hold every tensor
+with its published shape and dtype, named as the engine's modules name them (the loaders map
+checkpoint key names onto these: `load_safetensors`' ``prefix`` / ``rename``, the engines' own
+``fill`` functions), and `PublishedModel.write` writes the configs the folder needs beside the
+weights.
 """
 from __future__ import annotations
 

@@ -158,6 +158,18 @@ def test_doctor_fit_predicts_the_managers_placement_of_a_full_size_meta_build(
     assert row["status"] in ("whole", "partial")
 
 
+@pytest.mark.skipif(fit.own_device() is not None, reason="this machine has a GPU: --fit shows it")
+def test_doctor_fit_without_a_gpu_shows_the_standard_cards(capsys: pytest.CaptureFixture[str]) -> None:
+    require_qwen_tts()
+    assert cli.main(["doctor", "--fit", "--model", "Qwen3-TTS-12Hz-0.6B-CustomVoice"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] is None and "no GPU" in report["note"]
+    assert {(f["card_mb"], f["beside_mb"]) for f in report["fits"]} == {
+        (c * 1024, b // MB) for c in fit.CARDS_GB for _, b in fit.BESIDE}
+    assert report["table"][0] == "Alone on the card:"
+    assert "| 6 GB | 8 GB | 12 GB | 16 GB | 24 GB |" in report["table"][2]
+
+
 def test_a_full_size_meta_build_streams_as_predicted_at_every_share() -> None:
     """Qwen3-TTS 1.7B at full size on meta: partial and whole placements of every phase."""
     require_qwen_tts()
