@@ -29,7 +29,7 @@ import importlib
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -137,6 +137,14 @@ class Voice:
     engine: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One line of a dialogue spoken in one pass (`Engine.generate_dialogue`)."""
+
+    voice: int  # index into the pass's `voices`
+    text: str
+
+
 @dataclasses.dataclass
 class Codes:
     """What the talker produced, ready for the codec decoder."""
@@ -194,6 +202,8 @@ class Engine(ABC):
     # (tensors, numbers, strings and containers of them; never pickled). False where the
     # prompt holds an upstream object the store would have to pickle.
     PROMPT_ON_DISK: ClassVar[bool] = True
+    # Voices one talker pass speaks (>1: a script's consecutive lines go to `generate_dialogue`).
+    VOICES_PER_PASS: ClassVar[int] = 1
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -353,6 +363,12 @@ class Engine(ABC):
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         """The codec-decoder phase. `allow_fallback`: the caller's switch for a cheaper decode after
         OOM (M42, M44); None follows `compute.oom_fallback`."""
+
+    def generate_dialogue(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
+                          sampling: Sampling) -> Codes:
+        """The talker phase for a whole dialogue in one pass (engines with VOICES_PER_PASS > 1);
+        `decode` decodes its codes as usual."""
+        raise MizuotoError(f"engine {self.id!r} speaks one voice per pass: it has no dialogue pass")
 
     def synthesize(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
                    allow_fallback: bool | None = None) -> Audio:

@@ -1,0 +1,140 @@
+"""Higgs Audio v2's checkpoint folder: the layout of ``bosonai/higgs-audio-v2-generation-3B-base``
+in transformers' format with its audio tokenizer (``bosonai/higgs-audio-v2-tokenizer``) in the
+``audio_tokenizer/`` subfolder (`check_layout`), and loading both through transformers' own
+classes, built on meta and filled from the memory-mapped safetensors (`load_models`, M27).
+Nothing in the folder is executed: configs and tokenizer files are read as data, the chat
+template is rendered by transformers' sandboxed Jinja, and no ``from_pretrained`` reads weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import CheckpointError
+from ...nn.loading import build_on_meta, load_safetensors
+from ..checkpoint_files import config_from, read_json
+
+AUDIO_TOKENIZER_FOLDER = "audio_tokenizer"
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+REQUIRED_FILES = (
+    "config.json", "tokenizer.json", "tokenizer_config.json",
+    f"{AUDIO_TOKENIZER_FOLDER}/config.json", f"{AUDIO_TOKENIZER_FOLDER}/model.safetensors",
+)
+MODEL_TYPES = (("config.json", "higgs_audio_v2"), (f"{AUDIO_TOKENIZER_FOLDER}/config.json", "higgs_audio_v2_tokenizer"))
+LAYOUT = ("the layout of bosonai/higgs-audio-v2-generation-3B-base (transformers format) with "
+          "bosonai/higgs-audio-v2-tokenizer in its audio_tokenizer/ subfolder")
+
+
+def check_layout(folder: Path) -> dict[str, Any]:
+    """The folder's config.json, once its files and model types are what the engine loads."""
+    if not folder.is_dir():
+        raise CheckpointError(f"Higgs Audio v2 checkpoint folder not found: {folder}")
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if not (folder / INDEX).is_file() and not (folder / SINGLE).is_file():
+        missing.append(f"{INDEX} (or {SINGLE})")
+    if missing:
+        raise CheckpointError(f"{folder}: not a Higgs Audio v2 checkpoint folder, missing {', '.join(missing)} "
+                              f"(expected {LAYOUT})")
+    configs = {name: read_json(folder / name) for name, _ in MODEL_TYPES}
+    for name, model_type in MODEL_TYPES:
+        found = configs[name].get("model_type")
+        if found != model_type:
+            raise CheckpointError(f"{folder / name}: model_type is {found!r}, expected {model_type!r}")
+    return configs["config.json"]
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The LLM's safetensors: the shards the index names, or the one file."""
+    index_path = folder / INDEX
+    if not index_path.is_file():
+        return [folder / SINGLE]
+    try:
+        shards = sorted(set(json.loads(index_path.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index_path}: not a safetensors index with a weight_map ({exc})") from exc
+    missing = [s for s in shards if not (folder / s).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: shards named in {INDEX} are missing: {', '.join(missing)}")
+    return [folder / s for s in shards]
+
+
+#: Tensors a published folder may hold that inference does not use: the optional text head
+#: (loaded for training only) and the converter's copies of both heads under their original names.
+UNUSED_PREFIXES = ("text_lm_head.", "audio_decoder_proj.")
+
+
+@dataclasses.dataclass
+class Loaded:
+    """What the engine runs: the LLM, the audio tokenizer, and the processor over them."""
+
+    model: nn.Module
+    codec: nn.Module
+    processor: Any
+    generation: Any  # the folder's GenerationConfig
+
+
+def _unused(name: str) -> str:
+    return "\0unused" + name if name.startswith(UNUSED_PREFIXES) else name
+
+
+def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
+    """Both models built on meta and filled from the folder (the LLM in `dtype`, the audio
+    tokenizer float32 as published), and the processor made from the folder's tokenizer,
+    feature extractor and chat template around our audio tokenizer."""
+    check_layout(folder)
+    from transformers import (
+        AutoTokenizer,
+        DacFeatureExtractor,
+        GenerationConfig,
+        HiggsAudioV2Config,
+        HiggsAudioV2ForConditionalGeneration,
+        HiggsAudioV2Processor,
+        HiggsAudioV2TokenizerConfig,
+        HiggsAudioV2TokenizerModel,
+    )
+
+    config = config_from(HiggsAudioV2Config, folder)
+    model = build_on_meta(lambda: HiggsAudioV2ForConditionalGeneration(config), dtype)
+    load_safetensors(model, weight_files(folder), strict=False, rename=_unused)
+    codec_folder = folder / AUDIO_TOKENIZER_FOLDER
+    codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
+    codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
+    load_safetensors(codec, codec_folder / "model.safetensors")
+    model.eval()
+    codec.eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        features_folder = folder if (folder / "preprocessor_config.json").is_file() else codec_folder
+        features = DacFeatureExtractor.from_pretrained(str(features_folder))
+        settings = read_json(folder / "processor_config.json") if (folder / "processor_config.json").is_file() else {}
+        processor = HiggsAudioV2Processor(
+            features, tokenizer, codec, chat_template=_chat_template(folder, tokenizer),
+            audio_stream_bos_id=settings.get("audio_stream_bos_id", config.audio_stream_bos_id),
+            audio_stream_eos_id=settings.get("audio_stream_eos_id", config.audio_stream_eos_id))
+        generation = (GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").is_file()
+                      else GenerationConfig.from_model_config(config))
+    except (OSError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{folder}: tokenizer, feature extractor or generation files cannot be read ({exc})") \
+            from exc
+    return Loaded(model, codec, processor, generation)
+
+
+def _chat_template(folder: Path, tokenizer: Any) -> str:
+    """The folder's chat template: ``chat_template.jinja``, else the one in a config file."""
+    path = folder / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    for name in ("chat_template.json", "processor_config.json"):
+        if (folder / name).is_file():
+            template = read_json(folder / name).get("chat_template")
+            if isinstance(template, str):
+                return template
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        return str(tokenizer.chat_template)
+    raise CheckpointError(f"{folder}: no chat template (chat_template.jinja) in the folder")
