@@ -110,9 +110,8 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
     codec.eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        features_folder = folder if (folder / "preprocessor_config.json").is_file() else codec_folder
-        features = DacFeatureExtractor.from_pretrained(str(features_folder))
         settings = read_json(folder / "processor_config.json") if (folder / "processor_config.json").is_file() else {}
+        features = _feature_extractor(DacFeatureExtractor, folder, settings)
         processor = HiggsAudioV2Processor(
             features, tokenizer, codec, chat_template=_chat_template(folder, tokenizer),
             audio_stream_bos_id=settings.get("audio_stream_bos_id", config.audio_stream_bos_id),
@@ -123,6 +122,17 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
         raise CheckpointError(f"{folder}: tokenizer, feature extractor or generation files cannot be read ({exc})") \
             from exc
     return Loaded(model, codec, processor, generation)
+
+
+def _feature_extractor(cls: Any, folder: Path, settings: dict[str, Any]) -> Any:
+    """The processor's feature extractor: as processor_config.json holds it (transformers 5
+    saves it there), else the folder's preprocessor_config.json. Not the audio tokenizer's
+    own: its hop pads references to whole frames, which the processor does not."""
+    if isinstance(settings.get("feature_extractor"), dict):
+        return cls.from_dict({k: v for k, v in settings["feature_extractor"].items() if k != "feature_extractor_type"})
+    if (folder / "preprocessor_config.json").is_file():
+        return cls.from_pretrained(str(folder))
+    raise CheckpointError(f"{folder}: no feature extractor settings (processor_config.json or preprocessor_config.json)")
 
 
 def _chat_template(folder: Path, tokenizer: Any) -> str:

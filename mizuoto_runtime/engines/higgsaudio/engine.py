@@ -68,12 +68,12 @@ FRAMES_PER_TEXT_TOKEN = 8
 # --peaks), rounded up; on CUDA the M47 calibration corrects them further.
 # Live activations of one decoder layer per prompt position, in hidden sizes (residual, norms,
 # q/k/v/o and the masked scatter of the dual FFN's two halves) besides the MLP's intermediates.
-LAYER_COPIES = 8
+LAYER_COPIES = 4
 MLP_COPIES = 3  # gate, up and their product, intermediate-wide
 # The DAC decoder's widest stage (output channels x samples), counted this many times.
 DECODER_COPIES_PER_SAMPLE = 5
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate stage.
-ENCODER_BYTES_PER_SAMPLE = 96
+ENCODER_BYTES_PER_SAMPLE = 48
 
 
 def _speaker(index: int) -> str:
@@ -94,12 +94,12 @@ class HiggsAudioEngine(Engine):
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
         """A Higgs Audio v2 folder (both configs' model types); None otherwise. No built-in
-        speakers or language list: it reads the language from the text."""
+        speakers; "auto" its one language: it speaks the language of the text, no setting."""
         try:
             check_layout(folder)
         except CheckpointError:
             return None
-        return CheckpointInfo("Higgs Audio v2", [], [])
+        return CheckpointInfo("Higgs Audio v2", [], ["auto"])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:
@@ -244,17 +244,16 @@ class HiggsAudioEngine(Engine):
 
     def talker_memory(self, prompt_len: int, frames: int) -> int:
         """M45/M46: the talker's working memory: its KV cache grown to the prompt and the frames
-        (every layer's, plus one layer's copy while it grows), or where more, the prefill: one
-        layer's activations over the prompt (both FFNs' halves; the intermediates of one at a
-        time) and the attention scores of all heads."""
+        (every layer's, plus one layer's copy while it grows), one layer's activations over the
+        prompt at prefill (both FFNs' halves; the intermediates of one at a time; attention by
+        SDPA, no score matrix), the audio ids and one step's logits."""
         cfg = self.model.config
         elem = element_size(self.dtype)
         positions = prompt_len + frames
         kv = peak_bytes(2 * cfg.num_key_value_heads * cfg.head_dim * elem, cfg.num_hidden_layers, positions)
         layer = prompt_len * elem * (LAYER_COPIES * cfg.hidden_size + MLP_COPIES * cfg.intermediate_size)
-        scores = cfg.num_attention_heads * prompt_len * prompt_len * elem + prompt_len * prompt_len
-        step = positions * cfg.num_codebooks * (8 + cfg.codebook_size * 4)  # the audio ids, one step's logits
-        return max(kv + step, kv + layer + scores)
+        step = positions * cfg.num_codebooks * 8 + 4 * cfg.num_codebooks * cfg.codebook_size * 4
+        return kv + layer + step
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         conversation, codes = self._conversation([(0, text)], [voice])
