@@ -104,5 +104,24 @@ def word_merges(words: tuple[str, ...], vocab: dict[str, int]) -> list[str]:
     return merges
 
 
+def byte_level_tokenizer(special_tokens: Sequence[str], vocab_size: int, **roles: str) -> Any:
+    """A transformers fast tokenizer: byte-level BPE with no merges (one token per byte),
+    `special_tokens` added after the 256 bytes, `roles` its eos/pad/bos tokens; it must fit an
+    embedding of `vocab_size` rows."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, **roles)
+    fast.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    if len(fast) > vocab_size:
+        raise ValueError("tiny tokenizer does not fit the LLM's embedding")
+    return fast
+
+
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -65,7 +65,8 @@ def _upstream_conversation(mode: str) -> list[dict[str, Any]]:
         scene = [SCENE_TEXT, {"type": "text", "text": "SPEAKER0:"}, {"type": "audio", "audio": _array(REFERENCE)},
                  {"type": "text", "text": "SPEAKER1:"}, {"type": "audio", "audio": _array(OTHER)}]
         text = "\n".join(f"[SPEAKER{t.voice}] {t.text}" for t in LINES)
-        return [SYSTEM, {"role": "scene", "content": scene}, {"role": "user", "content": [{"type": "text", "text": text}]}]
+        user = {"role": "user", "content": [{"type": "text", "text": text}]}
+        return [SYSTEM, {"role": "scene", "content": scene}, user]
     return [SYSTEM, {"role": "scene", "content": [SCENE_TEXT]}, user]  # "Single-speaker smart voice"
 
 
@@ -316,11 +317,13 @@ def test_full_size_shapes_build_on_meta() -> None:
     assert model.audio_lm_head.weight.shape == (8 * 1026, 3072)
     from transformers import HiggsAudioV2TokenizerConfig
 
-    codec = HiggsAudioV2TokenizerConfig(**{k: v for k, v in TOKENIZER.items() if k not in ("architectures", "model_type")})
+    codec = HiggsAudioV2TokenizerConfig(**{k: v for k, v in TOKENIZER.items()
+                                           if k not in ("architectures", "model_type")})
     assert (codec.hop_length, codec.frame_rate, codec.num_quantizers) == (960, 25, 8)
 
 
-def test_describe_and_cli(higgsaudio_checkpoint: Checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_describe_and_cli(higgsaudio_checkpoint: Checkpoint, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
     """`mizuoto tiny-checkpoint` writes the published layout byte for byte as the fixture did,
     and `mizuoto say` speaks a cloned voice from it, streamed on a small device."""
     from mizuoto_runtime.engines import engine_class

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ from torch import nn
 from ...errors import CheckpointError
 from ...nn.loading import build_on_meta, load_safetensors
 from ..checkpoint_files import config_from, read_json
+from ..higgs_codec import load_codec
+
+log = logging.getLogger(__name__)
 
 AUDIO_TOKENIZER_FOLDER = "audio_tokenizer"
 INDEX = "model.safetensors.index.json"
@@ -27,6 +31,8 @@ REQUIRED_FILES = (
     f"{AUDIO_TOKENIZER_FOLDER}/config.json", f"{AUDIO_TOKENIZER_FOLDER}/model.safetensors",
 )
 MODEL_TYPES = (("config.json", "higgs_audio_v2"), (f"{AUDIO_TOKENIZER_FOLDER}/config.json", "higgs_audio_v2_tokenizer"))
+LICENCE = ("Boson Higgs Audio 2 Community License Agreement (incorporating the Meta Llama 3 Community License; "
+           "above 100,000 annual active users an expanded licence from Boson AI is needed)")
 LAYOUT = ("the layout of bosonai/higgs-audio-v2-generation-3B-base (transformers format) with "
           "bosonai/higgs-audio-v2-tokenizer in its audio_tokenizer/ subfolder")
 
@@ -95,19 +101,13 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
         HiggsAudioV2Config,
         HiggsAudioV2ForConditionalGeneration,
         HiggsAudioV2Processor,
-        HiggsAudioV2TokenizerConfig,
-        HiggsAudioV2TokenizerModel,
     )
 
     config = config_from(HiggsAudioV2Config, folder)
     model = build_on_meta(lambda: HiggsAudioV2ForConditionalGeneration(config), dtype)
     load_safetensors(model, weight_files(folder), strict=False, rename=_unused)
-    codec_folder = folder / AUDIO_TOKENIZER_FOLDER
-    codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
-    codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
-    load_safetensors(codec, codec_folder / "model.safetensors")
+    codec = load_codec(folder / AUDIO_TOKENIZER_FOLDER)
     model.eval()
-    codec.eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         settings = read_json(folder / "processor_config.json") if (folder / "processor_config.json").is_file() else {}
@@ -121,6 +121,7 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer, feature extractor or generation files cannot be read ({exc})") \
             from exc
+    log.info("Higgs Audio v2 loaded from %s. Licence: %s", folder, LICENCE)
     return Loaded(model, codec, processor, generation)
 
 
@@ -132,7 +133,8 @@ def _feature_extractor(cls: Any, folder: Path, settings: dict[str, Any]) -> Any:
         return cls.from_dict({k: v for k, v in settings["feature_extractor"].items() if k != "feature_extractor_type"})
     if (folder / "preprocessor_config.json").is_file():
         return cls.from_pretrained(str(folder))
-    raise CheckpointError(f"{folder}: no feature extractor settings (processor_config.json or preprocessor_config.json)")
+    raise CheckpointError(f"{folder}: no feature extractor settings "
+                          "(processor_config.json or preprocessor_config.json)")
 
 
 def _chat_template(folder: Path, tokenizer: Any) -> str:

@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, check_request, element_size
+from ..higgs_codec import decoder_memory, register_codec
 from .checkpoint import check_layout, load_models
 from .config import SCENE, SYSTEM_PROMPT
 
@@ -70,8 +70,6 @@ FRAMES_PER_TEXT_TOKEN = 8
 # q/k/v/o and the masked scatter of the dual FFN's two halves) besides the MLP's intermediates.
 LAYER_COPIES = 4
 MLP_COPIES = 3  # gate, up and their product, intermediate-wide
-# The DAC decoder's widest stage (output channels x samples), counted this many times.
-DECODER_COPIES_PER_SAMPLE = 5
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate stage.
 ENCODER_BYTES_PER_SAMPLE = 48
 
@@ -111,16 +109,8 @@ class HiggsAudioEngine(Engine):
         self.model, self.codec, self.processor = loaded.model, loaded.codec, loaded.processor
         self.model.generation_config = loaded.generation
         self.sample_rate = int(self.codec.config.sample_rate)
-        codec = self.codec
-        # The acoustic encoder first: `codec.device` reads the codec's first parameter, which is
-        # this component's (its anchor, resident whenever it is placed).
-        self.audio_encoder = self.register(nn.ModuleDict({
-            "acoustic_encoder": codec.acoustic_encoder, "semantic_model": codec.semantic_model,
-            "encoder_semantic": codec.encoder_semantic, "fc": codec.fc,
-        }), "audio_encoder")
-        self.quantizer = self.register(codec.quantizer, "quantizer")
-        self.audio_decoder = self.register(
-            nn.ModuleDict({"fc2": codec.fc2, "acoustic_decoder": codec.acoustic_decoder}), "audio_decoder")
+        parts = register_codec(self, self.codec)
+        self.audio_encoder, self.quantizer, self.audio_decoder = parts.encoder, parts.quantizer, parts.decoder
         self.talker = self.register(self.model, "talker", kind="sequence")
 
     def handles(self) -> list[Any]:
@@ -315,17 +305,6 @@ class HiggsAudioEngine(Engine):
         end = int(eos[0, 0]) if len(eos) else tokens.shape[0] - start
         return max(0, end - 1 - (tokens.shape[1] - 1))
 
-    def decoder_memory(self, frames: int) -> int:
-        """M45: the DAC decoder's working memory for `frames` frames (float32)."""
-        config = self.codec.config
-        acoustic = config.acoustic_model_config
-        widest, length, channels = 0, frames, acoustic.decoder_hidden_size
-        for rate in acoustic.upsampling_ratios:
-            channels //= 2
-            length *= rate
-            widest = max(widest, channels * length)
-        return 4 * (DECODER_COPIES_PER_SAMPLE * widest + 4 * frames * config.hop_length)
-
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         frames = self.audio_frames(codes.tokens)
         if frames == 0:
@@ -335,6 +314,6 @@ class HiggsAudioEngine(Engine):
         def run() -> torch.Tensor:
             return self.processor.decode(codes.tokens[None].to(self.device)).float().cpu()
 
-        wav = ctx.run("decoder", [self.quantizer, self.audio_decoder], run, self.decoder_memory(frames))
+        wav = ctx.run("decoder", [self.quantizer, self.audio_decoder], run, decoder_memory(self.codec, frames))
         return Audio(wav.reshape(1, -1), self.sample_rate)
 

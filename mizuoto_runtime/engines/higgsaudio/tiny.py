@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ...nn.dtypes import DTYPE_NAMES, parse_dtype
-from ..tiny import one_version, randomize, scale_output, write_json
+from ..tiny import byte_level_tokenizer, one_version, randomize, scale_output, write_json
 from .checkpoint import AUDIO_TOKENIZER_FOLDER
 
 log = logging.getLogger(__name__)
@@ -98,20 +98,8 @@ CHAT_TEMPLATE = r"""{{- bos_token }}
 
 def text_tokenizer() -> Any:
     """A byte-level BPE (no merges: one token per byte) with the chat and audio tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                   pad_token="<|eot_id|>")
-    fast.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-    if len(fast) > LLM["vocab_size"]:
-        raise ValueError("tiny tokenizer does not fit the LLM's embedding")
-    return fast
+    return byte_level_tokenizer(SPECIAL_TOKENS, LLM["vocab_size"], bos_token="<|begin_of_text|>",
+                                eos_token="<|eot_id|>", pad_token="<|eot_id|>")
 
 
 def _save_safetensors(model: torch.nn.Module, path: Path) -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from ...memory.intra_op import intra_op_threads
 from ...nn.dtypes import DTYPE_NAMES, parse_dtype
-from ..tiny import one_version, randomize
+from ..tiny import byte_level_tokenizer, one_version, randomize
 from .checkpoint import import_upstream
 
 log = logging.getLogger(__name__)
@@ -55,19 +55,8 @@ CONTROL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_s
 
 def text_tokenizer() -> Any:
     """A byte-level BPE (no merges: one token per byte) with OmniVoice's control tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": list(CONTROL_TOKENS)})
-    if len(fast) > LLM["vocab_size"]:
-        raise ValueError("tiny tokenizer does not fit the LLM's embedding")
-    return fast
+    return byte_level_tokenizer(CONTROL_TOKENS, LLM["vocab_size"], eos_token="<|endoftext|>",
+                                pad_token="<|endoftext|>")
 
 
 @torch.no_grad()
