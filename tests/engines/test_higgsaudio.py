@@ -152,14 +152,12 @@ def test_dialogue_limits_and_errors(higgsaudio_checkpoint: Checkpoint) -> None:
     assert engine.VOICES_PER_PASS == 2
     ctx = rt.request()
     voice = engine.voice_prompt(ctx)
-    with pytest.raises(ArgumentError, match="2 voices in one pass, got 3"):
+    with pytest.raises(ArgumentError, match="3 voices in one pass; this engine speaks at most 2"):
         engine.generate_dialogue(ctx, LINES, [voice] * 3, Sampling())
-    with pytest.raises(ArgumentError, match="names voice 1, but the pass has 1"):
+    with pytest.raises(ArgumentError, match="turn 2 names voice 1"):
         engine.generate_dialogue(ctx, LINES, [voice], Sampling())
-    with pytest.raises(ArgumentError, match="text is empty"):
+    with pytest.raises(ArgumentError, match="turn 1: text is empty"):
         engine.generate_dialogue(ctx, [Turn(0, " ")], [voice], Sampling())
-    with pytest.raises(ArgumentError, match="at least one line"):
-        engine.generate_dialogue(ctx, [], [voice], Sampling())
     with pytest.raises(MizuotoError, match="no built-in speakers"):
         engine.voice_prompt(ctx, speaker="alice")
 

@@ -51,10 +51,10 @@ from typing import Any
 import torch
 
 from ...audio import Audio
-from ...errors import ArgumentError, CheckpointError, MizuotoError
+from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, check_request, element_size
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element_size
 from ..higgs_codec import decoder_memory, register_codec
 from .checkpoint import check_layout, load_models
 from .config import SCENE, SYSTEM_PROMPT
@@ -252,15 +252,7 @@ class HiggsAudioEngine(Engine):
     def generate_dialogue(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
                           sampling: Sampling) -> Codes:
         """The talker phase for a whole dialogue in one pass: ``[SPEAKERn]`` lines, speaker n's
-        reference (or description) in the scene."""
-        if not turns:
-            raise ArgumentError("a dialogue needs at least one line")
-        if not 1 <= len(voices) <= self.VOICES_PER_PASS:
-            raise ArgumentError(f"higgsaudio speaks {self.VOICES_PER_PASS} voices in one pass, got {len(voices)}")
-        for turn in turns:
-            if not 0 <= turn.voice < len(voices):
-                raise ArgumentError(f"a line names voice {turn.voice}, but the pass has {len(voices)} voices")
-            check_request(turn.text, sampling)
+        reference (or description) in the scene (the base class checked the turns and voices)."""
         lines = [(turn.voice, turn.text.strip()) for turn in turns]
         # The scene form for every voice: a reference's transcript has no place in it.
         scene_voices = [dataclasses.replace(v, data={**v.data, "transcript": None}) for v in voices]
