@@ -347,3 +347,30 @@ def test_describe_and_cli(higgsaudio_checkpoint: Checkpoint, tmp_path: Path,
     assert code == 0 and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
     with wave.open(str(out)) as f:
         assert f.getframerate() == 24000 and f.getnframes() > 0
+
+
+def test_a_script_of_two_characters_is_one_pass(higgsaudio_checkpoint: Checkpoint) -> None:
+    """A script's lines between pauses go to `generate_dialogue` as one pass (characters in order
+    of first appearance are SPEAKER0 and SPEAKER1): the same audio as calling the phases with
+    those turns, and a third character in one pass is refused."""
+    from mizuoto_runtime.app.scripts.runner import CharacterVoice
+    from mizuoto_runtime.app.scripts.syntax import ScriptError, parse_script
+
+    folder = higgsaudio_checkpoint()
+    voices = {None: CharacterVoice(), "Alice": CharacterVoice(REFERENCE), "Bob": CharacterVoice(OTHER),
+              "Carol": CharacterVoice(instruct="masculine")}
+    sampling = Sampling(seed=SEED, max_new_tokens=NEW_TOKENS)
+    rt = Runtime()
+    script = parse_script("[Alice] I can't believe you did that!\n[Bob] Oh, come on.\n[Alice] Fine.",
+                          ["Alice", "Bob", "Carol"])
+    out = rt.speak_script(rt.engine("higgsaudio", folder), script, voices, sampling)
+    assert len(out.lines) == 1
+    plain = Runtime()
+    engine = plain.engine("higgsaudio", folder)
+    ctx = plain.request(seed=SEED)
+    pair = [engine.voice_prompt(ctx, REFERENCE), engine.voice_prompt(ctx, OTHER)]
+    direct = engine.decode(ctx, engine.generate_dialogue(ctx, LINES, pair, sampling)).waveform
+    assert torch.equal(out.lines[0].waveform, direct)
+    three = parse_script("[Alice] One.\n[Bob] Two.\n[Carol] Three.", ["Alice", "Bob", "Carol"])
+    with pytest.raises(ScriptError, match="3 voices speak .*Higgs Audio v2 speaks at most 2 voices at once"):
+        rt.speak_script(rt.engine("higgsaudio", folder), three, voices, sampling)
