@@ -291,6 +291,17 @@ def test_loading_errors_name_what_is_wrong(higgsaudio_checkpoint: Checkpoint, tm
     no_shard = link_checkpoint(folder, tmp_path / "no_shard", skip=(shard,))
     with pytest.raises(CheckpointError, match=f"shards named in model.safetensors.index.json are missing: {shard}"):
         rt.engine("higgsaudio", no_shard)
+    from safetensors.torch import save_file
+
+    extra = link_checkpoint(folder, tmp_path / "extra", skip=("model.safetensors.index.json",))
+    save_file({"model.vision_tower.weight": torch.zeros(2), "text_lm_head.weight": torch.zeros(2)},
+              str(extra / "model-extra.safetensors"))
+    index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+    index["weight_map"].update({"model.vision_tower.weight": "model-extra.safetensors",
+                                "text_lm_head.weight": "model-extra.safetensors"})
+    (extra / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="tensors Higgs Audio v2 does not have: model.vision_tower.weight$"):
+        rt.engine("higgsaudio", extra)  # the optional text head is left out, another model's tensor refused
     wrong = link_checkpoint(folder, tmp_path / "wrong", skip=("audio_tokenizer/config.json",))
     (wrong / "audio_tokenizer" / "config.json").symlink_to(folder / "config.json")
     with pytest.raises(CheckpointError, match="model_type is 'higgs_audio_v2', expected 'higgs_audio_v2_tokenizer'"):

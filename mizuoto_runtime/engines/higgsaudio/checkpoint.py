@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors
 from ..checkpoint_files import config_from, read_json
 from ..higgs_codec import load_codec
 
@@ -85,8 +85,18 @@ class Loaded:
     generation: Any  # the folder's GenerationConfig
 
 
-def _unused(name: str) -> str:
-    return "\0unused" + name if name.startswith(UNUSED_PREFIXES) else name
+def _check_names(model: nn.Module, files: list[Path]) -> None:
+    """Every tensor of the shards is one the model has or one inference leaves out: a shard of
+    another model is refused naming what it holds, not half loaded."""
+    known = set(model.state_dict())
+    foreign: list[str] = []
+    for path in files:
+        with SafetensorsFile(path) as f:
+            foreign += [k for k in f.entries if k not in known and not k.startswith(UNUSED_PREFIXES)]
+    if foreign:
+        more = f" and {len(foreign) - 8} more" if len(foreign) > 8 else ""
+        raise CheckpointError(f"{files[0].parent}: tensors Higgs Audio v2 does not have: "
+                              f"{', '.join(sorted(foreign)[:8])}{more}")
 
 
 def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
@@ -105,7 +115,9 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
 
     config = config_from(HiggsAudioV2Config, folder)
     model = build_on_meta(lambda: HiggsAudioV2ForConditionalGeneration(config), dtype)
-    load_safetensors(model, weight_files(folder), strict=False, rename=_unused)
+    files = weight_files(folder)
+    _check_names(model, files)
+    load_safetensors(model, files, strict=False)  # a tensor left out is still refused: none stays on meta
     codec = load_codec(folder / AUDIO_TOKENIZER_FOLDER)
     model.eval()
     try:
