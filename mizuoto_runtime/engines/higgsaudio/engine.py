@@ -42,7 +42,6 @@ float32 as published.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,8 +57,6 @@ from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element
 from ..higgs_codec import decoder_memory, register_codec
 from .checkpoint import check_layout, load_models
 from .config import SCENE, SYSTEM_PROMPT
-
-log = logging.getLogger(__name__)
 
 # M46: audio frames estimated per text token of the request (25 frames a second), plus the
 # delay pattern's frames; capped by max_new_tokens.
