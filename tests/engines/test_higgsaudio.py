@@ -90,7 +90,7 @@ def upstream_processor(folder: Path, tmp_path: Path) -> Any:
     return HiggsAudioV2Processor.from_pretrained(str(local))
 
 
-def upstream_audio(folder: Path, tmp_path: Path, mode: str) -> torch.Tensor:
+def upstream_audio(folder: Path, tmp_path: Path, mode: str, greedy: bool = False) -> torch.Tensor:
     from transformers import HiggsAudioV2ForConditionalGeneration
 
     processor = upstream_processor(folder, tmp_path)
@@ -98,14 +98,16 @@ def upstream_audio(folder: Path, tmp_path: Path, mode: str) -> torch.Tensor:
     inputs = processor.apply_chat_template(_upstream_conversation(mode), add_generation_prompt=True, tokenize=True,
                                            return_dict=True, sampling_rate=24000, return_tensors="pt")
     torch.manual_seed(SEED)
-    out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
+    settings = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0}
+    out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, **settings)
     return processor.decode(out)
 
 
-def ours(rt: Runtime, folder: Path, mode: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def ours(rt: Runtime, folder: Path, mode: str, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
     engine = rt.engine("higgsaudio", folder)
     ctx = rt.request(seed=SEED)
-    sampling = Sampling(seed=SEED, max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=50, top_p=1.0)
+    sampling = Sampling(seed=SEED, max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=50, top_p=1.0,
+                        do_sample=not greedy)
     if mode == "dialogue":
         voices = [engine.voice_prompt(ctx, REFERENCE), engine.voice_prompt(ctx, OTHER, TRANSCRIPT)]
         codes = engine.generate_dialogue(ctx, LINES, voices, sampling)
@@ -128,6 +130,14 @@ def test_equals_transformers_generate_and_decode(higgsaudio_checkpoint: Checkpoi
     assert torch.equal(wav[0], expected), f"{mode} differs from transformers"
     placed = {key.split(":", 1)[1] for key in meta["memory"]["components"]}
     assert ("audio_encoder" in placed) == (mode in ("clone", "clone_untranscribed", "dialogue"))
+
+
+def test_greedy_equals_transformers_too(higgsaudio_checkpoint: Checkpoint, tmp_path: Path) -> None:
+    """Sampling off (the documentation's do_sample=False): the same audio as transformers'."""
+    folder = higgsaudio_checkpoint()
+    _, wav, _ = ours(Runtime(), folder, "dialogue", greedy=True)
+    assert wav.shape[-1] > 0 and wav.abs().max() > 0
+    assert torch.equal(wav[0], upstream_audio(folder, tmp_path, "dialogue", greedy=True))
 
 
 def test_the_prompt_is_the_published_format(higgsaudio_checkpoint: Checkpoint) -> None:
