@@ -334,6 +334,15 @@ def test_full_size_shapes_build_on_meta() -> None:
     layer = 2 * (3072 * 24 * 128 + 3072 * 8 * 128 * 1) + 2 * 3 * 3072 * 8192  # q, o; k, v; two gated MLPs
     assert units[0].nbytes == 2 * layer  # the four RMSNorms stay fixed (M13)
     assert model.audio_lm_head.weight.shape == (8 * 1026, 3072)
+    # M46 at full size: each position of the talker's KV cache costs keys and values of 8 heads
+    # of 128 in bfloat16 in every layer (and one layer's copy while it grows), plus its audio ids.
+    from types import SimpleNamespace
+
+    from mizuoto_runtime.engines.higgsaudio.engine import HiggsAudioEngine
+
+    full: Any = SimpleNamespace(model=model, dtype=torch.bfloat16)
+    per_position = HiggsAudioEngine.talker_memory(full, 0, 1001) - HiggsAudioEngine.talker_memory(full, 0, 1000)
+    assert per_position == 2 * 8 * 128 * 2 * (28 + 1) + 8 * 8
     from transformers import HiggsAudioV2TokenizerConfig
 
     codec = HiggsAudioV2TokenizerConfig(**{k: v for k, v in TOKENIZER.items()
