@@ -153,6 +153,12 @@ def omnivoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[
 
 
 @pytest.fixture(scope="session")
+def higgsaudio_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny Higgs Audio v2 folders (`dtype` of the LLM's shards)."""
+    return _tiny_checkpoints(tmp_path_factory, "higgsaudio", "mizuoto_runtime.engines.higgsaudio.tiny")
+
+
+@pytest.fixture(scope="session")
 def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny VoxCPM 2 folders (`dtype` of the main weights: float32 or bfloat16)."""
     return _tiny_checkpoints(tmp_path_factory, "voxcpm2", "mizuoto_runtime.engines.voxcpm2.tiny")

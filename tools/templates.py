@@ -159,6 +159,14 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "Put the official weights in ComfyUI/models/mizuoto/OmniVoice/ as published on Hugging Face "
         "(k2-fsa/OmniVoice, with its audio_tokenizer/ folder), then press R to refresh the lists. " + CLONE_NOTE,
         "Hello from Mizuoto. OmniVoice speaks in the voice of the reference recording.", "audio/mizuoto_omnivoice"),
+    "Voice Clone - Higgs Audio v2, step by step (from a reference recording)": clone_graph(
+        "higgsaudio", "higgs-audio-v2-generation-3B-base", "bfloat16",
+        "Put Boson AI's Higgs Audio v2 in ComfyUI/models/mizuoto/higgs-audio-v2-generation-3B-base/ as published "
+        "on Hugging Face in transformers' format (config.json, the model-*.safetensors shards with their index, "
+        "the tokenizer and processor files), with bosonai/higgs-audio-v2-tokenizer in its audio_tokenizer/ "
+        "folder (Boson Higgs Audio 2 Community License: read it), then press R to refresh the lists. "
+        + CLONE_NOTE,
+        "Hello from Mizuoto. Higgs Audio speaks in the voice of the reference recording.", "audio/mizuoto_higgsaudio"),
     "Voice Clone - VoxCPM 2, step by step (from a reference recording)": clone_graph(
         "voxcpm2", "VoxCPM2", "bfloat16",
         "Put the official weights in ComfyUI/models/mizuoto/VoxCPM2/ as published on Hugging Face "

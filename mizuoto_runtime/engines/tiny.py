@@ -38,6 +38,29 @@ def fan_in_std(p: torch.Tensor) -> float:
 
 
 @torch.no_grad()
+def randomize(model: nn.Module, gen: torch.Generator) -> None:
+    """Seeded weights of a plausible scale for a transformers model: norms near 1, small biases,
+    Snake alphas near 1, unit embeddings, fan-in scaled layers, and random codebooks (a fresh
+    one is zeros) with positive cluster sizes (the Higgs audio tokenizer's)."""
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or name.endswith("layer_norm.weight"):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+        elif name.endswith(".bias"):
+            p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+        elif name.endswith(".alpha"):  # Snake
+            p.copy_(1.0 + 0.1 * torch.rand(p.shape, generator=gen))
+        elif "embed" in name and p.dim() == 2:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=gen))
+    for name, b in model.named_buffers():
+        if name.endswith(("codebook.embed", "codebook.embed_avg")):
+            b.copy_(torch.randn(b.shape, generator=gen))
+        elif name.endswith("cluster_size"):
+            b.copy_(1.0 + torch.rand(b.shape, generator=gen))
+
+
+@torch.no_grad()
 def scale_output(last: nn.Module, run: Callable[[], object], params: tuple[torch.Tensor, ...],
                  target_std: float = 0.1) -> None:
     """Scale `params` (the last layer's weight and bias) so that `run()` makes `last` output
@@ -79,6 +102,25 @@ def word_merges(words: tuple[str, ...], vocab: dict[str, int]) -> list[str]:
             current += ch
             vocab.setdefault(current, len(vocab))
     return merges
+
+
+def byte_level_tokenizer(special_tokens: Sequence[str], vocab_size: int, **roles: str) -> Any:
+    """A transformers fast tokenizer: byte-level BPE with no merges (one token per byte),
+    `special_tokens` added after the 256 bytes, `roles` its eos/pad/bos tokens; it must fit an
+    embedding of `vocab_size` rows."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, **roles)
+    fast.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    if len(fast) > vocab_size:
+        raise ValueError("tiny tokenizer does not fit the LLM's embedding")
+    return fast
 
 
 def write_json(path: Path, obj: Any) -> None:

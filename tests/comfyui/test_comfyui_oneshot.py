@@ -1,4 +1,4 @@
-"""F5-TTS and OmniVoice in a running ComfyUI server (issue 11): tiny checkpoints (random weights,
+"""F5-TTS, OmniVoice and Higgs Audio v2 in a running ComfyUI server (issues 11, 34): tiny checkpoints (random weights,
 the published folder layouts) under the server's `models/mizuoto/`, and each engine's phase
 graph LoadAudio → Voice Prompt (clone, with transcript) → Talker (flow / diffusion) → Decoder →
 Save Audio (WAV) run to saved audio. Skips where the engine's package cannot be imported under
@@ -30,9 +30,11 @@ from test_comfyui_server import node_of
 pytestmark = requires_comfyui
 
 ENGINES = {"f5tts": ("f5_tts", "mizuoto_runtime.engines.f5tts.tiny"),
-           "omnivoice": ("omnivoice", "mizuoto_runtime.engines.omnivoice.tiny")}
+           "omnivoice": ("omnivoice", "mizuoto_runtime.engines.omnivoice.tiny"),
+           "higgsaudio": ("transformers.models.higgs_audio_v2", "mizuoto_runtime.engines.higgsaudio.tiny")}
 TEMPLATES = {"f5tts": "Voice Clone - F5-TTS, step by step (from a reference recording)",
-             "omnivoice": "Voice Clone - OmniVoice, step by step (from a reference recording)"}
+             "omnivoice": "Voice Clone - OmniVoice, step by step (from a reference recording)",
+             "higgsaudio": "Voice Clone - Higgs Audio v2, step by step (from a reference recording)"}
 SAMPLE_RATE = 24000
 RUN_TIMEOUT_S = 300.0
 WRITE_TIMEOUT_S = 300
@@ -101,5 +103,6 @@ def test_clone_graph_saves_audio(oneshot_server: ComfyServer, engine: str) -> No
         if spec["class_type"] in ("MizuotoVoicePrompt", "MizuotoTalker", "MizuotoDecoder"):
             assert history["outputs"][node]["text"][0], history["outputs"][node]
     names = {m["name"] for m in oneshot_server.get("/mizuoto/runtime")["models"] if m["engine"] == engine}
-    expected = {"f5tts": {"flow", "vocoder"}, "omnivoice": {"audio_encoder", "quantizer", "llm", "audio_decoder"}}
+    expected = {"f5tts": {"flow", "vocoder"}, "omnivoice": {"audio_encoder", "quantizer", "llm", "audio_decoder"},
+                "higgsaudio": {"audio_encoder", "quantizer", "talker", "audio_decoder"}}
     assert names == expected[engine]

@@ -11,6 +11,7 @@ from torch import nn
 from ...errors import CheckpointError
 from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import config_from, read_json
+from ..higgs_codec import load_codec
 from ..upstream import ImportNoise, WarningNoise, quiet_import
 
 REQUIRED_FILES = (
@@ -49,25 +50,17 @@ def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     import_upstream()
     from omnivoice import OmniVoice, OmniVoiceConfig
     from omnivoice.utils.duration import RuleDurationEstimator
-    from transformers import (
-        AutoFeatureExtractor,
-        AutoTokenizer,
-        HiggsAudioV2TokenizerConfig,
-        HiggsAudioV2TokenizerModel,
-    )
+    from transformers import AutoFeatureExtractor, AutoTokenizer
 
     config = config_from(OmniVoiceConfig, folder)
     model = build_on_meta(lambda: OmniVoice(config), dtype)
     load_safetensors(model, folder / "model.safetensors")
     codec_folder = folder / "audio_tokenizer"
-    codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
-    codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
-    load_safetensors(codec, codec_folder / "model.safetensors")
+    codec = load_codec(codec_folder)
     model.eval()
-    codec.eval()
     object.__setattr__(model, "audio_tokenizer", codec)
     if not reading_weights():  # a shapes-only build (engines.published) reads configs alone
-        model.sampling_rate = codec_config.sample_rate
+        model.sampling_rate = codec.config.sample_rate
         return model, codec
     try:
         text_tokenizer = AutoTokenizer.from_pretrained(str(folder))

@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
@@ -58,6 +57,7 @@ from ..base import (
     element_size,
     typical_tokens,
 )
+from ..higgs_codec import decoder_memory, register_codec
 from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,6 @@ DEFAULT_STEPS = 32
 # Live activations of one Qwen3 layer per CFG row and position, in units of the hidden size
 # (residual, norm, q/k/v/o), besides the gated MLP's two intermediate-wide tensors alive at once.
 LLM_LAYER_COPIES = 4
-# The DAC decoder's widest stage (output channels x samples), counted this many times: the
-# stage's output, and the Snake activations, dilated-conv inputs and residual sums of its three
-# residual units alive together.
-DECODER_COPIES_PER_SAMPLE = 5
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate
 # encoder stage (channels x samples), and upstream's numpy prompt preparation.
 ENCODER_BYTES_PER_SAMPLE = 96
@@ -134,16 +130,8 @@ class OmniVoiceEngine(Engine):
             raise CheckpointError("omnivoice needs a checkpoint folder (the k2-fsa/OmniVoice layout)")
         self.model, self.codec = load_model(self.model_dir, dtype)
         self.sample_rate = int(self.model.sampling_rate)
-        codec = self.codec
-        # The codec's parts per phase; the acoustic encoder first, so the codec's first parameter
-        # (`codec.device` reads it) is the encoder component's, resident whenever it is placed.
-        self.audio_encoder = self.register(nn.ModuleDict({
-            "acoustic_encoder": codec.acoustic_encoder, "semantic_model": codec.semantic_model,
-            "encoder_semantic": codec.encoder_semantic, "fc": codec.fc,
-        }), "audio_encoder")
-        self.quantizer = self.register(codec.quantizer, "quantizer")
-        self.audio_decoder = self.register(
-            nn.ModuleDict({"fc2": codec.fc2, "acoustic_decoder": codec.acoustic_decoder}), "audio_decoder")
+        parts = register_codec(self, self.codec)
+        self.audio_encoder, self.quantizer, self.audio_decoder = parts.encoder, parts.quantizer, parts.decoder
         self.llm = self.register(self.model, "llm")
 
     def handles(self) -> list[Any]:
@@ -267,15 +255,7 @@ class OmniVoiceEngine(Engine):
     # ---- codec decoder ---------------------------------------------------------------------
     def codec_decoder_memory(self, frames: int) -> int:
         """M45: the DAC decoder's working memory for `frames` token frames (float32)."""
-        config = self.codec.config
-        samples = frames * config.hop_length
-        acoustic = config.acoustic_model_config
-        widest, length, channels = 0, frames, acoustic.decoder_hidden_size
-        for rate in acoustic.upsampling_ratios:
-            channels //= 2
-            length *= rate
-            widest = max(widest, channels * length)
-        return 4 * (DECODER_COPIES_PER_SAMPLE * widest + 4 * samples)
+        return decoder_memory(self.codec, frames)
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         from omnivoice.utils.audio import cross_fade_chunks

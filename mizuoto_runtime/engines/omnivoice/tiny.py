@@ -26,7 +26,7 @@ from torch import nn
 
 from ...memory.intra_op import intra_op_threads
 from ...nn.dtypes import DTYPE_NAMES, parse_dtype
-from ..tiny import one_version
+from ..tiny import byte_level_tokenizer, one_version, randomize
 from .checkpoint import import_upstream
 
 log = logging.getLogger(__name__)
@@ -55,44 +55,8 @@ CONTROL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_s
 
 def text_tokenizer() -> Any:
     """A byte-level BPE (no merges: one token per byte) with OmniVoice's control tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": list(CONTROL_TOKENS)})
-    if len(fast) > LLM["vocab_size"]:
-        raise ValueError("tiny tokenizer does not fit the LLM's embedding")
-    return fast
-
-
-def _fan_in_std(p: torch.Tensor) -> float:
-    fan_in = p[0].numel() if p.dim() >= 2 else p.shape[0]
-    return 1.0 / max(fan_in, 1) ** 0.5
-
-
-@torch.no_grad()
-def randomize(model: nn.Module, gen: torch.Generator) -> None:
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight") or name.endswith("layer_norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-        elif name.endswith(".bias"):
-            p.copy_(0.02 * torch.randn(p.shape, generator=gen))
-        elif name.endswith(".alpha"):  # Snake
-            p.copy_(1.0 + 0.1 * torch.rand(p.shape, generator=gen))
-        elif "embed" in name and p.dim() == 2:
-            p.copy_(torch.randn(p.shape, generator=gen))
-        else:
-            p.copy_(_fan_in_std(p) * torch.randn(p.shape, generator=gen))
-    for name, b in model.named_buffers():
-        if name.endswith(("codebook.embed", "codebook.embed_avg")):
-            b.copy_(torch.randn(b.shape, generator=gen))
-        elif name.endswith("cluster_size"):
-            b.copy_(1.0 + torch.rand(b.shape, generator=gen))
+    return byte_level_tokenizer(CONTROL_TOKENS, LLM["vocab_size"], eos_token="<|endoftext|>",
+                                pad_token="<|endoftext|>")
 
 
 @torch.no_grad()
