@@ -73,13 +73,17 @@ SAMPLE_RATE = 24000
 # max_new_tokens.
 FRAMES_PER_TEXT_TOKEN = 4
 # The constants below were fitted to CPU peaks measured on the tiny checkpoint (bench/engines.py
-# --peaks) to land 1.0-1.3x above them (M45); on CUDA the M47 calibration corrects them further.
-# Live activations of one Qwen2 layer per prompt position, in units of the hidden size (residual,
-# norm, q/k/v/o), besides the gated MLP's two intermediate-wide tensors.
-LM_LAYER_COPIES = 6
-# A ConvNeXt stage's live tensors per channel and sample: its input (kept for the residual), the
-# norm, the depthwise conv, and the feed-forward's expansion.
-CONVNEXT_COPIES = 4
+# --peaks: 1 and 3 s references, 6 and 24 frames) to land 1.0-1.3x above them (M45); on CUDA the
+# M47 calibration corrects them further.
+# The prefill's live activations per prompt position (measured: ~21 KB on the tiny LM, nearly all the
+# phase's peak): hidden-wide tensors (the prompt's embeddings and their audio-filled copy, the
+# residual, the norm, the attention output) and the gated MLP's intermediate-wide ones (gate, up,
+# their product, the activation).
+LM_HIDDEN_COPIES = 6
+LM_INTERMEDIATE_COPIES = 4
+# A ConvNeXt stage's live tensors per channel and sample besides its feed-forward expansion: its
+# input (kept for the residual), the norm and its transposes, the depthwise conv.
+CONVNEXT_COPIES = 9
 
 
 class VibeVoiceEngine(Engine):
@@ -229,19 +233,19 @@ class VibeVoiceEngine(Engine):
 
     def talker_memory(self, prompt: int, frames: int) -> int:
         """M45/M46: the talker phase's working memory, from the request: the larger of the
-        prefill (one Qwen2 layer's activations over the prompt and one head's attention
-        scores) and the generation's caches — the prompt branch's KV cache over prompt and
-        frames, the negative branch's over the frames, both dynamic (M46) — plus one frame's
-        acoustic decoding and semantic encoding (`frame_memory`)."""
+        prefill (one Qwen2 layer's activations over the prompt, and one head's attention
+        scores) and the generation — the prompt branch's KV cache over prompt and frames and
+        the negative branch's over the frames, both dynamic (M46), with one frame's acoustic
+        decoding and semantic encoding (`frame_memory`)."""
         tc = self.model.config.text_config
         elem = element_size(self.dtype)
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         position = 2 * tc.num_key_value_heads * head_dim * elem
         caches = (peak_bytes(position, tc.num_hidden_layers, prompt + frames)
                   + peak_bytes(position, tc.num_hidden_layers, frames + 1))
-        layer = prompt * elem * (LM_LAYER_COPIES * tc.hidden_size + 2 * tc.intermediate_size)
+        layer = prompt * elem * (LM_HIDDEN_COPIES * tc.hidden_size + LM_INTERMEDIATE_COPIES * tc.intermediate_size)
         scores = prompt * prompt * 4
-        return max(layer + scores, caches) + self.frame_memory()
+        return max(layer + scores, caches + self.frame_memory())
 
     def frame_memory(self) -> int:
         """One frame's acoustic decoding and semantic encoding: the widest ConvNeXt stage of each
