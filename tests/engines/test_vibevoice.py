@@ -324,3 +324,20 @@ def test_cli_say_and_tiny_checkpoint(vibevoice_checkpoint: Checkpoint, tmp_path:
     with wave.open(str(out)) as f:
         assert f.getframerate() == 24000 and f.getnframes() == 4 * 3200
         assert np.abs(np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")).max() > 10
+
+
+def test_a_published_configs_processor_files_use_its_token_ids(tmp_path: Path) -> None:
+    """`tiny.write_processor` for a published config (a full-size folder of random weights): the
+    processor it writes finds the special tokens at the config's ids."""
+    from transformers import VibeVoiceProcessor
+
+    from mizuoto_runtime.engines.vibevoice.published import published_config
+    from mizuoto_runtime.engines.vibevoice.tiny import write_processor
+
+    config = published_config("VibeVoice-7B")
+    write_processor(tmp_path, config)
+    processor = VibeVoiceProcessor.from_pretrained(str(tmp_path))
+    assert (processor.audio_bos_token_id, processor.audio_eos_token_id, processor.audio_token_id,
+            processor.tokenizer.eos_token_id) == (151652, 151653, 151654, 151643)
+    ids = processor.tokenizer("a<|vision_pad|>", add_special_tokens=False)["input_ids"]
+    assert ids == [processor.tokenizer.convert_tokens_to_ids("a"), config.audio_token_id]

@@ -20,7 +20,9 @@ widest ConvNeXt blocks are units of at least 1 MB, so the M57 tests really strea
 
 The text tokenizer is byte-level (one token per byte) with Qwen2's four special tokens the
 processor uses: ``<|endoftext|>`` (eos and pad), ``<|vision_start|>`` / ``<|vision_end|>``
-(audio begin / end) and ``<|vision_pad|>`` (one acoustic latent). The chat template renders
+(audio begin / end) and ``<|vision_pad|>`` (one acoustic latent); `write_processor` writes these
+files for a published config too, its special tokens at the published ids (a full-size folder
+of random weights). The chat template renders
 VibeVoice's prompt (system line, one ``Speaker N:`` voice line per speaker with audio, the
 script's ``Speaker N:`` lines, ``Speech output:`` and the audio begin token).
 
@@ -84,27 +86,33 @@ GENERATION: dict[str, Any] = {
 AUDIO_TOKEN_BIAS = 64.0  # the value bias' norm: the audio token wins the argmax by a wide margin
 
 
-def text_tokenizer() -> Any:
-    """A byte-level BPE (no merges) with the four special tokens VibeVoice's processor uses."""
+def special_ids(config: Any) -> dict[str, int]:
+    """The ids `config` gives the processor's special tokens (`SPECIAL_TOKENS`' order)."""
+    return dict(zip(SPECIAL_TOKENS, (config.eos_token_id, config.audio_bos_token_id, config.audio_eos_token_id,
+                                     config.audio_token_id)))
+
+
+def text_tokenizer(ids: dict[str, int]) -> Any:
+    """A byte-level BPE (no merges: bytes are ids 0-255) with the processor's four special tokens
+    at `ids` (the tiny model's 256-259, or a published config's 151643... for a full-size one)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {symbol: i for i, symbol in enumerate(sorted(byte_alphabet().values()))}
+    vocab.update(ids)
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[0])
     fast.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
-    if len(fast) > VOCAB_SIZE:
-        raise ValueError("tiny tokenizer does not fit the LM's embedding")
     return fast
 
 
-def model_config(tokenizer: Any, version: str, dtype: torch.dtype) -> Any:
-    """The tiny `VibeVoiceConfig`: its special ids are the tokenizer's."""
+def model_config(version: str, dtype: torch.dtype) -> Any:
+    """The tiny `VibeVoiceConfig`: special ids right after the 256 bytes."""
     from transformers import VibeVoiceConfig
 
-    ids = [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    ids = [len(byte_alphabet()) + i for i in range(len(SPECIAL_TOKENS))]
     acoustic = {"model_type": "vibevoice_acoustic_tokenizer", "hidden_size": 64, **TOKENIZER}
     semantic = {"model_type": "vibevoice_acoustic_tokenizer_encoder", "hidden_size": 128, **TOKENIZER}
     config = VibeVoiceConfig(
@@ -114,6 +122,21 @@ def model_config(tokenizer: Any, version: str, dtype: torch.dtype) -> Any:
         audio_token_id=ids[3], dtype=DTYPE_NAMES[dtype])
     config.architectures = ["VibeVoiceForConditionalGeneration"]
     return config
+
+
+def write_processor(directory: Path, config: Any) -> None:
+    """What a ``-hf`` folder has besides config.json and the weights, for `config` (the tiny one or
+    a published one): generation_config.json, the processor (the feature extractor's settings,
+    the byte-level tokenizer with `config`'s special ids, the chat template)."""
+    from transformers import GenerationConfig, VibeVoiceAcousticTokenizerFeatureExtractor, VibeVoiceProcessor
+
+    tokenizer = text_tokenizer(special_ids(config))
+    if max(special_ids(config).values()) >= config.text_config.vocab_size:
+        raise ValueError("the special tokens' ids do not fit the LM's embedding")
+    GenerationConfig(**GENERATION, pad_token_id=config.pad_token_id,
+                     eos_token_id=config.eos_token_id).save_pretrained(str(directory))
+    features = VibeVoiceAcousticTokenizerFeatureExtractor()
+    VibeVoiceProcessor(features, tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(str(directory))
 
 
 @torch.no_grad()
@@ -193,23 +216,14 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     version = version_of(version, VERSIONS)
     dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     import_upstream()
-    from transformers import (
-        GenerationConfig,
-        VibeVoiceAcousticTokenizerFeatureExtractor,
-        VibeVoiceForConditionalGeneration,
-        VibeVoiceProcessor,
-    )
+    from transformers import VibeVoiceForConditionalGeneration
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
-    tokenizer = text_tokenizer()
-    config = model_config(tokenizer, version, dtype)
+    config = model_config(version, dtype)
     config.save_pretrained(str(out))
-    GenerationConfig(**GENERATION, pad_token_id=config.pad_token_id,
-                     eos_token_id=config.eos_token_id).save_pretrained(str(out))
-    features = VibeVoiceAcousticTokenizerFeatureExtractor()
-    VibeVoiceProcessor(features, tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(str(out))
+    write_processor(out, config)
     with torch.random.fork_rng():
         torch.manual_seed(seed)  # upstream's own init draws from the global RNG; overwritten below
         model = VibeVoiceForConditionalGeneration(config).eval()
