@@ -341,3 +341,25 @@ def test_a_published_configs_processor_files_use_its_token_ids(tmp_path: Path) -
             processor.tokenizer.eos_token_id) == (151652, 151653, 151654, 151643)
     ids = processor.tokenizer("a<|vision_pad|>", add_special_tokens=False)["input_ids"]
     assert ids == [processor.tokenizer.convert_tokens_to_ids("a"), config.audio_token_id]
+
+
+def test_a_script_is_one_dialogue_pass(vibevoice_checkpoint: Checkpoint) -> None:
+    """The script runner (issue 34 item 3) gives VibeVoice each run of lines between pauses as one
+    `generate_dialogue`: a two-character script is one pass, equal to calling the phases with its
+    turns; five characters in one pass are refused before any work, naming the limit."""
+    from mizuoto_runtime.app.scripts.runner import CharacterVoice, speak_script
+    from mizuoto_runtime.app.scripts.syntax import parse_script
+
+    folder = vibevoice_checkpoint()
+    names = ["Alice", "Bob", "Carol", "Dave", "Eve"]
+    voices = {None: CharacterVoice(REFERENCES[0], None)}
+    voices.update({name: CharacterVoice(REFERENCES[i % 2], None) for i, name in enumerate(names)})
+    rt = Runtime()
+    engine = engine_on(rt, folder)
+    script = parse_script("[Alice] Hello there, how are you?\n[Bob] Fine, thanks.\n[Alice] Good to hear.", names)
+    out = speak_script(rt, engine, script, voices, Sampling(seed=SEED, max_new_tokens=FRAMES))
+    assert len(out.lines) == 1
+    assert torch.equal(out.lines[0].waveform, ours(Runtime(), folder, TURNS, REFERENCES))
+    crowd = parse_script("\n".join(f"[{name}] Line." for name in names), names)
+    with pytest.raises(MizuotoError, match="4"):
+        speak_script(rt, engine, crowd, voices, Sampling(seed=SEED, max_new_tokens=FRAMES))
