@@ -26,7 +26,10 @@ Components and phases (M1), each a handle registered with the manager:
   in the fixed part): the 7B's head is about 1.2 GB in bfloat16, which would otherwise be
   part of the talker's minimum working set. CFG's two halves share one copy of each head
   unit (M18): upstream runs them as one batch of two rows through the head, so each head
-  layer runs once per diffusion step for both.
+  layer runs once per diffusion step for both. The LM's two branches are not batched
+  upstream (the negative branch has its own short cache and runs after the token is chosen),
+  so a streamed LM layer is copied once per branch per frame; a loop of our own running both
+  branches through each layer in turn would halve that (not done: upstream's loop runs).
 * ``decoder`` — the audio the talker phase decoded, frame by frame as upstream does, is the
   result: `decode` places nothing (decoding the latents again, in one pass, would repeat the
   acoustic decoder's work; the talker phase needs each frame's audio anyway).
@@ -280,7 +283,7 @@ class VibeVoiceEngine(Engine):
 
         wav = ctx.run("talker", [self.talker, self.acoustic_decoder, self.semantic_encoder], talk, memory)
         ctx.progress(total, total)
-        return Codes(wav, self.id, {"frames": wav.shape[-1] // self.hop})
+        return Codes(wav, self.id)
 
     # ---- decoder ---------------------------------------------------------------------------
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
