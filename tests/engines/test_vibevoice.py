@@ -363,3 +363,23 @@ def test_a_script_is_one_dialogue_pass(vibevoice_checkpoint: Checkpoint) -> None
     crowd = parse_script("\n".join(f"[{name}] Line." for name in names), names)
     with pytest.raises(MizuotoError, match="4"):
         speak_script(rt, engine, crowd, voices, Sampling(seed=SEED, max_new_tokens=FRAMES))
+
+
+def test_a_config_with_the_head_settings_at_its_top_level_loads(vibevoice_checkpoint: Checkpoint,
+                                                                 tmp_path: Path) -> None:
+    """A converted config.json that keeps the diffusion head's settings at its top level (no
+    diffusion_head_config) gives the same head: checked with a head of another width than
+    transformers' default, as the 7B's is."""
+    from mizuoto_runtime.engines.vibevoice.checkpoint import model_config
+
+    folder = vibevoice_checkpoint()
+    data = json.loads((folder / "config.json").read_text())
+    head = data.pop("diffusion_head_config")
+    data.update(num_head_layers=head["num_hidden_layers"], intermediate_size=head["intermediate_size"],
+                rms_norm_eps=head["rms_norm_eps"], hidden_act=head["hidden_act"])
+    flat = link_checkpoint(folder, tmp_path / "flat", skip=("config.json",))
+    (flat / "config.json").write_text(json.dumps(data))
+    assert head["intermediate_size"] != 4608  # transformers' default, which it would otherwise use
+    assert model_config(flat).diffusion_head_config.to_dict() == model_config(folder).diffusion_head_config.to_dict()
+    engine = engine_on(Runtime(), flat)
+    assert engine.model.model.diffusion_head.layers[0].ffn.gate_proj.out_features == head["intermediate_size"]

@@ -20,7 +20,7 @@ from torch import nn
 
 from ...errors import CheckpointError
 from ...nn.loading import build_on_meta, load_safetensors
-from ..checkpoint_files import config_from, read_json
+from ..checkpoint_files import read_json
 
 MODEL_TYPE = "vibevoice"
 INDEX = "model.safetensors.index.json"
@@ -29,6 +29,14 @@ REQUIRED_FILES = ("config.json", INDEX, "tokenizer.json", "tokenizer_config.json
 # The feature extractor's settings: in processor_config.json as transformers 5 saves a processor,
 # or in a preprocessor_config.json of its own.
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+# The diffusion head's settings where a converted config.json keeps them at its top level, with
+# no diffusion_head_config (the 1.5B -hf config as vLLM-Omni's tests record it, from a
+# transformers 5.13 dev conversion): config key -> the head config's. transformers 5.24 would
+# ignore them and build its default head (right for the 1.5B, not for the 7B's wider one).
+FLAT_HEAD_KEYS = {"num_head_layers": "num_hidden_layers", "intermediate_size": "intermediate_size",
+                  "rms_norm_eps": "rms_norm_eps", "hidden_act": "hidden_act",
+                  "frequency_embedding_size": "frequency_embedding_size",
+                  "diffusion_max_period": "diffusion_max_period", "mlp_bias": "mlp_bias"}
 
 
 def check_layout(folder: Path) -> dict[str, Any]:
@@ -61,6 +69,21 @@ def shards(folder: Path) -> list[Path]:
     return [folder / n for n in names]
 
 
+def model_config(folder: Path) -> Any:
+    """`VibeVoiceConfig` of the folder's config.json (checked), its top-level head settings, if
+    that is where it keeps them, moved into its diffusion_head_config (`FLAT_HEAD_KEYS`)."""
+    from transformers import VibeVoiceConfig
+
+    data = check_layout(folder)
+    if "diffusion_head_config" not in data and "num_head_layers" in data:
+        data = {**data, "diffusion_head_config": {head: data[key] for key, head in FLAT_HEAD_KEYS.items()
+                                                  if key in data}}
+    try:
+        return VibeVoiceConfig.from_dict(data)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{folder / 'config.json'}: not a valid VibeVoiceConfig ({exc})") from exc
+
+
 def import_upstream() -> None:
     """transformers' VibeVoice classes (part of transformers >= 5.24)."""
     from transformers import VibeVoiceForConditionalGeneration  # noqa: F401
@@ -71,11 +94,10 @@ def load_model(folder: Path, dtype: torch.dtype) -> nn.Module:
     shards (M27; a tied LM head is filled once, through the embedding). The acoustic
     tokenizer's decoder is put before its encoder, so the model's first parameter (where
     transformers' ``model.device`` looks) is one the talker phase places."""
-    check_layout(folder)
     import_upstream()
-    from transformers import GenerationConfig, VibeVoiceConfig, VibeVoiceForConditionalGeneration
+    from transformers import GenerationConfig, VibeVoiceForConditionalGeneration
 
-    config = config_from(VibeVoiceConfig, folder)
+    config = model_config(folder)
     model = build_on_meta(lambda: VibeVoiceForConditionalGeneration(config), dtype)
     load_safetensors(model, shards(folder))
     tower = model.model.audio_tower._modules
