@@ -164,6 +164,25 @@ def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
     return _tiny_checkpoints(tmp_path_factory, "voxcpm2", "mizuoto_runtime.engines.voxcpm2.tiny")
 
 
+@pytest.fixture(scope="session")
+def vibevoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Tiny VibeVoice ``-hf`` folders (`dtype` of the weights; `version`: 1.5b (tied head) or 7b),
+    each written once per session on first use."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    require_engine("vibevoice")
+    from mizuoto_runtime.engines.vibevoice.tiny import write
+
+    root = tmp_path_factory.mktemp("vibevoice")
+    written: dict[tuple[str, str], Path] = {}
+
+    def checkpoint(dtype: str = "float32", version: str = "1.5b") -> Path:
+        if (dtype, version) not in written:
+            written[dtype, version] = write(root / f"{version}-{dtype}", version=version, dtype=getattr(torch, dtype))
+        return written[dtype, version]
+
+    return checkpoint
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op thread for the test. On a shared 2-core machine, torch's pool waiting for

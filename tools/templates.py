@@ -249,6 +249,28 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "links": [(3, "AUDIO", 5, "audio"), (4, "AUDIO", 6, "audio"), (5, "characters", 6, "characters"),
                   (2, "engine", 7, "engine"), (6, "characters", 7, "characters"), (7, "audio", 8, "audio")],
     },
+    "Script to Speech - VibeVoice, two voices in one pass": {
+        "nodes": [
+            (1, "Note", 0, {"text": "Put VibeVoice-1.5B in ComfyUI/models/mizuoto/VibeVoice-1.5B-hf/ as published on "
+                                    "Hugging Face (vibevoice/VibeVoice-1.5B-hf, the transformers layout; "
+                                    "VibeVoice-7B-hf works the same; MIT licence, for research use), then press R "
+                                    "to refresh the lists. VibeVoice speaks up to four characters in one pass, "
+                                    "each line in the voice of its character's recording (10-30 s of clear speech; "
+                                    "no transcript needed); a pause ends a pass."}),
+            (2, "MizuotoEngineLoader", 0, {"engine": "vibevoice", "checkpoint": "VibeVoice-1.5B-hf",
+                                           "dtype": "bfloat16"}),
+            (3, "LoadAudio", 1, {"audio": "voice_to_clone.wav"}),
+            (4, "LoadAudio", 1, {"audio": "voice_to_clone.wav"}),
+            (5, "MizuotoCharacterVoices", 2, {"name": "Alice"}),
+            (6, "MizuotoCharacterVoices", 2, {"name": "Bob"}),
+            (7, "MizuotoScriptToSpeech", 3, {"script": "[Alice] Did you hear? The whole podcast runs on one card now.\n"
+                                                       "[Bob] Even the big model? It does not fit.\n"
+                                                       "[Alice] It streams what does not fit. Slower, never wrong."}),
+            (8, "MizuotoSaveWav", 3, {"filename_prefix": "audio/mizuoto_vibevoice"}),
+        ],
+        "links": [(3, "AUDIO", 5, "audio"), (4, "AUDIO", 6, "audio"), (5, "characters", 6, "characters"),
+                  (2, "engine", 7, "engine"), (6, "characters", 7, "characters"), (7, "audio", 8, "audio")],
+    },
     "Subtitles to Speech - a subtitle track (demo engine)": {
         "nodes": [
             (1, "Note", 0, {"text": "Speaks an SRT track, each cue at its time; [Alice] inside a cue is that "

@@ -187,6 +187,12 @@ def check_demo_and_a_comfy_unet_evict_each_other_by_unit() -> None:
     evict_each_other_by_unit("demo")
 
 
+def check_vibevoice_and_a_comfy_unet_evict_each_other_by_unit() -> None:
+    """VibeVoice's talker (its LM layers and diffusion head; transformers' classes, so this runs
+    where ComfyUI's Python lacks diffusers, which only its generation needs)."""
+    evict_each_other_by_unit("vibevoice")
+
+
 CHECKS: dict[str, Callable[[], None]] = {
     **accounting_checks.CHECKS,  # the ComfyUI accounting checks every release of the harness runs
     **{name[len("check_"):]: fn for name, fn in list(globals().items()) if name.startswith("check_")},

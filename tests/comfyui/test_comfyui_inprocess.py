@@ -55,3 +55,7 @@ def test_fallback_toggle_allows_and_off_defers_to_the_setting(results: dict[str,
 
 def test_demo_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[str, object]]) -> None:
     assert_check(results, "demo_and_a_comfy_unet_evict_each_other_by_unit")
+
+
+def test_vibevoice_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[str, object]]) -> None:
+    assert_check(results, "vibevoice_and_a_comfy_unet_evict_each_other_by_unit")

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Upstream packages of the engines, and the heavy libraries they bring (transformers alone
 #: imports torchvision and torch._dynamo where they are installed).
 UPSTREAM = ("qwen_tts", "f5_tts", "x_transformers", "vocos", "omnivoice", "voxcpm", "transformers", "librosa", "scipy",
-            "torchaudio", "torchvision")
+            "torchaudio", "torchvision", "diffusers")
 
 START_UP = '''
 import json, sys
