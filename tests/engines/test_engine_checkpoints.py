@@ -18,11 +18,14 @@ from mizuoto_runtime.engines import ENGINES, CheckpointInfo, engine_class
 from conftest import link_checkpoint
 from support.layouts import qwen_layout
 
-FIXTURES = {"f5tts": "f5tts_checkpoint", "omnivoice": "omnivoice_checkpoint", "voxcpm2": "voxcpm2_checkpoint"}
+FIXTURES = {"f5tts": "f5tts_checkpoint", "omnivoice": "omnivoice_checkpoint", "voxcpm2": "voxcpm2_checkpoint",
+            "dia": "dia_checkpoint"}
 # What a folder's type is called in the list, and the one file whose absence makes it half copied.
-LABELS = {"f5tts": "F5TTS_tiny", "omnivoice": "OmniVoice", "voxcpm2": "VoxCPM2"}
-VALUES = {"f5tts": "f5tts/tiny (F5TTS_tiny)", "omnivoice": "omnivoice/tiny", "voxcpm2": "voxcpm2/tiny"}
-REQUIRED = {"f5tts": "vocab.txt", "omnivoice": "audio_tokenizer/model.safetensors", "voxcpm2": "tokenizer.json"}
+LABELS = {"f5tts": "F5TTS_tiny", "omnivoice": "OmniVoice", "voxcpm2": "VoxCPM2", "dia": "Dia"}
+VALUES = {"f5tts": "f5tts/tiny (F5TTS_tiny)", "omnivoice": "omnivoice/tiny", "voxcpm2": "voxcpm2/tiny",
+          "dia": "dia/tiny"}
+REQUIRED = {"f5tts": "vocab.txt", "omnivoice": "audio_tokenizer/model.safetensors", "voxcpm2": "tokenizer.json",
+            "dia": "model-00002-of-00002.safetensors"}
 
 
 def tiny(request: pytest.FixtureRequest, engine: str) -> Path:

@@ -44,6 +44,7 @@ PHASES = {  # the phases each engine must report (with components: where weights
     "indextts2": {"voice prompt (w2v_bert+semantic_codec+campplus+conditioning)", "talker (talker)", "flow (flow)",
                   "vocoder (vocoder)"},
     "gptsovits": {"voice prompt (hubert+vits)", "bert (bert)", "talker (t2s)", "decoder (vits)"},
+    "dia": {"voice prompt (dac_encoder+quantizer)", "talker (talker)", "decoder (quantizer+dac_decoder)"},
 }
 NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits")  # engines whose folders bench/engines.py writes
 

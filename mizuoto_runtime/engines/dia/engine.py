@@ -61,9 +61,13 @@ FRAMES_PER_TEXT_BYTE = 7
 LAYER_COPIES = 6
 # The step's logits (rows x 9 channels x 1028, float32) and the logits processors' copies of them.
 LOGITS_COPIES = 8
+# The prefill's logits at every audio-prompt position: the head's output and its reshaped copy.
+PREFILL_LOGITS_COPIES = 2
 # The DAC's widest stage (channels x samples, float32), counted this many times: the stage's
-# output, the Snake activations, dilated-conv inputs and residual sums alive together.
+# output, the Snake activations, dilated-conv inputs and residual sums alive together (decoder;
+# the encoder's full-rate stage keeps one fewer).
 DAC_STAGE_COPIES = 6
+ENCODER_STAGE_COPIES = 5
 # Per reference sample besides the convs: resampling, the feature extractor's float32 values and
 # padding mask, their copies.
 ENCODER_BYTES_PER_SAMPLE = 48
@@ -89,13 +93,14 @@ class DiaEngine(Engine):
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
-        """A Dia folder (transformers layout); None otherwise. Dia speaks English and has no
-        named speakers (``[S1]``/``[S2]`` are roles in a script, not voices)."""
+        """A Dia folder (transformers layout); None otherwise. Dia has no named speakers
+        (``[S1]``/``[S2]`` are roles in a script, not voices) and no language to choose: it
+        reads the text as written (English)."""
         try:
             check_layout(folder)
         except CheckpointError:
             return None
-        return CheckpointInfo("Dia", [], ["english"])
+        return CheckpointInfo("Dia", [], ["auto"])
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:
@@ -151,7 +156,7 @@ class DiaEngine(Engine):
         """M45: the DAC encoder's working memory for `samples` 44.1 kHz samples (float32): its
         full-rate stage, which the later, strided stages only shrink."""
         widest = samples * self.dac.config.encoder_hidden_size
-        return 4 * DAC_STAGE_COPIES * widest + ENCODER_BYTES_PER_SAMPLE * samples
+        return 4 * ENCODER_STAGE_COPIES * widest + ENCODER_BYTES_PER_SAMPLE * samples
 
     # ---- talker ----------------------------------------------------------------------------
     def script(self, turns: Sequence[Turn], voices: Sequence[Voice]) -> tuple[str, torch.Tensor | None]:
@@ -174,8 +179,8 @@ class DiaEngine(Engine):
         """`generate`'s inputs for one row, as `DiaProcessor.__call__` builds them: the text's
         bytes, and the audio prompt (BOS, then `codes`) under the delay pattern."""
         proc = self.processor
-        encoded = proc.tokenizer([text], padding=True, padding_side="right", add_special_tokens=False,
-                                 return_tensors="pt")
+        # One row: the processor's padding changes nothing (and would only warn about max_length).
+        encoded = proc.tokenizer([text], add_special_tokens=False, return_tensors="pt")
         channels, max_delay = len(self.delay_pattern), max(self.delay_pattern)
         if codes is None:
             audio = torch.full((1, 1, channels), AUDIO_BOS, dtype=torch.long)
@@ -203,30 +208,42 @@ class DiaEngine(Engine):
 
     def talker_memory(self, text_tokens: int, prompt_frames: int, frames: int) -> int:
         """M45/M46: the talker phase's working memory, from the request: the decoder's KV cache
-        (self-attention over the prompt, the new frames and the delay; cross-attention over the
-        text) for both CFG rows, and the larger of the prefill's activations (the encoder over
-        the text, the decoder over the audio prompt, their attention scores) and one step's
-        logits with the processors' copies."""
+        (self-attention over the audio prompt, the new frames and the delay; cross-attention
+        over the text) for both CFG rows, and the larger of the prefills and one step's logits.
+        The encoder's prefill: its activations and attention scores over the text. The
+        decoder's: the audio prompt's activations and scores, and its logits at every prompt
+        position (Dia's head computes them all, 9 channels x 1028 each), kept twice."""
         enc, dec = self.model.config.encoder_config, self.model.config.decoder_config
         elem = element_size(self.dtype)
         rows = self.guidance_rows()
-        positions = prompt_frames + 1 + max(self.delay_pattern) + frames
+        prompt = prompt_frames + 1  # BOS and the prompt's frames (the delayed tail is not prefilled)
+        positions = prompt + max(self.delay_pattern) + frames
         self_kv = peak_bytes(2 * dec.num_key_value_heads * dec.head_dim * elem, dec.num_hidden_layers, positions,
                              "dynamic", rows)
-        cross_kv = rows * dec.num_hidden_layers * text_tokens * 2 * dec.cross_num_key_value_heads * dec.cross_head_dim * elem
+        cross_kv = (rows * dec.num_hidden_layers * text_tokens * 2 * dec.cross_num_key_value_heads
+                    * dec.cross_head_dim * elem)
         encoder = rows * text_tokens * elem * (LAYER_COPIES * enc.hidden_size + 2 * enc.intermediate_size
                                                + enc.num_attention_heads * text_tokens)
-        prompt = positions - frames
+        head = dec.num_channels * dec.vocab_size
         decoder = rows * prompt * elem * (LAYER_COPIES * dec.hidden_size + 2 * dec.intermediate_size
-                                          + dec.num_attention_heads * prompt)
-        logits = rows * dec.num_channels * dec.vocab_size * 4 * LOGITS_COPIES
-        return self_kv + cross_kv + max(encoder, decoder, logits)
+                                          + dec.num_attention_heads * prompt + PREFILL_LOGITS_COPIES * head)
+        step = rows * head * 4 * LOGITS_COPIES
+        return self_kv + cross_kv + max(encoder, decoder, step)
 
     def _settings(self, sampling: Sampling) -> dict[str, Any]:
         """The request's sampling over generation_config.json (its guidance scale). Dia has no
-        repetition penalty in its recipe and takes none here."""
-        return {"do_sample": sampling.do_sample, "temperature": sampling.temperature, "top_k": sampling.top_k,
-                "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens}
+        repetition penalty in its recipe and takes none here; it samples at temperature 1 or more
+        (its `generate` raises a lower one to 1, with a warning a user cannot act on: the
+        node's default is 0.9), so a lower one is passed as 1, which samples the same.
+        ``max_new_tokens`` counts audio frames: under the delay pattern the last channel's frame
+        comes 15 steps after the first's, so `generate` runs that many steps more (else 16 new
+        tokens would give no audio at all)."""
+        return {"do_sample": sampling.do_sample, "temperature": max(sampling.temperature, 1.0), "top_k": sampling.top_k,
+                "top_p": sampling.top_p, "max_new_tokens": self.decoder_steps(sampling)}
+
+    def decoder_steps(self, sampling: Sampling) -> int:
+        """Decoder steps for the request: its frames and the delay pattern's tail."""
+        return sampling.max_new_tokens + max(self.delay_pattern)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         return self._talk(ctx, [Turn(0, text)], [voice], sampling)
@@ -246,7 +263,7 @@ class DiaEngine(Engine):
         spoken = " ".join(t.text for t in turns)
         memory = self.talker_memory(inputs["input_ids"].shape[-1], prompt_len - 1, self.frames_for(spoken, sampling))
         settings = self._settings(sampling)
-        total = sampling.max_new_tokens
+        total = self.decoder_steps(sampling)
 
         @torch.inference_mode()
         def talk() -> torch.Tensor:
