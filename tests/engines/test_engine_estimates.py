@@ -45,6 +45,7 @@ PHASES = {  # the phases each engine must report (with components: where weights
                   "vocoder (vocoder)"},
     "gptsovits": {"voice prompt (hubert+vits)", "bert (bert)", "talker (t2s)", "decoder (vits)"},
     "dia": {"voice prompt (dac_encoder+quantizer)", "talker (talker)", "decoder (quantizer+dac_decoder)"},
+    "csm": {"voice prompt (mimi_encoder+quantizer)", "talker (talker)", "decoder (quantizer+mimi_decoder)"},
 }
 NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits")  # engines whose folders bench/engines.py writes
 

@@ -75,10 +75,9 @@ FRAMES_PER_TEXT_BYTE = 1
 # Live activations of one backbone layer per position, in units of the hidden size, besides the
 # MLP's intermediate-wide tensors; `generate` keeps every layer's hidden states (it reads the last).
 LAYER_COPIES = 6
-# Mimi's full-rate stage (filters x samples, float32), counted this many times, and the bytes per
-# sample of the rest (the waveform, its feature-extractor copy, the transformer's frames).
+# Mimi's full-rate stage (filters x samples, float32), counted this many times: the stage's
+# output, the ELU and residual convs' temporaries alive together.
 MIMI_STAGE_COPIES = 4
-MIMI_BYTES_PER_SAMPLE = 24
 
 
 class _Context(threading.local):
@@ -164,7 +163,7 @@ class CsmEngine(Engine):
 
             wav = torchaudio.functional.resample(wav, reference.sample_rate, SAMPLE_RATE)
         codes = ctx.run("voice prompt", [self.mimi_encoder, self.quantizer], lambda: self._encode(wav),
-                        self.mimi_memory(wav.shape[-1]))
+                        self.mimi_encoder_memory(wav.shape[-1]))
         return {"codes": codes, "transcript": transcript.strip()}
 
     @torch.inference_mode()
@@ -175,11 +174,23 @@ class CsmEngine(Engine):
             codes = self.codec.encode(values["input_values"].to(self.device)).audio_codes
         return codes.transpose(1, -1)[0].cpu()
 
-    def mimi_memory(self, samples: int) -> int:
-        """M45: Mimi's encoder or decoder working memory for `samples` 24 kHz samples (float32):
-        its full-rate stage, which the strided stages only shrink."""
-        widest = samples * self.codec.config.num_filters
-        return 4 * MIMI_STAGE_COPIES * widest + MIMI_BYTES_PER_SAMPLE * samples
+    def mimi_encoder_memory(self, samples: int) -> int:
+        """M45: Mimi's encoder working memory for `samples` 24 kHz samples (float32): its
+        full-rate stage (the strided stages only shrink it), or, where more, the codebooks'
+        tables the quantizer computes (every codebook's entries, float32)."""
+        return max(self._mimi_stage(samples), self._codebook_tables())
+
+    def mimi_decoder_memory(self, frames: int) -> int:
+        """M45: Mimi's decoder working memory for `frames` frames (float32): the codebooks'
+        tables the quantizer computes, then its full-rate stage."""
+        return self._codebook_tables() + self._mimi_stage(frames * FRAME_SAMPLES)
+
+    def _mimi_stage(self, samples: int) -> int:
+        return 4 * MIMI_STAGE_COPIES * samples * self.codec.config.num_filters
+
+    def _codebook_tables(self) -> int:
+        config = self.codec.config
+        return 4 * config.num_quantizers * config.codebook_size * config.codebook_dim
 
     # ---- talker ----------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor, codes: list[torch.Tensor]) -> torch.Tensor:
@@ -244,22 +255,21 @@ class CsmEngine(Engine):
 
     def talker_memory(self, prompt: int, frames: int, context_frames: int) -> int:
         """M45/M46: the talker phase's working memory, from the request: the backbone's KV cache
-        over the prompt and the frames, the depth decoder's over one frame, and the larger of
-        the prefill (every layer's hidden states over the prompt, one layer's activations and
-        attention scores, and the context codes' embeddings, one per codebook before their
-        sum) and one step's logits."""
+        over the prompt and the frames, the depth decoder's over one frame, and the prefill:
+        every layer's hidden states over the prompt (`generate` keeps them) and the larger of
+        one layer's activations (the gated MLP's three intermediate-wide tensors among them) and
+        attention scores, and the context codes' embeddings (one per codebook before their sum)."""
         config, depth = self.model.config, self.model.config.depth_decoder_config
         elem = element_size(self.dtype)
-        positions = prompt + frames
-        kv = peak_bytes(2 * config.num_key_value_heads * config.head_dim * elem, config.num_hidden_layers, positions)
+        kv = peak_bytes(2 * config.num_key_value_heads * config.head_dim * elem, config.num_hidden_layers,
+                        prompt + frames)
         depth_kv = peak_bytes(2 * depth.num_key_value_heads * depth.head_dim * elem, depth.num_hidden_layers,
                               config.num_codebooks + 1)
         hidden = (config.num_hidden_layers + 1) * prompt * config.hidden_size * elem
-        layer = prompt * elem * (LAYER_COPIES * config.hidden_size + 2 * config.intermediate_size
+        layer = prompt * elem * (LAYER_COPIES * config.hidden_size + 3 * config.intermediate_size
                                  + config.num_attention_heads * prompt)
         context = context_frames * config.num_codebooks * config.hidden_size * elem
-        logits = 4 * 4 * config.vocab_size
-        return kv + depth_kv + max(hidden + max(layer, context), logits)
+        return kv + depth_kv + hidden + max(layer, context)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         return self._talk(ctx, [Turn(0, text)], [voice], sampling)
@@ -282,9 +292,11 @@ class CsmEngine(Engine):
                    if v.data.get("codes") is not None]
         settings = self._settings(sampling)
         context_frames = sum(int(c.shape[0]) for _, _, c in context)
-        frames = sum(self.frames_for(t.text, sampling) for t in turns)
-        prompt = len(self.conversation(context, turns[0])[0]["input_ids"][0]) + frames  # the last turn's, at most
-        memory = self.talker_memory(prompt + sum(len(t.text) for t in turns), frames, context_frames + frames)
+        frames = [self.frames_for(t.text, sampling) for t in turns]
+        # The last turn's prompt is the longest: the first's, every earlier turn's text and frames.
+        first = int(self.conversation(context, turns[0])[0]["input_ids"].shape[-1])
+        earlier = sum(len(t.text.encode("utf-8")) + f for t, f in zip(turns[:-1], frames[:-1]))
+        memory = self.talker_memory(first + earlier, frames[-1], context_frames + sum(frames[:-1]))
         total = len(turns) * sampling.max_new_tokens
 
         @torch.inference_mode()
@@ -332,7 +344,7 @@ class CsmEngine(Engine):
         # No fallback: Mimi's decoder carries transformer context across the utterance, so tiles
         # would change samples (M43). Each turn is decoded on its own, as upstream decodes it.
         longest = max(p.shape[0] for p in pieces)
-        wav = ctx.run("decoder", [self.quantizer, self.mimi_decoder], run, self.mimi_memory(longest * FRAME_SAMPLES))
+        wav = ctx.run("decoder", [self.quantizer, self.mimi_decoder], run, self.mimi_decoder_memory(longest))
         return Audio(wav.unsqueeze(0), self.sample_rate)
 
 
