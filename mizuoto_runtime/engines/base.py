@@ -162,14 +162,6 @@ class Voice:
     engine: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Turn:
-    """One line of a dialogue pass: the index of its voice in the pass's `voices`, and its text."""
-
-    voice: int   # index into the pass's `voices`
-    text: str
-
-
 @dataclasses.dataclass
 class Codes:
     """What the talker produced, ready for the codec decoder."""
@@ -243,8 +235,6 @@ class Engine(ABC):
     # Where a LoRA file's update goes (None: it takes no LoRA).
     LORA: ClassVar[LoraAdapter | None] = None
     PHASED: ClassVar[bool] = True
-    # >1: a script's consecutive lines go to `generate_dialogue`, up to this many voices a pass.
-    VOICES_PER_PASS: ClassVar[int] = 1
     BUILTIN: ClassVar[CheckpointInfo | None] = None  # what it runs without a checkpoint folder
     # Keyword arguments its `voice_prompt` takes beyond the common ones (IndexTTS-2: "emotion").
     VOICE_OPTIONS: ClassVar[tuple[str, ...]] = ()
@@ -405,12 +395,6 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         """The talker phase."""
-
-    def generate_dialogue(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
-                          sampling: Sampling) -> Codes:
-        """The talker phase for a whole dialogue in one pass (engines with `VOICES_PER_PASS` > 1);
-        `decode` decodes its codes as usual."""
-        raise MizuotoError(f"engine {self.id!r} speaks one voice per pass")
 
     @abstractmethod
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:

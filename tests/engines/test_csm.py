@@ -140,11 +140,11 @@ def test_conversation_refuses_what_csm_cannot_speak(csm_checkpoint: Checkpoint) 
     ctx = rt.request()
     voice = engine.voice_prompt(ctx)
     assert engine.VOICES_PER_PASS == 2
-    with pytest.raises(MizuotoError, match="1 to 2 voices"):
+    with pytest.raises(MizuotoError, match="3 voices in one pass; this engine speaks at most 2"):
         engine.generate_dialogue(ctx, [Turn(0, "a")], [voice, voice, voice], SAMPLING)
-    with pytest.raises(MizuotoError, match="names voice 1"):
+    with pytest.raises(MizuotoError, match="turn 1 names voice 1"):
         engine.generate_dialogue(ctx, [Turn(1, "a")], [voice], SAMPLING)
-    with pytest.raises(MizuotoError, match="text is empty"):
+    with pytest.raises(MizuotoError, match="turn 1: text is empty"):
         engine.generate_dialogue(ctx, [Turn(0, "")], [voice], SAMPLING)
     with pytest.raises(MizuotoError, match="transcript"):
         engine.voice_prompt(ctx, REFERENCE)

@@ -139,11 +139,11 @@ def test_dialogue_refuses_what_dia_cannot_speak(dia_checkpoint: Checkpoint) -> N
     ctx = rt.request()
     voice = engine.voice_prompt(ctx)
     assert engine.VOICES_PER_PASS == 2
-    with pytest.raises(MizuotoError, match="1 to 2 voices"):
+    with pytest.raises(MizuotoError, match="3 voices in one pass; this engine speaks at most 2"):
         engine.generate_dialogue(ctx, [Turn(0, "a")], [voice, voice, voice], SAMPLING)
-    with pytest.raises(MizuotoError, match="names voice 2"):
+    with pytest.raises(MizuotoError, match="turn 1 names voice 2"):
         engine.generate_dialogue(ctx, [Turn(2, "a")], [voice, voice], SAMPLING)
-    with pytest.raises(MizuotoError, match="text is empty"):
+    with pytest.raises(MizuotoError, match="turn 1: text is empty"):
         engine.generate_dialogue(ctx, [Turn(0, "  ")], [voice], SAMPLING)
     with pytest.raises(MizuotoError, match="transcript"):
         engine.voice_prompt(ctx, REFERENCE)

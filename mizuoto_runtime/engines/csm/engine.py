@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from ...audio import Audio
-from ...errors import ArgumentError, CheckpointError, MizuotoError
+from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
 from ..base import (
@@ -58,7 +58,6 @@ from ..base import (
     Sampling,
     Turn,
     Voice,
-    check_request,
     chunk_seed,
     element_size,
 )
@@ -276,18 +275,10 @@ class CsmEngine(Engine):
 
     def generate_dialogue(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
                           sampling: Sampling) -> Codes:
-        if not turns:
-            raise ArgumentError("csm: a dialogue needs at least one turn")
-        for turn in turns:
-            check_request(turn.text, sampling)
         return self._talk(ctx, turns, voices, sampling)
 
     def _talk(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice], sampling: Sampling) -> Codes:
-        if not voices or len(voices) > self.VOICES_PER_PASS:
-            raise ArgumentError(f"csm speaks 1 to {self.VOICES_PER_PASS} voices in one pass, got {len(voices)}")
-        for turn in turns:
-            if not 0 <= turn.voice < len(voices):
-                raise ArgumentError(f"csm: a turn names voice {turn.voice}, but the pass has {len(voices)}")
+        # The turns and voices are checked already (`base.check_dialogue`).
         context = [(i, v.data["transcript"], v.data["codes"]) for i, v in enumerate(voices)
                    if v.data.get("codes") is not None]
         settings = self._settings(sampling)

@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 
 from ...audio import Audio
-from ...errors import ArgumentError, CheckpointError, MizuotoError
+from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, check_request, element_size
+from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element_size
 from .checkpoint import check_layout, load_model
 from .config import AUDIO_BOS, AUDIO_PAD, SAMPLE_RATE, SPEAKER_TAGS
 
@@ -162,13 +162,8 @@ class DiaEngine(Engine):
     def script(self, turns: Sequence[Turn], voices: Sequence[Voice]) -> tuple[str, torch.Tensor | None]:
         """Dia's input for a dialogue: the text (the cloned voices' transcripts, then the turns,
         each with its voice's tag) and the audio prompt (the cloned voices' codes, in the same
-        order), None where no voice is cloned."""
-        if not voices or len(voices) > self.VOICES_PER_PASS:
-            raise ArgumentError(f"dia speaks 1 to {self.VOICES_PER_PASS} voices in one pass ([S1], [S2]), "
-                                f"got {len(voices)}")
-        for turn in turns:
-            if not 0 <= turn.voice < len(voices):
-                raise ArgumentError(f"dia: a turn names voice {turn.voice}, but the pass has {len(voices)}")
+        order), None where no voice is cloned. The turns and voices are checked already
+        (`base.check_dialogue`)."""
         cloned = [(SPEAKER_TAGS[i], v.data) for i, v in enumerate(voices) if v.data.get("codes") is not None]
         prompt = [tagged(tag, data["transcript"]) for tag, data in cloned]
         lines = [tagged(SPEAKER_TAGS[t.voice], t.text) for t in turns]
@@ -250,10 +245,6 @@ class DiaEngine(Engine):
 
     def generate_dialogue(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
                           sampling: Sampling) -> Codes:
-        if not turns:
-            raise ArgumentError("dia: a dialogue needs at least one turn")
-        for turn in turns:
-            check_request(turn.text, sampling)
         return self._talk(ctx, turns, voices, sampling)
 
     def _talk(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice], sampling: Sampling) -> Codes:
