@@ -302,3 +302,21 @@ def test_cli_say_and_tiny_checkpoint(csm_checkpoint: Checkpoint, tmp_path: Path,
     assert code == 0 and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
     with wave.open(str(out)) as f:
         assert f.getframerate() == 24000 and f.getnframes() > 0
+
+
+def test_a_script_is_one_pass_of_both_speakers(csm_checkpoint: Checkpoint) -> None:
+    """Issue 34 item 3: a script's lines between pauses go to CSM as one conversation (speaker
+    ids in order of first appearance), equal to calling the phases directly."""
+    from mizuoto_runtime.app.scripts.runner import CharacterVoice, speak_script
+    from mizuoto_runtime.app.scripts.syntax import parse_script
+
+    folder = csm_checkpoint()
+    rt = Runtime()
+    engine = rt.engine("csm", folder)
+    voices = {"Alice": CharacterVoice(REFERENCE, TRANSCRIPT), "Bob": CharacterVoice()}
+    script = parse_script("[Alice] Did you hear that?\n[Bob] I did.", ["Alice", "Bob"])
+    out = speak_script(rt, engine, script, voices, SAMPLING)
+    assert len(out.lines) == 1
+    _, wav, _, _ = ours(Runtime(), folder, [Turn(0, "Did you hear that?"), Turn(1, "I did.")],
+                        [(REFERENCE, TRANSCRIPT), None])
+    assert torch.equal(out.lines[0].waveform[0], wav)

@@ -286,3 +286,21 @@ def test_cli_say_and_tiny_checkpoint(dia_checkpoint: Checkpoint, tmp_path: Path,
     assert code == 0 and result["sample_rate"] == 44100 and result["memory"]["streamed_mb"] > 0
     with wave.open(str(out)) as f:
         assert f.getframerate() == 44100 and f.getnframes() > 0
+
+
+def test_a_script_is_one_pass_of_both_speakers(dia_checkpoint: Checkpoint) -> None:
+    """Issue 34 item 3: a script's lines between pauses go to Dia as one [S1]/[S2] pass (the
+    characters in order of first appearance), equal to calling the phases directly."""
+    from mizuoto_runtime.app.scripts.runner import CharacterVoice, speak_script
+    from mizuoto_runtime.app.scripts.syntax import parse_script
+
+    folder = dia_checkpoint()
+    rt = Runtime()
+    engine = rt.engine("dia", folder)
+    voices = {"Alice": CharacterVoice(REFERENCE, TRANSCRIPT), "Bob": CharacterVoice()}
+    script = parse_script("[Bob] Did you hear that?\n[Alice] (laughs) I did.", ["Alice", "Bob"])
+    out = speak_script(rt, engine, script, voices, SAMPLING)
+    assert len(out.lines) == 1
+    _, wav, _ = ours(Runtime(), folder, [Turn(0, "Did you hear that?"), Turn(1, "(laughs) I did.")],
+                     [None, (REFERENCE, TRANSCRIPT)])
+    assert torch.equal(out.lines[0].waveform[0], wav)
