@@ -156,11 +156,7 @@ class CsmEngine(Engine):
             return {"codes": None, "transcript": None}
         if not (transcript or "").strip():
             raise MizuotoError("csm: give the reference audio's transcript (CSM takes it as a context turn)")
-        wav = reference.mono().float()
-        if reference.sample_rate != SAMPLE_RATE:
-            import torchaudio
-
-            wav = torchaudio.functional.resample(wav, reference.sample_rate, SAMPLE_RATE)
+        wav = reference.mono_at(SAMPLE_RATE)
         codes = ctx.run("voice prompt", [self.mimi_encoder, self.quantizer], lambda: self._encode(wav),
                         self.mimi_encoder_memory(wav.shape[-1]))
         return {"codes": codes, "transcript": transcript.strip()}

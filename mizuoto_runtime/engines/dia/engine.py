@@ -129,19 +129,10 @@ class DiaEngine(Engine):
             return {"codes": None, "transcript": None}
         if not (transcript or "").strip():
             raise MizuotoError("dia: give the reference audio's transcript (Dia continues the recording after it)")
-        wav = self._resampled(reference)
+        wav = reference.mono_at(SAMPLE_RATE)
         codes = ctx.run("voice prompt", [self.dac_encoder, self.quantizer], lambda: self._encode(wav),
                         self.voice_prompt_memory(wav.shape[-1]))
         return {"codes": codes, "transcript": transcript.strip()}
-
-    @staticmethod
-    def _resampled(reference: Audio) -> torch.Tensor:
-        wav = reference.mono().float()
-        if reference.sample_rate == SAMPLE_RATE:
-            return wav
-        import torchaudio
-
-        return torchaudio.functional.resample(wav, reference.sample_rate, SAMPLE_RATE)
 
     @torch.inference_mode()
     def _encode(self, wav: torch.Tensor) -> torch.Tensor:
