@@ -27,7 +27,7 @@ from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.base import Turn
 from mizuoto_runtime.nn.loading import build_on_meta
 
-from conftest import link_checkpoint
+from conftest import link_checkpoint, require_engine
 from support.oom import allocations_during
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -223,6 +223,7 @@ def test_oom_in_the_talker_reruns_exactly(csm_checkpoint: Checkpoint) -> None:
 def test_published_shapes_build_on_meta() -> None:
     """The published config (csm-1b with its Mimi) builds through transformers' classes on meta:
     about 1.6B parameters with the codec; nothing allocated."""
+    require_engine("csm")
     from transformers import CsmConfig, CsmForConditionalGeneration
 
     from mizuoto_runtime.engines.csm.config import CSM_1B

@@ -26,7 +26,7 @@ from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.base import Turn
 from mizuoto_runtime.nn.loading import build_on_meta
 
-from conftest import link_checkpoint
+from conftest import link_checkpoint, require_engine
 from support.oom import allocations_during
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -208,6 +208,7 @@ def test_oom_in_the_talker_reruns_exactly(dia_checkpoint: Checkpoint) -> None:
 def test_published_shapes_build_on_meta() -> None:
     """The published configs (Dia-1.6B-0626, DAC 44 kHz) build through transformers' classes on
     meta: 1.6B parameters in Dia, the codec's 9 codebooks at hop 512; nothing allocated."""
+    require_engine("dia")
     from transformers import DacConfig, DacModel, DiaConfig, DiaForConditionalGeneration
 
     from mizuoto_runtime.engines.dia.config import DAC_44KHZ, DIA_1_6B
