@@ -180,9 +180,11 @@ DIALOGUE = [Turn(0, "Streaming."), Turn(1, "Is exact.")]
 _plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _streamed(folder: Path, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict, list[int]]:
-    rt, _ = _placed("csm", placement, folder)
-    return ours(rt, folder, DIALOGUE, [(REFERENCE, TRANSCRIPT), None])
+def _streamed(folder: Path, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict, set[str]]:
+    """The conversation on `placement`, and the talker's units that streamed."""
+    rt, engine = _placed("csm", placement, folder)
+    tokens, wav, meta, _ = ours(rt, folder, DIALOGUE, [(REFERENCE, TRANSCRIPT), None])
+    return tokens, wav, meta, {u.name for u in engine.talker.streamed_units}
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -191,7 +193,7 @@ def test_streams_exactly(csm_checkpoint: Checkpoint, placement: str) -> None:
     folder = csm_checkpoint()
     if "plain" not in _plain:
         _plain["plain"] = _streamed(folder, "plain")[:2]
-    tokens, wav, meta, _ = _streamed(folder, placement)
+    tokens, wav, meta, streamed = _streamed(folder, placement)
     assert torch.equal(tokens, _plain["plain"][0]) and torch.equal(wav, _plain["plain"][1])
     memory = meta["memory"]
     components = {key.split(":", 1)[1] for key in memory["components"]}
@@ -201,6 +203,8 @@ def test_streams_exactly(csm_checkpoint: Checkpoint, placement: str) -> None:
         assert partial == set() and memory["streamed_mb"] == 0
     else:
         assert "talker" in partial and memory["streamed_mb"] > 0
+    if placement == "half":  # the part marked hot (run at every step) is resident first
+        assert "depth_decoder.model.layers.0" not in streamed and "backbone_model.layers.0" in streamed
 
 
 def test_oom_in_the_talker_reruns_exactly(csm_checkpoint: Checkpoint) -> None:

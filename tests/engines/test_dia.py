@@ -163,9 +163,11 @@ def test_a_cached_voice_is_not_encoded_again(dia_checkpoint: Checkpoint) -> None
     assert torch.equal(first, again)
 
 
-def _streamed(folder: Path, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    rt, _ = _placed("dia", placement, folder)
-    return ours(rt, folder, [Turn(0, "Streaming."), Turn(1, "Is exact.")], [(REFERENCE, TRANSCRIPT), None])
+def _streamed(folder: Path, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict, set[str]]:
+    """The dialogue on `placement`, and the talker's units that streamed."""
+    rt, engine = _placed("dia", placement, folder)
+    tokens, wav, meta = ours(rt, folder, [Turn(0, "Streaming."), Turn(1, "Is exact.")], [(REFERENCE, TRANSCRIPT), None])
+    return tokens, wav, meta, {u.name for u in engine.talker.streamed_units}
 
 
 _plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -177,7 +179,7 @@ def test_streams_exactly(dia_checkpoint: Checkpoint, placement: str) -> None:
     folder = dia_checkpoint()
     if "plain" not in _plain:
         _plain["plain"] = _streamed(folder, "plain")[:2]
-    tokens, wav, meta = _streamed(folder, placement)
+    tokens, wav, meta, streamed = _streamed(folder, placement)
     assert torch.equal(tokens, _plain["plain"][0]) and torch.equal(wav, _plain["plain"][1])
     memory = meta["memory"]
     components = {key.split(":", 1)[1] for key in memory["components"]}
@@ -187,6 +189,8 @@ def test_streams_exactly(dia_checkpoint: Checkpoint, placement: str) -> None:
         assert partial == set() and memory["streamed_mb"] == 0
     else:
         assert "talker" in partial and memory["streamed_mb"] > 0
+    if placement == "half":  # the part marked hot (run at every step) is resident first
+        assert "model.decoder.layers.0" not in streamed and "model.encoder.layers.1" in streamed
 
 
 def test_oom_in_the_talker_reruns_exactly(dia_checkpoint: Checkpoint) -> None:
