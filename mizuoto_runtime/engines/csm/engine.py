@@ -38,7 +38,6 @@ float32 as shipped.
 """
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -63,8 +62,6 @@ from ..base import (
 )
 from .checkpoint import check_layout, load_model
 from .config import FRAME_SAMPLES, SAMPLE_RATE
-
-log = logging.getLogger(__name__)
 
 # M46: frames estimated per byte of text (12.5 frames a second, ~14 characters a second of
 # speech), capped by max_new_tokens.

@@ -32,7 +32,6 @@ Loading (M27): `checkpoint.load_model`; the model in the engine's dtype, DAC flo
 """
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,8 +47,6 @@ from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element_size
 from .checkpoint import check_layout, load_model
 from .config import AUDIO_BOS, AUDIO_PAD, SAMPLE_RATE, SPEAKER_TAGS
-
-log = logging.getLogger(__name__)
 
 # M46: decoder frames estimated per byte of text (86 frames a second, ~14 characters a second
 # of speech), capped by max_new_tokens.
