@@ -9,8 +9,10 @@ Built through transformers' own classes (`CsmForConditionalGeneration` with its 
 `CsmProcessor`, `EncodecFeatureExtractor`), saved by their own ``save_pretrained``, weights drawn
 from a seeded generator: byte-identical files on every run, at any thread count. Geometry: the
 real frame rate and ids (2051 audio ids, Mimi's 24 kHz at 12.5 Hz) with 8 codebooks (real: 32;
-the depth decoder then runs 7 steps a frame, not 31) and tiny widths; each backbone layer (2)
-and each depth-decoder layer (2) is a 1.2 MB unit in float32: the M57 placements really stream.
+the depth decoder then runs 7 steps a frame, not 31) and tiny widths; each backbone layer (4)
+and each depth-decoder layer (2) is a 1.2 MB unit in float32: the M57 placements really stream,
+and the units outweigh the fixed part (the 8 x 2051 audio embeddings and the depth decoder's
+heads), as in the real model.
 The tiny Mimi has 4096 codebook entries (real: 2048; it takes only powers of two) so that every
 audio id the random talker samples (up to 2050) decodes. The text tokenizer is byte-level with CSM's
 special tokens; the chat template renders a turn as CSM's does:
@@ -48,7 +50,7 @@ DEPTH: dict[str, Any] = {  # real: 4 layers, 1024 wide
 }
 BACKBONE: dict[str, Any] = {  # real: Llama 1B (2048 wide, 16 layers, 128256 text tokens)
     "num_codebooks": CODEBOOKS, "vocab_size": 2051, "text_vocab_size": 264, "hidden_size": 64,
-    "intermediate_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
     "head_dim": 16,
     "max_position_embeddings": 2048, "pad_token_id": AUDIO, "bos_token_id": BOS, "audio_token_id": AUDIO,
     "audio_eos_token_id": AUDIO_EOS, "codebook_pad_token_id": 2050, "codebook_eos_token_id": 0,
