@@ -78,7 +78,7 @@ TINY: dict[str, tuple[str, str | None, torch.dtype | None]] = {
     "cosyvoice2": ("cosyvoice", "2", None), "cosyvoice3": ("cosyvoice", "3", None),
     "indextts2": ("indextts2", None, None), "voxcpm2": ("voxcpm2", None, None), "qwen3tts": ("qwen3tts", None, None),
     "gptsovits": ("gptsovits", "v2", None), "higgsaudio": ("higgsaudio", None, None),
-    "vibevoice": ("vibevoice", None, None)}
+    "vibevoice": ("vibevoice", None, None), "dia": ("dia", None, None), "csm": ("csm", None, None)}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
@@ -303,6 +303,10 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "higgsaudio": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 3, 64)],
     # test_vibevoice.py: a 1 s reference, 6 frames; a longer one, more text and frames
     "vibevoice": [PeakRequest(1, TEXT, 6), PeakRequest(3, TEXT * 2, 24)],
+    # test_dia.py: a 0.5-1 s reference, 24 frames; a longer one, more text and frames
+    "dia": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 64)],
+    # test_csm.py: a 0.7-1 s context recording, 10 frames; a longer one, more text and frames
+    "csm": [PeakRequest(1, TEXT, 10), PeakRequest(3, TEXT * 2, 32)],
 }
 # The runtime's engine id of each bench name of one engine's version.
 RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}

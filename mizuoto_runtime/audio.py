@@ -31,6 +31,16 @@ class Audio:
     def mono(self) -> torch.Tensor:
         return self.waveform.float().mean(0)
 
+    def mono_at(self, rate: int) -> torch.Tensor:
+        """The mono waveform at `rate` Hz (torchaudio's resampling, imported only when the rate
+        differs: the engines that call it have torchaudio in their requirements)."""
+        wav = self.mono()
+        if self.sample_rate == rate:
+            return wav
+        import torchaudio
+
+        return torchaudio.functional.resample(wav, self.sample_rate, rate)
+
 
 def write_wav(path: str | Path, audio: Audio) -> Path:
     path = Path(path)

@@ -159,6 +159,18 @@ def higgsaudio_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[
 
 
 @pytest.fixture(scope="session")
+def dia_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny Dia folders with their DAC codec folder inside (`dtype` of the Dia weights)."""
+    return _tiny_checkpoints(tmp_path_factory, "dia", "mizuoto_runtime.engines.dia.tiny")
+
+
+@pytest.fixture(scope="session")
+def csm_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny CSM folders, Mimi inside (`dtype` of the backbone and depth decoder weights)."""
+    return _tiny_checkpoints(tmp_path_factory, "csm", "mizuoto_runtime.engines.csm.tiny")
+
+
+@pytest.fixture(scope="session")
 def voxcpm2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny VoxCPM 2 folders (`dtype` of the main weights: float32 or bfloat16)."""
     return _tiny_checkpoints(tmp_path_factory, "voxcpm2", "mizuoto_runtime.engines.voxcpm2.tiny")

@@ -82,6 +82,28 @@ def clone_graph(engine: str, checkpoint: str, dtype: str, note: str, text: str, 
     }
 
 
+def dialogue_graph(engine: str, checkpoint: str, dtype: str, note: str, script: str, prefix: str) -> dict[str, Any]:
+    """A script of two characters spoken as one pass of a multi-speaker engine: each character's
+    recording and transcript, then the script."""
+    return {
+        "nodes": [
+            (1, "Note", 0, {"text": note}),
+            (2, "MizuotoEngineLoader", 0, {"engine": engine, "checkpoint": checkpoint, "dtype": dtype}),
+            (3, "LoadAudio", 1, {"audio": "voice_to_clone.wav"}),
+            (4, "LoadAudio", 1, {"audio": "voice_to_clone.wav"}),
+            (5, "MizuotoCharacterVoices", 2, {"name": "Alice", "transcript": "Type here what Alice's recording says."}),
+            (6, "MizuotoCharacterVoices", 2, {"name": "Bob", "transcript": "Type here what Bob's recording says."}),
+            (7, "MizuotoScriptToSpeech", 3, {"script": script}),
+            (8, "MizuotoSaveWav", 3, {"filename_prefix": prefix}),
+        ],
+        "links": [(3, "AUDIO", 5, "audio"), (4, "AUDIO", 6, "audio"), (5, "characters", 6, "characters"),
+                  (2, "engine", 7, "engine"), (6, "characters", 7, "characters"), (7, "audio", 8, "audio")],
+    }
+
+
+DIALOGUE_NOTE = ("Load a recording of each character with what it says typed into transcript. The lines between "
+                 "pauses are spoken in one pass, both voices together, as the model speaks a dialogue.")
+
 # title -> nodes (id, type, column, values) and links (from id, output, to id, input).
 GRAPHS: dict[str, dict[str, Any]] = {
     "Text to Speech - demo engine (no download)": {
@@ -231,6 +253,21 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "links": [(1, "engine", 2, "engine"), (1, "engine", 3, "engine"), (2, "voice", 3, "voice"),
                   (1, "engine", 4, "engine"), (3, "codes", 4, "codes"), (4, "audio", 5, "audio")],
     },
+    "Dialogue - Dia, two speakers in one pass (script)": dialogue_graph(
+        "dia", "Dia-1.6B-0626", "bfloat16",
+        "Put nari-labs/Dia-1.6B-0626 in ComfyUI/models/mizuoto/Dia-1.6B-0626/ as published on Hugging Face, "
+        "and its codec descript/dac_44khz in its dac_44khz/ subfolder (or beside it), then press R to refresh "
+        "the lists. Dia speaks [S1] and [S2]: Alice and Bob here; nonverbal tags such as (laughs) stay in the "
+        "text. " + DIALOGUE_NOTE,
+        "[Alice] Did you see the sky tonight?\n[Bob] I did. (laughs) It was full of stars.\n[Alice] Let's go "
+        "out again tomorrow.", "audio/mizuoto_dia"),
+    "Dialogue - CSM, a conversation of two speakers (script)": dialogue_graph(
+        "csm", "csm-1b", "bfloat16",
+        "Put sesame/csm-1b in ComfyUI/models/mizuoto/csm-1b/ as published on Hugging Face (the transformers "
+        "layout, Mimi inside), then press R to refresh the lists. CSM continues a conversation: each "
+        "recording is its speaker's context, each line hears the lines before it. " + DIALOGUE_NOTE,
+        "[Alice] Did you see the sky tonight?\n[Bob] I did. It was full of stars.\n[Alice] Let's go out "
+        "again tomorrow.", "audio/mizuoto_csm"),
     "Script to Speech - two characters and a pause (demo engine)": {
         "nodes": [
             (1, "Note", 0, {"text": "A script: [Alice] and [Bob] speak the rest of their line in the voices Character "

@@ -38,3 +38,25 @@ def config_from(cls: Any, folder: Path) -> Any:
         return cls.from_pretrained(str(folder))
     except (OSError, TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{folder / 'config.json'}: not a valid {cls.__name__} ({exc})") from exc
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """A transformers folder's weight files: the shards ``model.safetensors.index.json`` lists,
+    else ``model.safetensors``; one `CheckpointError` naming what is missing."""
+    index_path = folder / SAFETENSORS_INDEX
+    if not index_path.is_file():
+        single = folder / "model.safetensors"
+        if not single.is_file():
+            raise CheckpointError(f"{folder}: no model.safetensors or {SAFETENSORS_INDEX}")
+        return [single]
+    weight_map = read_json(index_path).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path}: not a safetensors index with a weight_map")
+    shards = [folder / name for name in sorted(set(map(str, weight_map.values())))]
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:
+        raise CheckpointError(f"{folder}: missing {', '.join(missing)} (listed in {SAFETENSORS_INDEX})")
+    return shards

@@ -125,3 +125,41 @@ def byte_level_tokenizer(special_tokens: Sequence[str], vocab_size: int, **roles
 
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def save_shards(state: dict[str, torch.Tensor], folder: Path, shards: int = 2) -> list[str]:
+    """`state` as transformers shards it: ``model-0000i-of-0000n.safetensors`` and
+    ``model.safetensors.index.json`` (keys in sorted order, split evenly); the files' names."""
+    from safetensors.torch import save_file
+
+    names = sorted(state)
+    step = -(-len(names) // shards)
+    weight_map: dict[str, str] = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i * step:(i + 1) * step]
+        save_file({k: state[k].detach().contiguous() for k in part}, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    write_json(folder / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return sorted(set(weight_map.values()))
+
+
+@torch.no_grad()
+def randomize_normed(model: nn.Module, gen: torch.Generator) -> None:
+    """Seeded weights of a plausible scale for a transformers model: norms near 1, small biases,
+    unit-scale embeddings and codebooks, Snake alphas near 1, everything else at fan-in scale.
+    Weight-normed layers get their direction and magnitude drawn alike (Dia's DAC, CSM's Mimi;
+    `randomize` is the Higgs tokenizer's, whose cluster sizes it also sets)."""
+    for name, p in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        if "norm" in owner.rpartition(".")[2] and leaf == "weight" and p.dim() == 1:
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+        elif leaf == "bias":
+            p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+        elif leaf == "alpha":  # Snake
+            p.copy_(1.0 + 0.1 * torch.rand(p.shape, generator=gen))
+        elif ("embed" in name or "codebook" in name) and p.dim() == 2:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=gen))

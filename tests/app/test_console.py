@@ -112,7 +112,8 @@ def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 
 ENGINES = {"demo": _demo, "qwen3tts": _qwen3tts, "f5tts": _clone("f5tts"), "omnivoice": _clone("omnivoice"),
            "voxcpm2": _clone("voxcpm2"), "cosyvoice": _cosyvoice, "fishspeech": _fishspeech, "gptsovits": _gptsovits,
-           "indextts2": _indextts2, "higgsaudio": _clone("higgsaudio"), "vibevoice": _clone("vibevoice")}
+           "indextts2": _indextts2, "higgsaudio": _clone("higgsaudio"), "vibevoice": _clone("vibevoice"),
+           "dia": _clone("dia"), "csm": _clone("csm")}
 
 
 # Engines whose tiny checkpoint needs a larger simulated device than 16 MB (GPT-SoVITS: its voice

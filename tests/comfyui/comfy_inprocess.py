@@ -193,6 +193,14 @@ def check_vibevoice_and_a_comfy_unet_evict_each_other_by_unit() -> None:
     evict_each_other_by_unit("vibevoice")
 
 
+def check_dia_and_a_comfy_unet_evict_each_other_by_unit() -> None:
+    evict_each_other_by_unit("dia")
+
+
+def check_csm_and_a_comfy_unet_evict_each_other_by_unit() -> None:
+    evict_each_other_by_unit("csm")
+
+
 CHECKS: dict[str, Callable[[], None]] = {
     **accounting_checks.CHECKS,  # the ComfyUI accounting checks every release of the harness runs
     **{name[len("check_"):]: fn for name, fn in list(globals().items()) if name.startswith("check_")},

@@ -59,3 +59,11 @@ def test_demo_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[
 
 def test_vibevoice_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[str, object]]) -> None:
     assert_check(results, "vibevoice_and_a_comfy_unet_evict_each_other_by_unit")
+
+
+def test_dia_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[str, object]]) -> None:
+    assert_check(results, "dia_and_a_comfy_unet_evict_each_other_by_unit")
+
+
+def test_csm_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[str, object]]) -> None:
+    assert_check(results, "csm_and_a_comfy_unet_evict_each_other_by_unit")

@@ -19,13 +19,15 @@ from conftest import link_checkpoint
 from support.layouts import qwen_layout
 
 FIXTURES = {"f5tts": "f5tts_checkpoint", "omnivoice": "omnivoice_checkpoint", "voxcpm2": "voxcpm2_checkpoint",
-            "higgsaudio": "higgsaudio_checkpoint"}
+            "higgsaudio": "higgsaudio_checkpoint", "dia": "dia_checkpoint", "csm": "csm_checkpoint"}
 # What a folder's type is called in the list, and the one file whose absence makes it half copied.
-LABELS = {"f5tts": "F5TTS_tiny", "omnivoice": "OmniVoice", "voxcpm2": "VoxCPM2", "higgsaudio": "Higgs Audio v2"}
+LABELS = {"f5tts": "F5TTS_tiny", "omnivoice": "OmniVoice", "voxcpm2": "VoxCPM2", "higgsaudio": "Higgs Audio v2",
+          "dia": "Dia", "csm": "CSM"}
 VALUES = {"f5tts": "f5tts/tiny (F5TTS_tiny)", "omnivoice": "omnivoice/tiny", "voxcpm2": "voxcpm2/tiny",
-          "higgsaudio": "higgsaudio/tiny (Higgs Audio v2)"}
+          "higgsaudio": "higgsaudio/tiny (Higgs Audio v2)", "dia": "dia/tiny", "csm": "csm/tiny"}
 REQUIRED = {"f5tts": "vocab.txt", "omnivoice": "audio_tokenizer/model.safetensors", "voxcpm2": "tokenizer.json",
-            "higgsaudio": "model.safetensors.index.json"}
+            "higgsaudio": "model.safetensors.index.json", "dia": "model-00002-of-00002.safetensors",
+            "csm": "model-00001-of-00002.safetensors"}
 
 
 def tiny(request: pytest.FixtureRequest, engine: str) -> Path:
