@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-ENGINE_FILES=(requirements/qwen3tts.txt requirements/f5tts.txt requirements/omnivoice.txt requirements/voxcpm2.txt requirements/fishspeech.txt requirements/cosyvoice.txt requirements/gptsovits.txt requirements/indextts2.txt)
+ENGINE_FILES=(requirements/qwen3tts.txt requirements/f5tts.txt requirements/omnivoice.txt requirements/voxcpm2.txt requirements/fishspeech.txt requirements/cosyvoice.txt requirements/gptsovits.txt requirements/indextts2.txt requirements/chatterbox.txt)
 
 install_engines() {  # $1: the environment's python; then extra `pip install` arguments
   local py=$1 tmp args=()
