@@ -30,7 +30,9 @@ equal one ``generate`` call with that seed.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import logging
 import math
 from pathlib import Path
@@ -102,10 +104,15 @@ class ChatterboxEngine(Engine):
 
     @functools.cached_property
     def watermarker(self) -> Any:
-        """Upstream's default watermark (Perth implicit), on the CPU as upstream builds it."""
+        """Upstream's default watermark (Perth implicit), on the CPU as upstream builds it. Its
+        loader prints a line on stdout (where the CLI writes its JSON): kept for the log."""
         import perth
 
-        return perth.PerthImplicitWatermarker()
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            marker = perth.PerthImplicitWatermarker()
+        log.debug("perth: %s", said.getvalue().strip())
+        return marker
 
     # ---- voice prompt ----------------------------------------------------------------------
     def voice_prompt(self, ctx: RequestContext, reference: Audio | None = None, transcript: str | None = None,

@@ -1,0 +1,276 @@
+"""The Chatterbox engine on tiny random checkpoints in the published layout (issue 34: M1, M4,
+M27, M40, M57; equal to upstream).
+
+Skipped where a package of requirements/chatterbox.txt is not installed. Upstream is
+`chatterbox.tts.ChatterboxTTS` over the same modules `from_local` builds (at the tiny sizes, which
+its `from_local` cannot construct: it hard-codes the published ones), loaded by its own
+`load_state_dict(load_file(...))`; its `generate` caps T3 at a hard-coded 1000 tokens, so the tests
+call its `T3.inference` with `max_new_tokens=TOKENS` instead, the one setting changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import wave
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from mizuoto_runtime import CheckpointError, MizuotoError, OomInjector, Runtime
+from mizuoto_runtime.app.cli import main
+from mizuoto_runtime.audio import Audio, write_wav
+from mizuoto_runtime.engines import Sampling, engine_class
+from mizuoto_runtime.errors import ArgumentError
+
+from conftest import link_checkpoint
+from support.oom import allocations_during
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+Checkpoint = Callable[..., Path]
+REFERENCE = Audio(0.3 * torch.sin(torch.arange(16000) / 6.0).unsqueeze(0), 16000)  # resampled to 24 kHz
+TEXT = "Hello there, tiny box."
+TOKENS = 24
+PLACEMENTS = ("none", "half", "whole")
+COMPONENTS = {"s3_tokenizer", "speaker_encoder", "voice_encoder", "talker", "flow", "vocoder"}
+
+
+def sampling(seed: int = 7) -> Sampling:
+    """Upstream's generate() defaults (temperature 0.8, repetition penalty 1.2, top-p 1)."""
+    return Sampling(seed=seed, temperature=0.8, repetition_penalty=1.2, top_p=1.0, max_new_tokens=TOKENS)
+
+
+def runtime(placement: str = "plain") -> Runtime:
+    if placement == "plain":
+        return Runtime()
+    return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
+
+
+def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 7, **voice: Any) -> tuple[torch.Tensor, dict]:
+    engine = rt.engine("chatterbox", folder)
+    if placement == "half":
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    audio, meta = rt.say(engine, TEXT, sampling=sampling(seed), **voice)
+    return audio.waveform, meta
+
+
+def upstream_tts(folder: Path) -> Any:
+    from chatterbox.models.tokenizers import EnTokenizer
+    from chatterbox.models.voice_encoder import VoiceEncoder
+    from chatterbox.tts import ChatterboxTTS, Conditionals
+    from safetensors.torch import load_file
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint
+
+    sizes = checkpoint.sizes_of(folder)
+    ve = VoiceEncoder()
+    ve.load_state_dict(load_file(folder / "ve.safetensors"))
+    t3 = checkpoint.build_t3(sizes)
+    t3.load_state_dict(load_file(folder / "t3_cfg.safetensors"))
+    s3gen = checkpoint.build_s3gen(sizes)
+    s3gen.load_state_dict(load_file(folder / "s3gen.safetensors"), strict=False)
+    for m in (ve, t3, s3gen):
+        m.eval()
+    conds = Conditionals.load(folder / "conds.pt")
+    tts = ChatterboxTTS(t3, s3gen, ve, EnTokenizer(str(folder / "tokenizer.json")), "cpu", conds=conds)
+    inference = type(t3).inference
+    t3.inference = lambda **kw: inference(t3, **{**kw, "max_new_tokens": TOKENS})
+    return tts
+
+
+class Unmarked:
+    """A watermarker that leaves the audio as it is (perth's DummyWatermarker rounds it)."""
+
+    @staticmethod
+    def apply_watermark(wav: np.ndarray, sample_rate: int) -> np.ndarray:
+        return wav
+
+
+_plain: dict[str, torch.Tensor] = {}
+
+
+def plain(folder: Path) -> torch.Tensor:
+    if "clone" not in _plain:
+        _plain["clone"] = say(runtime(), folder, reference=REFERENCE)[0]
+    return _plain["clone"]
+
+
+@pytest.mark.parametrize("mode", ["clone", "builtin"])
+def test_equals_the_package_generate(chatterbox_checkpoint: Checkpoint, tmp_path: Path, mode: str) -> None:
+    """Our three phases over our own load (meta + mmap safetensors) equal upstream's one call,
+    `ChatterboxTTS.generate(text, audio_prompt_path=..., exaggeration=...)` after
+    `torch.manual_seed`, sample by sample, watermark included; for a reference (read by upstream
+    from a float WAV file) and for the folder's built-in voice (conds.pt)."""
+    import soundfile
+
+    folder = chatterbox_checkpoint()
+    exaggeration = 0.7
+    voice: dict[str, Any] = {"voice_options": {"exaggeration": exaggeration}}
+    kwargs: dict[str, Any] = {"exaggeration": exaggeration}
+    if mode == "clone":
+        voice["reference"] = REFERENCE
+        path = tmp_path / "ref.wav"
+        soundfile.write(path, REFERENCE.waveform[0].numpy(), REFERENCE.sample_rate, subtype="FLOAT")
+        kwargs["audio_prompt_path"] = str(path)
+    ours, meta = say(runtime(), folder, **voice)
+    tts = upstream_tts(folder)
+    torch.manual_seed(7)
+    theirs = tts.generate(TEXT, **kwargs)
+    assert ours.shape[-1] > 0 and ours.abs().max() > 0
+    assert torch.equal(ours, theirs), f"{mode} differs from the package"
+    placed = {key.split(":", 1)[1] for key in meta["memory"]["components"]}
+    encoders = {"s3_tokenizer", "speaker_encoder", "voice_encoder"}
+    assert placed == (COMPONENTS if mode == "clone" else COMPONENTS - encoders)  # M1
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_streams_exactly(chatterbox_checkpoint: Checkpoint, placement: str) -> None:
+    """M57: none / half / whole on the strict simulated device equal the plain CPU run,
+    watermarked audio included (the watermark runs on the CPU after the decoder: the same under
+    every placement); the partial placements stream the talker's layers."""
+    folder = chatterbox_checkpoint()
+    rt = runtime(placement)
+    wav, meta = say(rt, folder, placement, reference=REFERENCE)
+    assert torch.equal(wav, plain(folder)), f"{placement}: audio differs from the plain CPU run"
+    memory = meta["memory"]
+    assert {key.split(":", 1)[1] for key in memory["components"]} == COMPONENTS
+    if placement == "whole":
+        assert memory["partial"] == {} and memory["streamed_mb"] == 0
+    else:
+        assert "chatterbox:talker" in memory["partial"] and memory["streamed_mb"] > 0
+    talker = rt.engine("chatterbox", folder).talker
+    assert talker.kind == "sequence" and len(talker.units) == 2  # the Llama layers
+
+
+def test_the_watermark_is_upstreams_and_on_every_output(chatterbox_checkpoint: Checkpoint) -> None:
+    """The output is the decoder's waveform with Perth's implicit watermark applied (upstream's
+    default), not the bare waveform."""
+    import perth
+
+    folder = chatterbox_checkpoint()
+    rt = runtime()
+    engine = rt.engine("chatterbox", folder)
+    engine.watermarker = Unmarked()  # the bare decoder output
+    bare, _ = say(rt, folder, reference=REFERENCE)
+    marked = plain(folder)
+    assert bare.shape == marked.shape and not torch.equal(bare, marked)
+    again = perth.PerthImplicitWatermarker().apply_watermark(bare[0].numpy(), sample_rate=24000)
+    assert torch.equal(torch.from_numpy(again).unsqueeze(0), marked)
+
+
+def test_oom_mid_talker_reruns_exactly(chatterbox_checkpoint: Checkpoint) -> None:
+    """M40: an OOM in the middle of the talker (a streamed layer's copy) reruns the phase with the
+    same draws: the audio is the plain run's."""
+    folder = chatterbox_checkpoint()
+    probe = runtime("none")
+    with allocations_during(probe, probe.engine("chatterbox", folder), "generate") as inside:
+        assert torch.equal(say(probe, folder, reference=REFERENCE)[0], plain(folder))
+    assert len(inside) > TOKENS  # a copy per layer per token
+    rt = runtime("none")
+    injector = OomInjector(at=inside[len(inside) // 2])
+    rt.devices.fault_hook = injector
+    wav, meta = say(rt, folder, reference=REFERENCE)
+    assert injector.raised == 1 and meta["applied"]["oom_retries"] == 1
+    assert torch.equal(wav, plain(folder))
+
+
+def test_a_cached_voice_is_not_encoded_again_and_exaggeration_needs_no_encoding(
+        chatterbox_checkpoint: Checkpoint) -> None:
+    """M4: the same reference again places no encoder, at another exaggeration too (it is T3's
+    emotion input only), which changes the audio; the seed changes it too."""
+    folder = chatterbox_checkpoint()
+    rt = runtime("none")
+    first, _ = say(rt, folder, reference=REFERENCE)
+    rt.manager.events.clear()
+    excited, _ = say(rt, folder, reference=REFERENCE, voice_options={"exaggeration": 1.5})
+    placed = {name for action, name, _ in rt.manager.events if action == "place"}
+    assert not placed & {"chatterbox:s3_tokenizer", "chatterbox:speaker_encoder", "chatterbox:voice_encoder"}
+    assert "chatterbox:talker" in placed
+    assert torch.equal(first, plain(folder))
+    assert not torch.equal(first[..., :excited.shape[-1]], excited[..., :first.shape[-1]])
+    other, _ = say(rt, folder, seed=8, reference=REFERENCE)
+    assert not torch.equal(first[..., :other.shape[-1]], other[..., :first.shape[-1]])
+
+
+def test_loading_and_voice_errors_name_what_is_wrong(chatterbox_checkpoint: Checkpoint, tmp_path: Path) -> None:
+    folder = chatterbox_checkpoint()
+    rt = Runtime()
+    with pytest.raises(CheckpointError, match="folder not found"):
+        rt.engine("chatterbox", tmp_path / "nowhere")
+    partial = link_checkpoint(folder, tmp_path / "partial", skip=("s3gen.safetensors",))
+    with pytest.raises(CheckpointError, match="missing s3gen.safetensors"):
+        rt.engine("chatterbox", partial)
+    (partial / "s3gen.safetensors").symlink_to(folder / "ve.safetensors")
+    with pytest.raises(CheckpointError, match="has no tensor tokenizer.encoder.conv1.weight"):
+        rt.engine("chatterbox", partial)
+    assert engine_class("chatterbox").describe_checkpoint(partial) is not None  # the files are there
+    assert engine_class("chatterbox").describe_checkpoint(tmp_path) is None
+    no_voice = link_checkpoint(folder, tmp_path / "no-voice", skip=("conds.pt",))
+    engine = rt.engine("chatterbox", no_voice)
+    ctx = rt.request()
+    with pytest.raises(MizuotoError, match="no built-in voice"):
+        engine.voice_prompt(ctx)
+    with pytest.raises(MizuotoError, match="no named speakers"):
+        engine.voice_prompt(ctx, speaker="alice")
+    with pytest.raises(ArgumentError, match="no voice description"):
+        engine.voice_prompt(ctx, REFERENCE, instruct="calm")
+    for bad in (-1.0, float("nan"), "high", True):
+        with pytest.raises(ArgumentError, match="exaggeration must be a finite number >= 0"):
+            engine.voice_prompt(ctx, REFERENCE, exaggeration=bad)  # type: ignore[arg-type]
+
+
+def test_bf16_talker_loads_in_place(chatterbox_checkpoint: Checkpoint) -> None:
+    """M27: T3 loads straight into bfloat16 and equals float32-then-convert; S3Gen and the voice
+    encoder stay float32; a bfloat16 checkpoint loads bit for bit; the engine speaks."""
+    rt = Runtime()
+    half = rt.engine("chatterbox", chatterbox_checkpoint(), "bfloat16")
+    full = rt.engine("chatterbox", chatterbox_checkpoint(), "float32")
+    ours, theirs = half.models.t3.state_dict(), full.models.t3.state_dict()
+    for key, value in ours.items():
+        if value.is_floating_point():
+            assert value.dtype == torch.bfloat16 and torch.equal(value, theirs[key].to(torch.bfloat16)), key
+    assert {p.dtype for p in half.models.s3gen.parameters()} == {torch.float32}
+    saved = rt.engine("chatterbox", chatterbox_checkpoint("bfloat16"), "bfloat16")
+    assert all(torch.equal(v, saved.models.t3.state_dict()[k]) for k, v in ours.items())
+
+
+def test_sizes_are_read_back_from_the_headers(chatterbox_checkpoint: Checkpoint) -> None:
+    """The published sizes build upstream's own `T3()` / `S3Gen()` (no part rebuilt), and a
+    folder's sizes are read back from its safetensors headers."""
+    from chatterbox.models.s3gen import S3Gen
+    from chatterbox.models.t3 import T3
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+
+    assert checkpoint.sizes_of(chatterbox_checkpoint()) == tiny.TINY
+    assert checkpoint.llama_config_name(checkpoint.PUBLISHED) == "Llama_520M"
+    for ours, theirs in ((checkpoint.build_t3(checkpoint.PUBLISHED), T3()),
+                         (checkpoint.build_s3gen(checkpoint.PUBLISHED), S3Gen())):
+        shapes = {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+        assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == shapes
+
+
+def test_cli_say_and_tiny_checkpoint(chatterbox_checkpoint: Checkpoint, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "tiny-chatterbox"
+    assert main(["tiny-checkpoint", "--engine", "chatterbox", str(folder)]) == 0
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert {"ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "tokenizer.json", "conds.pt"} <= set(files)
+    for name in files:
+        digest = [hashlib.sha256((root / name).read_bytes()).hexdigest() for root in (folder, chatterbox_checkpoint())]
+        assert digest[0] == digest[1], f"{name} is not byte-identical across runs"
+    write_wav(tmp_path / "ref.wav", REFERENCE)
+    out = tmp_path / "out.wav"
+    code = main(["say", "--engine", "chatterbox", "--model", str(folder), TEXT, "-o", str(out), "--voice",
+                 str(tmp_path / "ref.wav"), "--max-new-tokens", str(TOKENS),
+                 "--setting", "compute.simulate_vram_mb=256", "--setting", "compute.vram_mode=none"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
+    with wave.open(str(out)) as f:
+        assert f.getframerate() == 24000 and f.getnframes() > 0
+        assert np.abs(np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")).max() > 10
