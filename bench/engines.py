@@ -10,7 +10,7 @@ written to a temporary folder), one request of each placement, repeated and inte
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
 ``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo,
-CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2 and GPT-SoVITS (the
+CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2, GPT-SoVITS and Chatterbox (the
 default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/engines/test_engine_estimates.py` asserts it).
@@ -77,7 +77,7 @@ TINY: dict[str, tuple[str, str | None, torch.dtype | None]] = {
     "fishspeech": ("fishspeech", None, torch.bfloat16), "fishspeech-s1": ("fishspeech", "s1-mini", torch.bfloat16),
     "cosyvoice2": ("cosyvoice", "2", None), "cosyvoice3": ("cosyvoice", "3", None),
     "indextts2": ("indextts2", None, None), "voxcpm2": ("voxcpm2", None, None), "qwen3tts": ("qwen3tts", None, None),
-    "gptsovits": ("gptsovits", "v2", None)}
+    "gptsovits": ("gptsovits", "v2", None), "chatterbox": ("chatterbox", None, None)}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
@@ -298,6 +298,8 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "indextts2": [PeakRequest(1, INDEX_TEST_TEXT, 12), PeakRequest(3, INDEX_TEST_TEXT * 2, CODES)],
     # test_gptsovits.py: a 3 s reference, 16 tokens; Chinese text, so the BERT phase runs too
     "gptsovits": [PeakRequest(3, GPTSOVITS_TEXT, 16, "Chinese"), PeakRequest(5, GPTSOVITS_TEXT * 2, 48, "Chinese")],
+    # test_chatterbox.py: a 1 s reference, 24 speech tokens; a longer one and more tokens
+    "chatterbox": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 48)],
 }
 # The runtime's engine id of each bench name of one engine's version.
 RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}

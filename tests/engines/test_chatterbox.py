@@ -256,7 +256,7 @@ def test_sizes_are_read_back_from_the_headers(chatterbox_checkpoint: Checkpoint)
 
 
 def test_cli_say_and_tiny_checkpoint(chatterbox_checkpoint: Checkpoint, tmp_path: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+                                     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "tiny-chatterbox"
     assert main(["tiny-checkpoint", "--engine", "chatterbox", str(folder)]) == 0
     files = json.loads(capsys.readouterr().out)["files"]
@@ -267,10 +267,13 @@ def test_cli_say_and_tiny_checkpoint(chatterbox_checkpoint: Checkpoint, tmp_path
     write_wav(tmp_path / "ref.wav", REFERENCE)
     out = tmp_path / "out.wav"
     code = main(["say", "--engine", "chatterbox", "--model", str(folder), TEXT, "-o", str(out), "--voice",
-                 str(tmp_path / "ref.wav"), "--max-new-tokens", str(TOKENS),
+                 str(tmp_path / "ref.wav"), "--max-new-tokens", str(TOKENS), "--exaggeration", "0.9",
                  "--setting", "compute.simulate_vram_mb=256", "--setting", "compute.vram_mode=none"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["sample_rate"] == 24000 and result["memory"]["streamed_mb"] > 0
     with wave.open(str(out)) as f:
         assert f.getframerate() == 24000 and f.getnframes() > 0
         assert np.abs(np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")).max() > 10
+    caplog.clear()  # another engine refuses it, naming it
+    assert main(["say", "--engine", "demo", TEXT, "-o", str(out), "--exaggeration", "0.9"]) == 2
+    assert "takes no exaggeration" in caplog.text

@@ -1,7 +1,7 @@
 """M45: each engine phase's working-memory estimate, made from the request before the phase runs,
 fits what the phase really allocates: between 1.0x and 1.3x of its measured CPU peak, for every
 phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3, Fish
-Speech S2-Pro / S1-mini, IndexTTS-2, GPT-SoVITS v2), on the plain CPU with tiny checkpoints in the published
+Speech S2-Pro / S1-mini, IndexTTS-2, GPT-SoVITS v2, Chatterbox), on the plain CPU with tiny checkpoints in the published
 layouts, at two request sizes each (issue 11, 12, 21, 22).
 
 Measured as `bench/engines.py --peaks` prints it (`phase_peaks`): the peak of CPU tensor storages
@@ -44,6 +44,8 @@ PHASES = {  # the phases each engine must report (with components: where weights
     "indextts2": {"voice prompt (w2v_bert+semantic_codec+campplus+conditioning)", "talker (talker)", "flow (flow)",
                   "vocoder (vocoder)"},
     "gptsovits": {"voice prompt (hubert+vits)", "bert (bert)", "talker (t2s)", "decoder (vits)"},
+    "chatterbox": {"voice prompt (s3_tokenizer+speaker_encoder+voice_encoder)", "talker (talker)", "flow (flow)",
+                   "vocoder (vocoder)"},
 }
 NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits")  # engines whose folders bench/engines.py writes
 

@@ -45,7 +45,7 @@ from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from .checkpoint import CONDS_FILE, check_layout, load
+from .checkpoint import CONDS_FILE, HEAD_DIM, check_layout, load
 from .conditioning import DEC_COND_SECONDS, at_24k, conditionals
 
 log = logging.getLogger(__name__)
@@ -57,14 +57,22 @@ MAX_SPEECH_TOKENS = 1000  # upstream's generate() caps T3 at 1000 tokens (40 s)
 SPEECH_VOCAB = 6561  # S3 speech tokens; T3's others (start, stop, padding) are dropped
 TOKENS_PER_TEXT_TOKEN = 8  # M46: speech tokens (25 Hz) a text token plans for, capped by the above
 FLOW_STEPS = 10
-MEL_PER_TOKEN = 2
-# Fitted to CPU peaks (bench/engines.py --peaks): live activations of a Llama layer per row and
-# position in hidden-size units, the flow estimator's per mel frame, HiFT's per output sample.
-T3_LAYER_COPIES = 6
-ESTIMATOR_COPIES = 24
-HIFT_BYTES_PER_SAMPLE = 160
-ENCODER_BYTES_PER_SAMPLE = 96
-
+MEL_PER_TOKEN = 2  # S3Gen's mels are 50 Hz, its tokens 25 Hz
+# Fitted to CPU peaks (bench/engines.py --peaks: 1 and 3 s references, 24 and 48 tokens) to land
+# 1.0-1.3x above them (M45); on CUDA the M47 calibration corrects them further.
+# Per reference sample (24 kHz): resampling, the three encoders' front ends (mels, fbanks).
+ENCODER_BYTES_PER_SAMPLE = 120
+# Live copies of the S3 tokenizer's activations (width x 100 Hz frames): attention, FSMN, MLP.
+TOKENIZER_COPIES = 8
+CONDITIONING_POSITIONS = 34  # T3's speaker (1), perceiver (32) and emotion (1) positions
+# The flow per speech token, in copies of its widths: the conformer encoder's activations at 512
+# wide over 2 frames, the estimator's over 2 CFG rows x 2 frames; and copies of the attention
+# scores (relative-position attention keeps both score matrices and their shift).
+FLOW_ENCODER_COPIES = 12
+ESTIMATOR_COPIES = 12
+SCORE_COPIES = 6
+# HiFT per output sample: the harmonic source, its STFT and the last stages; plus the widths.
+HIFT_BYTES_PER_SAMPLE = 180
 
 class ChatterboxEngine(Engine):
     """Chatterbox in three phases: voice prompt, talker (T3), decoder (S3Gen flow + HiFT) (M1)."""
@@ -148,14 +156,14 @@ class ChatterboxEngine(Engine):
             return conditionals(m.t3, m.s3gen, m.ve, wav, self.device)
 
         return ctx.run("voice prompt", [self.s3_tokenizer, self.speaker_encoder, self.voice_encoder], encode,
-                       self.voice_prompt_memory(min(wav.shape[-1], DEC_COND_SECONDS * 24000)))
+                       self.voice_prompt_memory(wav.shape[-1]))
 
     def voice_prompt_memory(self, samples_24k: int) -> int:
-        """M45: the reference's encoders (float32): the S3 tokenizer's and CAM++'s features and
-        the voice encoder's partial mels, per reference sample."""
-        width = self.models.sizes.tokenizer_width
-        frames = samples_24k // 960 + 1  # 25 Hz after the tokenizer's two stride-2 convs (100 Hz mels)
-        return ENCODER_BYTES_PER_SAMPLE * samples_24k + 4 * 4 * frames * 4 * width
+        """M45: the reference's encoders (float32): per reference sample (the voice encoder reads
+        it whole), and the S3 tokenizer's activations over its 100 Hz mel frames (of the first
+        10 s at most)."""
+        frames = min(samples_24k, DEC_COND_SECONDS * 24000) // 240 + 1
+        return ENCODER_BYTES_PER_SAMPLE * samples_24k + 4 * TOKENIZER_COPIES * frames * self.models.sizes.tokenizer_width
 
     # ---- talker ----------------------------------------------------------------------------
     def _text_tokens(self, text: str) -> torch.Tensor:
@@ -171,17 +179,20 @@ class ChatterboxEngine(Engine):
         return min(sampling.max_new_tokens, MAX_SPEECH_TOKENS)
 
     def talker_memory(self, text_tokens: int, speech_tokens: int) -> int:
-        """M45/M46: T3's working memory: the KV cache of both CFG rows over the conditioning
-        (speaker, perceiver's 32, emotion), text and speech positions, the prefill's layer
-        activations, and the logits of both rows."""
+        """M45/M46: T3's working memory, both CFG rows: the KV cache over the conditioning,
+        text and speech positions (`text_tokens` with start and stop), and what upstream's loop
+        asks of the prefill: the speech logits of every prompt position, every layer's hidden
+        states and attention weights (it runs with output_hidden_states and output_attentions)."""
         t3 = self.models.t3
         cfg = t3.cfg
         elem = element_size(self.dtype)
-        positions = 34 + text_tokens + speech_tokens
-        kv = peak_bytes(2 * cfg.num_key_value_heads * cfg.head_dim * elem, cfg.num_hidden_layers, positions, "dynamic", 2)
-        prefill = 2 * (34 + text_tokens) * elem * (T3_LAYER_COPIES * cfg.hidden_size + 2 * cfg.intermediate_size)
-        logits = 2 * 4 * t3.hp.speech_tokens_dict_size * 4
-        return kv + prefill + logits
+        prompt = CONDITIONING_POSITIONS + text_tokens + 1  # and the start-of-speech token
+        kv = peak_bytes(2 * cfg.num_key_value_heads * cfg.head_dim * elem, cfg.num_hidden_layers,
+                        prompt + speech_tokens, "dynamic", 2)
+        logits = 2 * prompt * t3.hp.speech_tokens_dict_size * elem
+        hidden = (cfg.num_hidden_layers + 1) * 2 * prompt * cfg.hidden_size * elem
+        attention = cfg.num_hidden_layers * 2 * cfg.num_attention_heads * prompt * prompt * 4
+        return kv + logits + hidden + attention
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         from chatterbox.models.t3.modules.cond_enc import T3Cond
@@ -208,18 +219,21 @@ class ChatterboxEngine(Engine):
 
     # ---- decoder ---------------------------------------------------------------------------
     def flow_memory(self, tokens: int) -> int:
-        """M45: the flow's working memory (float32) for `tokens` speech tokens plus the
-        reference's: the encoder at 512 wide over the tokens and the estimator's activations
-        per mel frame, both CFG rows."""
+        """M45: the flow's working memory (float32) for `tokens` speech tokens (the reference's
+        and the new ones): the conformer encoder (512 wide, 8 heads) and the estimator (2 CFG
+        rows) over 2 mel frames per token, and their attention scores, which grow with the
+        square of the frames."""
         sizes = self.models.sizes
         frames = MEL_PER_TOKEN * tokens
-        encoder = 4 * tokens * (8 * 512 + 2 * sizes.flow_units) + 4 * frames * 8 * 512
-        estimator = 4 * 2 * frames * ESTIMATOR_COPIES * max(sizes.estimator_channels, 64 * sizes.estimator_heads)
-        return encoder + estimator
+        inner = max(sizes.estimator_channels, HEAD_DIM * sizes.estimator_heads)
+        linear = 4 * frames * (512 * FLOW_ENCODER_COPIES + 2 * inner * ESTIMATOR_COPIES)
+        heads = 512 // HEAD_DIM + 2 * sizes.estimator_heads
+        return linear + 4 * heads * frames * frames * SCORE_COPIES
 
     def vocoder_memory(self, frames: int) -> int:
-        """M45: HiFT's working memory for `frames` mel frames (480 samples each at 24 kHz)."""
-        return HIFT_BYTES_PER_SAMPLE * frames * 480
+        """M45: HiFT's working memory for `frames` mel frames (480 samples each at 24 kHz), per
+        sample: its source and STFT, and its stages, which scale with its base width."""
+        return (HIFT_BYTES_PER_SAMPLE + self.models.sizes.hift_channels) * frames * 480
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         from chatterbox.models.s3gen.const import S3GEN_SR
