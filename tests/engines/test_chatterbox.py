@@ -277,3 +277,28 @@ def test_cli_say_and_tiny_checkpoint(chatterbox_checkpoint: Checkpoint, tmp_path
     caplog.clear()  # another engine refuses it, naming it
     assert main(["say", "--engine", "demo", TEXT, "-o", str(out), "--exaggeration", "0.9"]) == 2
     assert "takes no exaggeration" in caplog.text
+
+
+def test_a_script_speaks_line_by_line_in_each_characters_voice_and_exaggeration(
+        chatterbox_checkpoint: Checkpoint) -> None:
+    """A two-character script (one voice per pass: VOICES_PER_PASS stays 1) speaks each line as
+    `say` speaks it alone with that character's reference and exaggeration, and seed + line."""
+    from mizuoto_runtime.app.scripts.runner import CharacterVoice, speak_script
+    from mizuoto_runtime.app.scripts.syntax import parse_script
+
+    folder = chatterbox_checkpoint()
+    other = Audio(0.3 * torch.sin(torch.arange(16000) / 9.0).unsqueeze(0), 16000)
+    voices = {None: CharacterVoice(REFERENCE, options={"exaggeration": 0.3}),
+              "Bob": CharacterVoice(other, options={"exaggeration": 1.2})}
+    script = parse_script("Hello there.\n[Bob] Hi, how are you?", ["Bob"])
+    rt = runtime()
+    engine = rt.engine("chatterbox", folder)
+    out = speak_script(rt, engine, script, voices, sampling())
+    assert len(out.lines) == 2
+    for index, (line, audio) in enumerate(zip(script.lines, out.lines)):
+        voice = voices[line.character]
+        single = Runtime()
+        alone, _ = single.say(single.engine("chatterbox", folder), line.text, reference=voice.reference,
+                              sampling=sampling(7 + index), voice_options=voice.options)
+        assert torch.equal(audio.waveform, alone.waveform), f"line {index} differs from its run alone"
+    assert not torch.equal(out.lines[0].waveform[..., :10], out.lines[1].waveform[..., :10])
