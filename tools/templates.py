@@ -177,7 +177,8 @@ GRAPHS: dict[str, dict[str, Any]] = {
                                     "Hugging Face (ResembleAI/chatterbox: ve.safetensors, t3_cfg.safetensors, "
                                     "s3gen.safetensors, tokenizer.json, conds.pt; MIT licence), then press R to "
                                     "refresh the lists. Load 5-10 s of clear speech of the voice to clone (no "
-                                    "transcript needed), or none for its built-in voice. English. Every output "
+                                    "transcript needed), or none for its built-in voice. Pick chatterbox/t3_mtl23ls_v2.safetensors "
+                                    "(Chatterbox Multilingual, with its files) for 23 languages. Every output "
                                     "carries Resemble AI's Perth audio watermark, as upstream applies it."}),
             (2, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
             (3, "MizuotoTTS", 1, {"text": "Hello from Mizuoto. Chatterbox speaks in the voice of the reference "

@@ -187,7 +187,8 @@ def test_a_cached_voice_is_not_encoded_again_and_exaggeration_needs_no_encoding(
     rt = runtime("none")
     first, _ = say(rt, folder, reference=REFERENCE)
     rt.manager.events.clear()
-    excited, _ = say(rt, folder, reference=REFERENCE, voice_options={"exaggeration": 1.5})
+    # far from the default: in the random tiny T3 one conditioning position moves the draws little
+    excited, _ = say(rt, folder, reference=REFERENCE, voice_options={"exaggeration": 5.0})
     placed = {name for action, name, _ in rt.manager.events if action == "place"}
     assert not placed & {"chatterbox:s3_tokenizer", "chatterbox:speaker_encoder", "chatterbox:voice_encoder"}
     assert "chatterbox:talker" in placed
@@ -302,3 +303,108 @@ def test_a_script_speaks_line_by_line_in_each_characters_voice_and_exaggeration(
                               sampling=sampling(7 + index), voice_options=voice.options)
         assert torch.equal(audio.waveform, alone.waveform), f"line {index} differs from its run alone"
     assert not torch.equal(out.lines[0].waveform[..., :10], out.lines[1].waveform[..., :10])
+
+
+# ---- Chatterbox Multilingual: the same folder's t3_mtl23ls_v2.safetensors -------------------------
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny folder with both models, as the published repository has them; the loader's choice
+    of the multilingual model is its T3 file."""
+    from mizuoto_runtime.engines.chatterbox import tiny
+
+    folder = tiny.write(tmp_path_factory.mktemp("chatterbox-mtl"), version="multilingual")
+    return folder / "t3_mtl23ls_v2.safetensors"
+
+
+MTL_TEXT = "Bonjour, petite boite."
+
+
+def mtl_sampling(seed: int = 7) -> Sampling:
+    """The multilingual generate()'s defaults (repetition penalty 2.0), in French."""
+    return Sampling(seed=seed, temperature=0.8, repetition_penalty=2.0, top_p=1.0, max_new_tokens=TOKENS,
+                    language="French")
+
+
+def mtl_say(rt: Runtime, choice: Path, placement: str = "plain") -> tuple[torch.Tensor, dict]:
+    engine = rt.engine("chatterbox", choice)
+    if placement == "half":
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    audio, meta = rt.say(engine, MTL_TEXT, reference=REFERENCE, sampling=mtl_sampling())
+    return audio.waveform, meta
+
+
+_mtl_plain: dict[str, torch.Tensor] = {}
+
+
+def test_multilingual_equals_the_package_generate(multilingual: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our phases over the multilingual model equal upstream's `ChatterboxMultilingualTTS.generate(
+    text, "fr", audio_prompt_path=...)` (its modules loaded as its from_local loads them: ve.pt and
+    s3gen.pt with weights_only=True, the T3 file; its own MTLTokenizer), sample for sample."""
+    import soundfile
+    from chatterbox.models.tokenizers import MTLTokenizer
+    from chatterbox.models.voice_encoder import VoiceEncoder
+    from chatterbox.mtl_tts import ChatterboxMultilingualTTS
+    from safetensors.torch import load_file
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint
+
+    ours, _ = mtl_say(runtime(), multilingual)
+    _mtl_plain["plain"] = ours
+    folder = multilingual.parent
+    s3gen_state = torch.load(folder / "s3gen.pt", weights_only=True)
+    sizes = checkpoint.sizes_of(folder, True, {k: tuple(v.shape) for k, v in s3gen_state.items()})
+    ve = VoiceEncoder()
+    ve.load_state_dict(torch.load(folder / "ve.pt", weights_only=True))
+    t3 = checkpoint.build_t3(sizes, multilingual=True)
+    t3.load_state_dict(load_file(folder / "t3_mtl23ls_v2.safetensors"))
+    s3gen = checkpoint.build_s3gen(sizes)
+    s3gen.load_state_dict(s3gen_state)
+    for m in (ve, t3, s3gen):
+        m.eval()
+    # Upstream's tokenizer downloads Cangjie5_TC.json when built: offline, it goes without (Chinese only).
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    tokenizer = MTLTokenizer(str(folder / "grapheme_mtl_merged_expanded_v1.json"))
+    tts = ChatterboxMultilingualTTS(t3, s3gen, ve, tokenizer, "cpu")
+    inference = type(t3).inference
+    t3.inference = lambda **kw: inference(t3, **{**kw, "max_new_tokens": TOKENS})
+    path = tmp_path / "ref.wav"
+    soundfile.write(path, REFERENCE.waveform[0].numpy(), REFERENCE.sample_rate, subtype="FLOAT")
+    torch.manual_seed(7)
+    theirs = tts.generate(MTL_TEXT, "fr", audio_prompt_path=str(path))
+    assert ours.shape[-1] > 0 and torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_multilingual_streams_exactly(multilingual: Path, placement: str) -> None:
+    """M57 for the multilingual model (14 layers; the alignment analyzer's hooks on three of them)."""
+    expected = _mtl_plain.get("plain")
+    if expected is None:
+        expected = _mtl_plain.setdefault("plain", mtl_say(runtime(), multilingual)[0])
+    wav, meta = mtl_say(runtime(placement), multilingual, placement)
+    assert torch.equal(wav, expected), f"{placement}: audio differs from the plain CPU run"
+    if placement == "whole":
+        assert meta["memory"]["streamed_mb"] == 0
+    else:
+        assert "chatterbox:talker" in meta["memory"]["partial"] and meta["memory"]["streamed_mb"] > 0
+
+
+def test_the_folder_offers_both_models_and_languages_are_checked(multilingual: Path,
+                                                                 chatterbox_checkpoint: Checkpoint) -> None:
+    cls = engine_class("chatterbox")
+    entries = cls.checkpoint_entries(multilingual.parent)
+    assert [(name, info.label) for name, info in entries] == [
+        ("", "Chatterbox"), ("t3_mtl23ls_v2.safetensors", "Chatterbox Multilingual")]
+    assert entries[1][1].languages[:3] == ["auto", "ar", "da"] and "fr" in entries[1][1].languages
+    assert [name for name, _ in cls.checkpoint_entries(chatterbox_checkpoint())] == [""]  # English files only
+    rt = Runtime()
+    voice = rt.engine("chatterbox", multilingual).voice_prompt(rt.request(), REFERENCE)
+    with pytest.raises(ArgumentError, match="'Klingon' is not one Chatterbox Multilingual speaks"):
+        rt.engine("chatterbox", multilingual).generate(rt.request(), MTL_TEXT, voice,
+                                                       Sampling(language="Klingon", max_new_tokens=2))
+    english = rt.engine("chatterbox", chatterbox_checkpoint())
+    with pytest.raises(ArgumentError, match="speaks English only, got language 'French'"):
+        english.generate(rt.request(), TEXT, english.voice_prompt(rt.request(), REFERENCE),
+                         Sampling(language="French", max_new_tokens=2))

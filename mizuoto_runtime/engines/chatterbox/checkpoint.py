@@ -19,6 +19,7 @@ a torch pickle of tensors) is read with ``weights_only=True`` only; nothing else
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,19 @@ S3GEN_FILE = "s3gen.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 CONDS_FILE = "conds.pt"  # the built-in voice (optional)
 REQUIRED_FILES = (VE_FILE, T3_FILE, S3GEN_FILE, TOKENIZER_FILE)
-HEAD_DIM = 64  # every attention head of the published model (T3, S3 tokenizer, flow, estimator)
+# Chatterbox Multilingual, in the same repository: its T3 and grapheme tokenizer, and the voice
+# encoder's and S3Gen's weights as upstream's multilingual loader reads them (torch pickles of
+# tensors, read with weights_only=True); Cangjie5_TC.json maps Chinese characters (optional).
+MULTILINGUAL_T3 = "t3_mtl23ls_v2.safetensors"
+MULTILINGUAL_TOKENIZER = "grapheme_mtl_merged_expanded_v1.json"
+VE_PICKLE = "ve.pt"
+S3GEN_PICKLE = "s3gen.pt"
+CANGJIE_FILE = "Cangjie5_TC.json"
+MULTILINGUAL_FILES = (MULTILINGUAL_T3, MULTILINGUAL_TOKENIZER, VE_PICKLE, S3GEN_PICKLE)
+HEAD_DIM = 64  # every attention head of the published S3 tokenizer, flow and estimator
+# T3's Llama has 16 heads (64 wide in the published model): the multilingual model's alignment
+# analyzer reads heads 2, 11 and 15 of layers 9, 12 and 13, so a smaller T3 keeps 16 narrower heads.
+T3_HEADS = 16
 PERCEIVER_HEADS = 4  # T3's perceiver resampler (upstream's default)
 PUBLISHED_LLAMA = "Llama_520M"
 
@@ -50,7 +63,7 @@ class Sizes:
     t3_hidden: int = 1024
     t3_layers: int = 30
     t3_intermediate: int = 4096
-    t3_heads: int = 16
+    t3_head_dim: int = 64
     t3_kv_heads: int = 16
     tokenizer_width: int = 1280
     tokenizer_layers: int = 6
@@ -67,12 +80,22 @@ class Sizes:
 PUBLISHED = Sizes()
 
 
-def check_layout(folder: Path) -> None:
+def split_choice(path: Path) -> tuple[Path, bool]:
+    """(the folder, multilingual?) of a loader choice: a folder is Chatterbox (English), its
+    ``t3_mtl23ls_v2.safetensors`` is Chatterbox Multilingual."""
+    if path.name == MULTILINGUAL_T3:
+        return path.parent, True
+    return path, False
+
+
+def check_layout(folder: Path, multilingual: bool = False) -> None:
     if not folder.is_dir():
         raise CheckpointError(f"Chatterbox checkpoint folder not found: {folder}")
-    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    needed = (VE_FILE, S3GEN_FILE, TOKENIZER_FILE, *MULTILINGUAL_FILES) if multilingual else REQUIRED_FILES
+    missing = [name for name in needed if not (folder / name).is_file()]
     if missing:
-        raise CheckpointError(f"{folder}: not a Chatterbox checkpoint folder, missing {', '.join(missing)} "
+        kind = "Chatterbox Multilingual" if multilingual else "Chatterbox"
+        raise CheckpointError(f"{folder}: not a {kind} checkpoint folder, missing {', '.join(missing)} "
                               "(expected the files of ResembleAI/chatterbox)")
 
 
@@ -93,18 +116,22 @@ def _dim(shapes: dict[str, tuple[int, ...]], name: str, axis: int, path: Path) -
     return shapes[name][axis]
 
 
-def sizes_of(folder: Path) -> Sizes:
-    """The folder's sizes, from its safetensors headers (no weights are read)."""
-    t3_path, s3_path = folder / T3_FILE, folder / S3GEN_FILE
-    t3, s3 = _shapes(t3_path), _shapes(s3_path)
+def sizes_of(folder: Path, multilingual: bool = False,
+             s3gen_shapes: dict[str, tuple[int, ...]] | None = None) -> Sizes:
+    """The folder's sizes, from its safetensors headers (no weights are read); S3Gen's from
+    `s3gen_shapes` where given (the multilingual model's, read from its pickle)."""
+    t3_path, s3_path = folder / (MULTILINGUAL_T3 if multilingual else T3_FILE), folder / S3GEN_FILE
+    t3 = _shapes(t3_path)
+    s3 = s3gen_shapes if s3gen_shapes is not None else _shapes(s3_path)
     layer = "tfmr.layers.0."
     est = "flow.decoder.estimator."
+    head_dim = _dim(t3, layer + "self_attn.q_proj.weight", 0, t3_path) // T3_HEADS
     return Sizes(
         t3_hidden=_dim(t3, "text_emb.weight", 1, t3_path),
         t3_layers=_count(t3, "tfmr.layers."),
         t3_intermediate=_dim(t3, layer + "mlp.gate_proj.weight", 0, t3_path),
-        t3_heads=_dim(t3, layer + "self_attn.q_proj.weight", 0, t3_path) // HEAD_DIM,
-        t3_kv_heads=_dim(t3, layer + "self_attn.k_proj.weight", 0, t3_path) // HEAD_DIM,
+        t3_head_dim=head_dim,
+        t3_kv_heads=_dim(t3, layer + "self_attn.k_proj.weight", 0, t3_path) // max(head_dim, 1),
         tokenizer_width=_dim(s3, "tokenizer.encoder.conv1.weight", 0, s3_path),
         tokenizer_layers=_count(s3, "tokenizer.encoder.blocks."),
         flow_blocks=_count(s3, "flow.encoder.encoders."),
@@ -135,26 +162,26 @@ def llama_config_name(sizes: Sizes) -> str:
     sizes changed)."""
     from chatterbox.models.t3.llama_configs import LLAMA_CONFIGS
 
-    published = (PUBLISHED.t3_hidden, PUBLISHED.t3_layers, PUBLISHED.t3_intermediate, PUBLISHED.t3_heads,
+    published = (PUBLISHED.t3_hidden, PUBLISHED.t3_layers, PUBLISHED.t3_intermediate, PUBLISHED.t3_head_dim,
                  PUBLISHED.t3_kv_heads)
-    mine = (sizes.t3_hidden, sizes.t3_layers, sizes.t3_intermediate, sizes.t3_heads, sizes.t3_kv_heads)
+    mine = (sizes.t3_hidden, sizes.t3_layers, sizes.t3_intermediate, sizes.t3_head_dim, sizes.t3_kv_heads)
     if mine == published:
         return PUBLISHED_LLAMA
     name = "mizuoto_llama_" + "x".join(str(n) for n in mine)
     LLAMA_CONFIGS.setdefault(name, {
         **LLAMA_CONFIGS[PUBLISHED_LLAMA], "hidden_size": sizes.t3_hidden, "num_hidden_layers": sizes.t3_layers,
-        "intermediate_size": sizes.t3_intermediate, "num_attention_heads": sizes.t3_heads,
-        "num_key_value_heads": sizes.t3_kv_heads, "head_dim": HEAD_DIM})
+        "intermediate_size": sizes.t3_intermediate, "num_attention_heads": T3_HEADS,
+        "num_key_value_heads": sizes.t3_kv_heads, "head_dim": sizes.t3_head_dim})
     return name
 
 
-def build_t3(sizes: Sizes) -> nn.Module:
-    """Upstream's English T3 at `sizes`."""
+def build_t3(sizes: Sizes, multilingual: bool = False) -> nn.Module:
+    """Upstream's T3 (English, or multilingual: its larger text vocabulary) at `sizes`."""
     from chatterbox.models.t3 import T3
     from chatterbox.models.t3.modules.perceiver import Perceiver
     from chatterbox.models.t3.modules.t3_config import T3Config
 
-    hp = T3Config.english_only()
+    hp = T3Config.multilingual() if multilingual else T3Config.english_only()
     hp.llama_config_name = llama_config_name(sizes)
     t3 = T3(hp)
     if sizes.t3_hidden != PUBLISHED.t3_hidden:  # upstream's Perceiver() defaults are 1024 wide
@@ -248,25 +275,92 @@ def load_conds(path: Path) -> dict[str, Any] | None:
     return conds
 
 
-def load(folder: Path, dtype: torch.dtype) -> Models:
-    """Upstream's modules for `folder`, built on meta and filled from its safetensors (M27)."""
-    check_layout(folder)
+def read_pickled_state(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict saved with torch.save, memory-mapped and read with ``weights_only=True``."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, OSError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"{path}: not a state dict of tensors ({exc})") from exc
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise CheckpointError(f"{path}: not a state dict of tensors")
+    return state
+
+
+def _fill(model: nn.Module, state: dict[str, torch.Tensor], path: Path, strict: bool = True) -> None:
+    """`model` (on meta) takes `state`'s tensors (as upstream's load_state_dict; `strict` False
+    where upstream's is)."""
+    try:
+        model.load_state_dict(state, strict=strict, assign=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path} does not match {type(model).__name__}: {exc}") from exc
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"{path}: has no {', '.join(left)}")
+
+
+def mtl_tokenizer(folder: Path) -> Any:
+    """Upstream's `MTLTokenizer` for the folder, built without its download: its constructor
+    fetches Cangjie5_TC.json from the Hugging Face hub; here it is read from the folder, where
+    the published repository has it (without it, Chinese is tokenized without the Cangjie codes,
+    as upstream does when its download fails)."""
+    from chatterbox.models.tokenizers.tokenizer import ChineseCangjieConverter, MTLTokenizer
+    from tokenizers import Tokenizer
+
+    converter = ChineseCangjieConverter.__new__(ChineseCangjieConverter)
+    converter.word2cj, converter.cj2word, converter.segmenter = {}, {}, None
+    cangjie = folder / CANGJIE_FILE
+    if cangjie.is_file():
+        for entry in read_json_list(cangjie):
+            word, code = str(entry).split("\t")[:2]
+            converter.word2cj[word] = code
+            converter.cj2word.setdefault(code, []).append(word)
+    converter._init_segmenter()
+    tokenizer = MTLTokenizer.__new__(MTLTokenizer)
+    tokenizer.tokenizer = Tokenizer.from_file(str(folder / MULTILINGUAL_TOKENIZER))
+    tokenizer.cangjie_converter = converter
+    tokenizer.check_vocabset_sot_eot()
+    return tokenizer
+
+
+def read_json_list(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
+    if not isinstance(data, list):
+        raise CheckpointError(f"{path}: expected a JSON list")
+    return data
+
+
+def load(folder: Path, dtype: torch.dtype, multilingual: bool = False) -> Models:
+    """Upstream's modules for `folder` (its English model, or its multilingual one), built on
+    meta and filled from its memory-mapped files (M27)."""
+    check_layout(folder, multilingual)
     import_upstream()
     from chatterbox.models.tokenizers import EnTokenizer
     from chatterbox.models.voice_encoder import VoiceEncoder
 
-    sizes = sizes_of(folder)
     ve = build_on_meta(VoiceEncoder, torch.float32)
-    load_safetensors(ve, folder / VE_FILE)
-    t3 = build_on_meta(lambda: build_t3(sizes), dtype)
-    load_safetensors(t3, folder / T3_FILE)
+    if multilingual:  # upstream's multilingual loader reads the pickled copies
+        s3gen_state = read_pickled_state(folder / S3GEN_PICKLE)
+        sizes = sizes_of(folder, True, {k: tuple(v.shape) for k, v in s3gen_state.items()})
+        _fill(ve, read_pickled_state(folder / VE_PICKLE), folder / VE_PICKLE)
+    else:
+        sizes = sizes_of(folder)
+        load_safetensors(ve, folder / VE_FILE)
+    t3 = build_on_meta(lambda: build_t3(sizes, multilingual), dtype)
+    load_safetensors(t3, folder / (MULTILINGUAL_T3 if multilingual else T3_FILE))
     s3gen = build_on_meta(lambda: build_s3gen(sizes), torch.float32)
     # As upstream's strict=False: the S3 tokenizer's mel filters and window are computed, not stored.
-    load_safetensors(s3gen, folder / S3GEN_FILE, strict=False)
+    if multilingual:
+        _fill(s3gen, s3gen_state, folder / S3GEN_PICKLE, strict=False)
+    else:
+        load_safetensors(s3gen, folder / S3GEN_FILE, strict=False)
+    path = folder / (MULTILINGUAL_TOKENIZER if multilingual else TOKENIZER_FILE)
     try:
-        tokenizer = EnTokenizer(str(folder / TOKENIZER_FILE))
+        tokenizer = mtl_tokenizer(folder) if multilingual else EnTokenizer(str(path))
     except (OSError, ValueError, AssertionError) as exc:
-        raise CheckpointError(f"{folder / TOKENIZER_FILE}: not Chatterbox's text tokenizer ({exc!r})") from exc
+        raise CheckpointError(f"{path}: not Chatterbox's text tokenizer ({exc!r})") from exc
     for module in (t3, s3gen, ve):
         module.eval()
     return Models(t3, s3gen, ve, tokenizer, load_conds(folder / CONDS_FILE), sizes)

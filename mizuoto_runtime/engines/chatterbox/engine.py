@@ -1,5 +1,8 @@
 """Chatterbox (Resemble AI, MIT) over the `chatterbox-tts` package's modules, run in phases by
-the memory runtime (issue 34). English: ``ResembleAI/chatterbox``'s ``t3_cfg.safetensors``.
+the memory runtime (issue 34). Chatterbox (English) is the ``ResembleAI/chatterbox`` folder;
+Chatterbox Multilingual (23 languages) its ``t3_mtl23ls_v2.safetensors`` in that folder, run as
+upstream's ``ChatterboxMultilingualTTS`` runs it (its tokenizer, language token and punctuation
+cleanup; T3's alignment analyzer, which upstream's ``T3.inference`` attaches itself).
 
 Components and phases (M1), each a handle registered with the manager:
 
@@ -45,7 +48,7 @@ from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
 from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
-from .checkpoint import CONDS_FILE, HEAD_DIM, check_layout, load
+from .checkpoint import CONDS_FILE, HEAD_DIM, MULTILINGUAL_FILES, MULTILINGUAL_T3, check_layout, load, split_choice
 from .conditioning import DEC_COND_SECONDS, at_24k, conditionals
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,22 @@ SCORE_COPIES = 6
 # HiFT per output sample: the harmonic source, its STFT and the last stages; plus the widths.
 HIFT_BYTES_PER_SAMPLE = 180
 
+def multilingual_languages() -> list[str]:
+    """The language codes of Chatterbox Multilingual (upstream's SUPPORTED_LANGUAGES), read from
+    its module's source without importing the package (listing checkpoints must stay light)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("chatterbox")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    source = Path(list(spec.submodule_search_locations)[0]) / "mtl_tts.py"
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SUPPORTED_LANGUAGES" for t in node.targets):
+            return sorted(ast.literal_eval(node.value))
+    return []
+
+
 class ChatterboxEngine(Engine):
     """Chatterbox in three phases: voice prompt, talker (T3), decoder (S3Gen flow + HiFT) (M1)."""
 
@@ -81,24 +100,41 @@ class ChatterboxEngine(Engine):
     title = "Chatterbox"
     REQUIREMENTS = "chatterbox"
     UPSTREAM = "chatterbox"
+    VERSIONS = ("english", "multilingual")
     VOICE_OPTIONS = ("exaggeration",)
     sample_rate = 24000
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
-        """A ResembleAI/chatterbox folder (its English files); None otherwise."""
+        """A ResembleAI/chatterbox folder (Chatterbox, English), or its multilingual T3 file
+        (Chatterbox Multilingual: its language codes, "auto" first: no language token); None
+        otherwise."""
+        root, multilingual = split_choice(folder)
         try:
-            check_layout(folder)
+            check_layout(root, multilingual)
         except CheckpointError:
             return None
+        if multilingual:
+            return CheckpointInfo("Chatterbox Multilingual", [], ["auto", *multilingual_languages()])
         return CheckpointInfo("Chatterbox", [], ["en"])
+
+    @classmethod
+    def checkpoint_entries(cls, folder: Path) -> list[tuple[str, CheckpointInfo]]:
+        """The folder as published offers both models: itself (English) and, where its
+        multilingual files are there, its ``t3_mtl23ls_v2.safetensors`` (Multilingual)."""
+        entries = super().checkpoint_entries(folder)
+        if folder.is_dir() and all((folder / name).is_file() for name in MULTILINGUAL_FILES):
+            info = cls.describe_checkpoint(folder / MULTILINGUAL_T3)
+            entries += [(MULTILINGUAL_T3, info)] if info is not None else []
+        return entries
 
     def __init__(self, manager: Any, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | None = None) -> None:
         super().__init__(manager, model_dir, dtype, device)
         if self.model_dir is None:
             raise CheckpointError("chatterbox needs a checkpoint folder (the files of ResembleAI/chatterbox)")
-        self.models = load(self.model_dir, dtype)
+        folder, self.multilingual = split_choice(self.model_dir)
+        self.models = load(folder, dtype, self.multilingual)
         m = self.models
         self.s3_tokenizer = self.register(m.s3gen.tokenizer, "s3_tokenizer")
         self.speaker_encoder = self.register(m.s3gen.speaker_encoder, "speaker_encoder")
@@ -166,10 +202,37 @@ class ChatterboxEngine(Engine):
         return ENCODER_BYTES_PER_SAMPLE * samples_24k + 4 * TOKENIZER_COPIES * frames * self.models.sizes.tokenizer_width
 
     # ---- talker ----------------------------------------------------------------------------
-    def _text_tokens(self, text: str) -> torch.Tensor:
-        from chatterbox.tts import punc_norm
+    def language_id(self, language: str | None) -> str | None:
+        """The multilingual model's language code for `language` (a code or its English name;
+        None or "auto": no language token, as upstream without one). The English model takes
+        English only."""
+        wanted = (language or "auto").strip().lower()
+        if not self.multilingual:
+            if wanted not in ("auto", "en", "english"):
+                raise ArgumentError(f"chatterbox: this model speaks English only, got language {language!r} "
+                                    "(Chatterbox Multilingual speaks others)")
+            return None
+        if wanted == "auto":
+            return None
+        from chatterbox.mtl_tts import SUPPORTED_LANGUAGES
 
-        tokens = self.models.tokenizer.text_to_tokens(punc_norm(text))
+        names = {name.lower(): code for code, name in SUPPORTED_LANGUAGES.items()}
+        code = wanted if wanted in SUPPORTED_LANGUAGES else names.get(wanted)
+        if code is None:
+            raise ArgumentError(f"chatterbox: language {language!r} is not one Chatterbox Multilingual speaks "
+                                f"({', '.join(SUPPORTED_LANGUAGES)})")
+        return code
+
+    def _text_tokens(self, text: str, language: str | None) -> torch.Tensor:
+        if self.multilingual:  # mtl_tts's own punctuation cleanup and language token
+            from chatterbox.mtl_tts import punc_norm
+
+            tokens = self.models.tokenizer.text_to_tokens(punc_norm(text), language_id=self.language_id(language))
+        else:
+            from chatterbox.tts import punc_norm
+
+            self.language_id(language)
+            tokens = self.models.tokenizer.text_to_tokens(punc_norm(text))
         hp = self.models.t3.hp
         tokens = torch.cat([tokens, tokens], dim=0)  # the CFG rows
         tokens = torch.nn.functional.pad(tokens, (1, 0), value=hp.start_text_token)
@@ -198,7 +261,7 @@ class ChatterboxEngine(Engine):
         from chatterbox.models.t3.modules.cond_enc import T3Cond
 
         data = voice.data
-        tokens = self._text_tokens(text)
+        tokens = self._text_tokens(text, sampling.language)
         limit = self.max_tokens(sampling)
         plan = min(limit, TOKENS_PER_TEXT_TOKEN * tokens.shape[-1])
         t3 = self.models.t3
@@ -214,7 +277,13 @@ class ChatterboxEngine(Engine):
                 return speech[0].cpu(), self.rng_state().clone()
 
         speech, state = ctx.run("talker", [self.talker], talk, self.talker_memory(tokens.shape[-1], plan))
-        speech = speech[speech < SPEECH_VOCAB]  # upstream's drop_invalid_tokens and its < 6561 filter
+        from chatterbox.models.s3tokenizer import drop_invalid_tokens
+
+        # Upstream's: the tokens between start and stop of speech, then only speech tokens (the
+        # multilingual generate omits the second filter, a no-op unless T3 proposes a padding
+        # token, which its flow could not embed).
+        speech = drop_invalid_tokens(speech)
+        speech = speech[speech < SPEECH_VOCAB]
         return Codes(speech, self.id, {"gen": data["gen"], "rng_state": state})
 
     # ---- decoder ---------------------------------------------------------------------------

@@ -4,11 +4,15 @@
 
     ve.safetensors  t3_cfg.safetensors  s3gen.safetensors  tokenizer.json  conds.pt
 
+and, for ``version="multilingual"``, also Chatterbox Multilingual's::
+
+    t3_mtl23ls_v2.safetensors  grapheme_mtl_merged_expanded_v1.json  ve.pt  s3gen.pt
+
 through the package's own classes (`checkpoint.build_t3`, `build_s3gen`, ``VoiceEncoder``) at
 `TINY` sizes — the published file layout and tensor names, so upstream's ``load_state_dict``
 takes them — with weights drawn from a seeded generator (byte-identical files on every run).
-T3's Llama is 128 wide with 2 layers, each a 1.8 MB unit in float32 (so half-way placements
-keep one and stream the other); its vocabularies and position tables keep the published
+T3's Llama is 128 wide (16 heads of 8, as the published T3 has 16 heads) with 2 layers, each a
+1.8 MB unit in float32 (so half-way placements keep one and stream the other); its vocabularies and position tables keep the published
 sizes (704 text, 8194 speech tokens). The voice encoder, CAM++ and the flow encoder's width
 (512, which upstream hard-codes) keep theirs. ``tokenizer.json`` is one token per character
 with Chatterbox's special tokens (``[STOP]`` = 0, ``[START]`` = 255, as T3Config expects);
@@ -17,6 +21,7 @@ upstream's ``Conditionals.save`` does (tensors only).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import string
@@ -29,9 +34,13 @@ from torch import nn
 from ...memory.intra_op import intra_op_threads
 from ...nn.dtypes import parse_dtype
 from ...nn.loading import build_on_meta
-from ..tiny import fan_in_std, one_version
+from ..tiny import fan_in_std, version_of
 from .checkpoint import (
     CONDS_FILE,
+    MULTILINGUAL_T3,
+    MULTILINGUAL_TOKENIZER,
+    S3GEN_PICKLE,
+    VE_PICKLE,
     S3GEN_FILE,
     T3_FILE,
     TOKENIZER_FILE,
@@ -45,23 +54,38 @@ from .conditioning import conditionals
 
 log = logging.getLogger(__name__)
 
-TINY = Sizes(t3_hidden=128, t3_layers=2, t3_intermediate=1024, t3_heads=2, t3_kv_heads=2, tokenizer_width=128,
+VERSIONS = ("english", "multilingual")
+TINY = Sizes(t3_hidden=128, t3_layers=2, t3_intermediate=1024, t3_head_dim=8, t3_kv_heads=16, tokenizer_width=128,
              tokenizer_layers=1, flow_blocks=1, flow_units=256, estimator_channels=64, estimator_blocks=1,
              estimator_mid_blocks=1, estimator_heads=1, hift_channels=64, f0_channels=64)
+# The multilingual T3: 14 layers, as its alignment analyzer reads layers 9, 12 and 13; each a
+# 1.0 MB unit in float32.
+TINY_MULTILINGUAL = dataclasses.replace(TINY, t3_layers=14, t3_intermediate=512)
+# The multilingual T3's speech head proposes speech tokens only (its start, stop and padding rows
+# are zero, the others scaled up): upstream's multilingual decode keeps whatever T3 proposes
+# between start and stop of speech, and its flow cannot embed the padding tokens a random head
+# would propose.
+SPEECH_VOCAB = 6561
+SPEECH_LOGIT_SCALE = 4.0
+LANGUAGES = ("ar", "da", "de", "el", "en", "es", "fi", "fr", "he", "hi", "it", "ja", "ko", "ms", "nl", "no", "pl",
+             "pt", "ru", "sv", "sw", "tr", "zh")  # upstream's SUPPORTED_LANGUAGES
 SPECIAL = {"[STOP]": 0, "[START]": 255, "[UNK]": 1, "[SPACE]": 2, "[PAD]": 3, "[SEP]": 4, "[CLS]": 5, "[MASK]": 6}
 S3GEN_COMPUTED = ("tokenizer._mel_filters", "tokenizer.window")  # not in the published file
 
 
-def text_tokenizer() -> object:
-    """One token per printable ASCII character, and Chatterbox's special tokens."""
+def text_tokenizer(languages: tuple[str, ...] = ()) -> object:
+    """One token per printable ASCII character, Chatterbox's special tokens, and the
+    multilingual tokenizer's language tokens (``[fr]``) for `languages`."""
     from tokenizers import AddedToken, Tokenizer, models
 
     chars = [c for c in string.printable if c not in string.whitespace]
     vocab = dict(SPECIAL)
     for c in chars:
-        vocab[c] = len(vocab) + (1 if len(vocab) + 7 >= 255 else 7)  # keep 0-6 and 255 for the specials
+        vocab[c] = len(vocab) + 1  # after [STOP]..[MASK] (0-6) and before [START] (255)
+    for code in languages:
+        vocab[f"[{code}]"] = 256 + len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
-    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in (*SPECIAL, *(f"[{c}]" for c in languages))])
     return tok
 
 
@@ -97,11 +121,28 @@ def _save(model: nn.Module, path: Path, dtype: torch.dtype, skip: tuple[str, ...
     os.chmod(path, 0o644)
 
 
+def _write_multilingual(out: Path, ve: nn.Module, s3gen: nn.Module, gen: torch.Generator, dtype: torch.dtype) -> None:
+    """The multilingual files beside the English ones, as the published repository has them:
+    its T3 and grapheme tokenizer, and the voice encoder and S3Gen as the pickled state dicts
+    its loader reads (the same tensors as the .safetensors files)."""
+    t3 = materialized(build_on_meta(lambda: build_t3(TINY_MULTILINGUAL, multilingual=True)))
+    randomize(t3, gen)
+    with torch.no_grad():  # as a trained model: speech tokens only, clearly above min_p's cut
+        t3.speech_head.weight[SPEECH_VOCAB:] = 0
+        t3.speech_head.weight[:SPEECH_VOCAB] *= SPEECH_LOGIT_SCALE
+    _save(t3, out / MULTILINGUAL_T3, dtype)
+    text_tokenizer(LANGUAGES).save(str(out / MULTILINGUAL_TOKENIZER))
+    for model, name in ((ve, VE_PICKLE), (s3gen, S3GEN_PICKLE)):  # s3gen.pt has every key: upstream loads it strictly
+        state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        torch.save(state, out / name)
+        os.chmod(out / name, 0o644)
+
+
 def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
           dtype: torch.dtype | None = None) -> Path:
     """Write a tiny random Chatterbox folder; `dtype` is that of ``t3_cfg.safetensors`` (None:
     float32; S3Gen and the voice encoder are float32, as published)."""
-    one_version(version)
+    version = version_of(version, VERSIONS)
     dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
     import_upstream()
     from chatterbox.models.voice_encoder import VoiceEncoder
@@ -128,6 +169,8 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     conds["t3"]["emotion_adv"] = 0.5 * torch.ones(1, 1, 1)
     torch.save(conds, out / CONDS_FILE)
     os.chmod(out / CONDS_FILE, 0o644)
+    if version == "multilingual":
+        _write_multilingual(out, ve, s3gen, gen, dtype)
     log.info("wrote tiny Chatterbox checkpoint to %s (%d T3 + %d S3Gen + %d voice-encoder parameters)", out,
              sum(p.numel() for p in t3.parameters()), sum(p.numel() for p in s3gen.parameters()),
              sum(p.numel() for p in ve.parameters()))
