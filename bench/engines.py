@@ -77,7 +77,10 @@ TINY: dict[str, tuple[str, str | None, torch.dtype | None]] = {
     "fishspeech": ("fishspeech", None, torch.bfloat16), "fishspeech-s1": ("fishspeech", "s1-mini", torch.bfloat16),
     "cosyvoice2": ("cosyvoice", "2", None), "cosyvoice3": ("cosyvoice", "3", None),
     "indextts2": ("indextts2", None, None), "voxcpm2": ("voxcpm2", None, None), "qwen3tts": ("qwen3tts", None, None),
-    "gptsovits": ("gptsovits", "v2", None), "chatterbox": ("chatterbox", None, None)}
+    "gptsovits": ("gptsovits", "v2", None), "chatterbox": ("chatterbox", None, None),
+    "chatterbox-mtl": ("chatterbox", "multilingual", None)}
+# The loader's choice inside a written folder, where it is a file of it (Chatterbox Multilingual).
+CHOICES = {"chatterbox-mtl": "t3_mtl23ls_v2.safetensors"}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
@@ -300,9 +303,11 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "gptsovits": [PeakRequest(3, GPTSOVITS_TEXT, 16, "Chinese"), PeakRequest(5, GPTSOVITS_TEXT * 2, 48, "Chinese")],
     # test_chatterbox.py: a 1 s reference, 24 speech tokens; a longer one and more tokens
     "chatterbox": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 48)],
+    "chatterbox-mtl": [PeakRequest(1, TEXT, 24, "French"), PeakRequest(3, TEXT * 2, 48, "French")],
 }
 # The runtime's engine id of each bench name of one engine's version.
-RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}
+RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech",
+               "chatterbox-mtl": "chatterbox"}
 
 
 @dataclasses.dataclass
@@ -392,7 +397,8 @@ def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | No
             folders[name] = None
             continue
         engine, version, dtype = TINY[name]
-        folders[name] = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
+        folder = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
+        folders[name] = folder / CHOICES[name] if name in CHOICES else folder
     return folders
 
 

@@ -408,3 +408,38 @@ def test_the_folder_offers_both_models_and_languages_are_checked(multilingual: P
     with pytest.raises(ArgumentError, match="speaks English only, got language 'French'"):
         english.generate(rt.request(), TEXT, english.voice_prompt(rt.request(), REFERENCE),
                          Sampling(language="French", max_new_tokens=2))
+
+
+WITHOUT_PKG_RESOURCES = """
+import sys, json
+sys.modules["pkg_resources"] = None  # setuptools >= 81 (ComfyUI's environments): the import fails
+import numpy as np
+import perth  # imported first without its watermarker, as another package may
+assert perth.PerthImplicitWatermarker is None
+from mizuoto_runtime.engines.chatterbox.checkpoint import import_upstream
+import_upstream()
+assert sys.modules["pkg_resources"] is None  # nothing stays behind
+x = (0.1 * np.sin(np.arange(18240) / 5)).astype(np.float32)
+print(json.dumps(perth.PerthImplicitWatermarker().apply_watermark(x, sample_rate=24000).tolist()))
+"""
+
+
+def test_the_watermark_works_where_setuptools_has_no_pkg_resources() -> None:
+    """resemble-perth finds its model with pkg_resources, which setuptools >= 81 no longer has:
+    Chatterbox's import gives it a stand-in, and the watermark is the one it gives with it."""
+    import os
+    import subprocess
+    import sys
+
+    import perth
+
+    from mizuoto_runtime.engines.chatterbox.checkpoint import import_upstream
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PKG_RESOURCES], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    import_upstream()
+    x = (0.1 * np.sin(np.arange(18240) / 5)).astype(np.float32)
+    expected = perth.PerthImplicitWatermarker().apply_watermark(x, sample_rate=24000)
+    assert np.array_equal(np.array(json.loads(done.stdout.strip().splitlines()[-1]), dtype=np.float32), expected)

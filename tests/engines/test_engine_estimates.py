@@ -44,10 +44,11 @@ PHASES = {  # the phases each engine must report (with components: where weights
     "indextts2": {"voice prompt (w2v_bert+semantic_codec+campplus+conditioning)", "talker (talker)", "flow (flow)",
                   "vocoder (vocoder)"},
     "gptsovits": {"voice prompt (hubert+vits)", "bert (bert)", "talker (t2s)", "decoder (vits)"},
-    "chatterbox": {"voice prompt (s3_tokenizer+speaker_encoder+voice_encoder)", "talker (talker)", "flow (flow)",
-                   "vocoder (vocoder)"},
+    **{name: {"voice prompt (s3_tokenizer+speaker_encoder+voice_encoder)", "talker (talker)", "flow (flow)",
+              "vocoder (vocoder)"} for name in ("chatterbox", "chatterbox-mtl")},
 }
-NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits")  # engines whose folders bench/engines.py writes
+# engines whose folders bench/engines.py writes
+NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits", "chatterbox")
 
 
 @pytest.fixture

@@ -152,7 +152,11 @@ CHATTERBOX_NOISE = ImportNoise(warnings=(
 
 
 def import_upstream() -> None:
-    """Import `chatterbox` (an optional extra) and the watermarker's package."""
+    """Import `chatterbox` (an optional extra) and its watermarker's package (`compat`: also
+    where setuptools has no `pkg_resources`)."""
+    from .compat import import_perth
+
+    import_perth()  # before chatterbox, whose modules import perth
     quiet_import("chatterbox", CHATTERBOX_NOISE)
 
 

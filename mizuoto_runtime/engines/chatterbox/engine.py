@@ -68,6 +68,9 @@ ENCODER_BYTES_PER_SAMPLE = 120
 # Live copies of the S3 tokenizer's activations (width x 100 Hz frames): attention, FSMN, MLP.
 TOKENIZER_COPIES = 8
 CONDITIONING_POSITIONS = 34  # T3's speaker (1), perceiver (32) and emotion (1) positions
+# A step's logits of one position, float32: both CFG rows, their mix, the repetition penalty,
+# temperature, min-p and top-p warpers, and the probabilities.
+STEP_LOGIT_COPIES = 8
 # The flow per speech token, in copies of its widths: the conformer encoder's activations at 512
 # wide over 2 frames, the estimator's over 2 CFG rows x 2 frames; and copies of the attention
 # scores (relative-position attention keeps both score matrices and their shift).
@@ -199,7 +202,8 @@ class ChatterboxEngine(Engine):
         it whole), and the S3 tokenizer's activations over its 100 Hz mel frames (of the first
         10 s at most)."""
         frames = min(samples_24k, DEC_COND_SECONDS * 24000) // 240 + 1
-        return ENCODER_BYTES_PER_SAMPLE * samples_24k + 4 * TOKENIZER_COPIES * frames * self.models.sizes.tokenizer_width
+        tokenizer = 4 * TOKENIZER_COPIES * frames * self.models.sizes.tokenizer_width
+        return ENCODER_BYTES_PER_SAMPLE * samples_24k + tokenizer
 
     # ---- talker ----------------------------------------------------------------------------
     def language_id(self, language: str | None) -> str | None:
@@ -244,8 +248,11 @@ class ChatterboxEngine(Engine):
     def talker_memory(self, text_tokens: int, speech_tokens: int) -> int:
         """M45/M46: T3's working memory, both CFG rows: the KV cache over the conditioning,
         text and speech positions (`text_tokens` with start and stop), and what upstream's loop
-        asks of the prefill: the speech logits of every prompt position, every layer's hidden
-        states and attention weights (it runs with output_hidden_states and output_attentions)."""
+        asks of the prefill: the speech logits of every prompt position and every layer's hidden
+        states (it runs with output_hidden_states); with the multilingual model also every
+        layer's attention weights, and one layer's scores besides while it computes (its
+        alignment analyzer switches the Llama to eager attention; SDPA returns none). Then each
+        step's float32 copies of one position's logits (`STEP_LOGIT_COPIES`)."""
         t3 = self.models.t3
         cfg = t3.cfg
         elem = element_size(self.dtype)
@@ -254,8 +261,9 @@ class ChatterboxEngine(Engine):
                         prompt + speech_tokens, "dynamic", 2)
         logits = 2 * prompt * t3.hp.speech_tokens_dict_size * elem
         hidden = (cfg.num_hidden_layers + 1) * 2 * prompt * cfg.hidden_size * elem
-        attention = cfg.num_hidden_layers * 2 * cfg.num_attention_heads * prompt * prompt * 4
-        return kv + logits + hidden + attention
+        attention = (cfg.num_hidden_layers + 1) * 2 * cfg.num_attention_heads * prompt * prompt * elem
+        step = STEP_LOGIT_COPIES * t3.hp.speech_tokens_dict_size * 4
+        return kv + logits + hidden + step + (attention if self.multilingual else 0)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         from chatterbox.models.t3.modules.cond_enc import T3Cond

@@ -12,12 +12,12 @@ through the package's own classes (`checkpoint.build_t3`, `build_s3gen`, ``Voice
 `TINY` sizes — the published file layout and tensor names, so upstream's ``load_state_dict``
 takes them — with weights drawn from a seeded generator (byte-identical files on every run).
 T3's Llama is 128 wide (16 heads of 8, as the published T3 has 16 heads) with 2 layers, each a
-1.8 MB unit in float32 (so half-way placements keep one and stream the other); its vocabularies and position tables keep the published
-sizes (704 text, 8194 speech tokens). The voice encoder, CAM++ and the flow encoder's width
-(512, which upstream hard-codes) keep theirs. ``tokenizer.json`` is one token per character
-with Chatterbox's special tokens (``[STOP]`` = 0, ``[START]`` = 255, as T3Config expects);
-``conds.pt`` is the built-in voice, the conditionals of a seeded synthetic reference, saved as
-upstream's ``Conditionals.save`` does (tensors only).
+1.8 MB unit in float32 (so half-way placements keep one and stream the other); its
+vocabularies and position tables keep the published sizes (704 text, 8194 speech tokens). The
+voice encoder, CAM++ and the flow encoder's width (512, which upstream hard-codes) keep theirs.
+``tokenizer.json`` is one token per character with Chatterbox's special tokens (``[STOP]`` = 0,
+``[START]`` = 255, as T3Config expects); ``conds.pt`` is the built-in voice, the conditionals of
+a seeded synthetic reference, saved as upstream's ``Conditionals.save`` does (tensors only).
 """
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ from .checkpoint import (
     CONDS_FILE,
     MULTILINGUAL_T3,
     MULTILINGUAL_TOKENIZER,
-    S3GEN_PICKLE,
-    VE_PICKLE,
     S3GEN_FILE,
+    S3GEN_PICKLE,
     T3_FILE,
     TOKENIZER_FILE,
     VE_FILE,
+    VE_PICKLE,
     Sizes,
     build_s3gen,
     build_t3,
