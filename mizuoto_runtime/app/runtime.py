@@ -25,7 +25,7 @@ from ..memory.report import model_state, where
 from ..memory.service import RuntimeService
 from ..nn.dtypes import parse_dtype
 from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join_chunks
-from .scripts.runner import CharacterVoice, ScriptAudio, run_phases, speak_script, speak_subtitles
+from .scripts.runner import CharacterVoice, LineJob, ScriptAudio, run_phases, speak_script, speak_subtitles
 from .scripts.subtitles import Cue, Placed, Timing
 from .scripts.syntax import Script
 
@@ -141,7 +141,7 @@ class Runtime:
                 def follow(phase: int, index: int) -> None:
                     progress.phase, progress.index = phase, index
 
-                pieces = run_phases(engine, ctx, [(chunk, voice, s) for chunk, s in zip(chunks, seeded)],
+                pieces = run_phases(engine, ctx, [LineJob(chunk, voice, s) for chunk, s in zip(chunks, seeded)],
                                     allow_fallback=allow_fallback, before=follow,
                                     after=progress.finished)
             else:

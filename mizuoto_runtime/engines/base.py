@@ -29,7 +29,7 @@ import importlib
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -118,6 +118,31 @@ def check_request(text: object, sampling: Sampling) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Turn:
+    """One turn of a dialogue spoken in one talker pass (issue 34): the index of its voice in
+    the pass's voices, and its words."""
+
+    voice: int
+    text: str
+
+
+def check_dialogue(turns: Sequence[Turn], voices: Sequence[Voice], most: int, sampling: Sampling) -> None:
+    """What a dialogue pass is checked for before any work: turns with words, each naming one of
+    the pass's voices, and no more voices than the engine speaks at once."""
+    if not turns:
+        raise ArgumentError("the dialogue has no turn: give the lines to speak")
+    if len(voices) > most:
+        raise ArgumentError(f"{len(voices)} voices in one pass; this engine speaks at most {most} at once")
+    for number, turn in enumerate(turns, start=1):
+        if isinstance(turn.voice, bool) or not isinstance(turn.voice, int) or not 0 <= turn.voice < len(voices):
+            raise ArgumentError(f"turn {number} names voice {turn.voice!r}; the pass has voices 0..{len(voices) - 1}")
+        try:
+            check_request(turn.text, sampling)
+        except ArgumentError as exc:
+            raise ArgumentError(f"turn {number}: {exc}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointInfo:
     """What a checkpoint folder is, read from its configs: its type as users know it (Qwen3-TTS
     "Base", "CustomVoice", "VoiceDesign"), its built-in speakers and the languages it takes
@@ -169,6 +194,29 @@ def voice_key(reference: Audio | None, transcript: str | None, speaker: str | No
     return h.hexdigest()[:16]
 
 
+GenerateMethod = Callable[..., Codes]
+
+
+def _checked_generate(generate: GenerateMethod) -> GenerateMethod:
+    @functools.wraps(generate)
+    def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
+                *args: Any, **kwargs: Any) -> Codes:
+        check_request(text, sampling)
+        return generate(self, ctx, text, voice, sampling, *args, **kwargs)
+
+    return checked
+
+
+def _checked_dialogue(generate_dialogue: GenerateMethod) -> GenerateMethod:
+    @functools.wraps(generate_dialogue)
+    def checked(self: Engine, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
+                sampling: Sampling, *args: Any, **kwargs: Any) -> Codes:
+        check_dialogue(turns, voices, self.VOICES_PER_PASS, sampling)
+        return generate_dialogue(self, ctx, turns, voices, sampling, *args, **kwargs)
+
+    return checked
+
+
 class Engine(ABC):
     """Base of every engine adapter, and what its package declares about it."""
 
@@ -194,22 +242,21 @@ class Engine(ABC):
     # (tensors, numbers, strings and containers of them; never pickled). False where the
     # prompt holds an upstream object the store would have to pickle.
     PROMPT_ON_DISK: ClassVar[bool] = True
+    # Voices one talker pass speaks (issue 34): above 1, a script's consecutive lines go to
+    # `generate_dialogue` together (VibeVoice: 4); 1: a script is spoken line by line.
+    VOICES_PER_PASS: ClassVar[int] = 1
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Each engine's own `generate` checks its request first (nodes call it directly)."""
+        """Each engine's own `generate` and `generate_dialogue` check their request first (nodes
+        call them directly)."""
         super().__init_subclass__(**kwargs)
         generate = cls.__dict__.get("generate")
-        if generate is None or getattr(generate, "__isabstractmethod__", False):
-            return
-
-        @functools.wraps(generate)
-        def checked(self: Engine, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
-                    *args: Any, **kwargs: Any) -> Codes:
-            check_request(text, sampling)
-            return generate(self, ctx, text, voice, sampling, *args, **kwargs)
-
-        cls.generate = checked  # type: ignore[method-assign]
+        if generate is not None and not getattr(generate, "__isabstractmethod__", False):
+            cls.generate = _checked_generate(generate)  # type: ignore[method-assign]
+        dialogue = cls.__dict__.get("generate_dialogue")
+        if dialogue is not None:
+            cls.generate_dialogue = _checked_dialogue(dialogue)  # type: ignore[method-assign]
 
     def __init__(self, manager: ModelManager, model_dir: str | Path | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
@@ -353,6 +400,13 @@ class Engine(ABC):
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         """The codec-decoder phase. `allow_fallback`: the caller's switch for a cheaper decode after
         OOM (M42, M44); None follows `compute.oom_fallback`."""
+
+    def generate_dialogue(self, ctx: RequestContext, turns: Sequence[Turn], voices: Sequence[Voice],
+                          sampling: Sampling) -> Codes:
+        """The talker phase for several voices in one pass (`VOICES_PER_PASS` > 1): each turn's
+        words in `voices[turn.voice]`, formatted as the model takes a dialogue. `decode` turns
+        the codes into the dialogue's audio."""
+        raise MizuotoError(f"engine {self.id!r} speaks one voice per pass: speak a dialogue line by line")
 
     def synthesize(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling,
                    allow_fallback: bool | None = None) -> Audio:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,11 +31,11 @@ import accounting_checks  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
 import torch  # noqa: E402
 import utils.extra_config  # noqa: E402,F401  (before `nodes`, as main.py does)
-from shared_device import SharedDevice  # noqa: E402
+from shared_device import CPU, SharedDevice  # noqa: E402
 
 from mizuoto_runtime.app.comfy_bridge import node_request  # noqa: E402
 from mizuoto_runtime.app.runtime import Runtime  # noqa: E402
-from mizuoto_runtime.engines import Sampling  # noqa: E402
+from mizuoto_runtime.engines import Sampling, engine_class  # noqa: E402
 
 TILE_LIMIT = 300  # frames: tiled_1d decodes at most 256 at a time
 COMFY_GET_FREE_MEMORY = mm.get_free_memory
@@ -143,6 +144,47 @@ def check_fallback_toggle_allows_and_off_defers_to_the_setting() -> None:
         memory_settings(table, True)
         assert fallbacks(decode(engine=engine, codes=codes, allow_fallback=False).args[1]) == ["tiled_1d"]
         assert fallbacks(tts(engine=engine, text=text, allow_fallback=False, **sampling).args[1]) == ["tiled_1d"]
+
+
+def evict_each_other_by_unit(engine_id: str) -> None:
+    """Issue 34: `engine_id`'s tiny checkpoint (its official layout) and ComfyUI's own diffusion
+    UNet share a device too small for both. Our talker placed: ComfyUI unloads part of the UNet,
+    module by module, and keeps the rest. ComfyUI loading the UNet again: our talker gives up
+    some of its units (streamed from then on) and stays an entry, placed in part."""
+    with tempfile.TemporaryDirectory(prefix=f"mizuoto-{engine_id}-") as folder:
+        checkpoint = engine_class(engine_id).tiny_writer()(Path(folder) / "tiny", seed=0)
+        probe = SharedDevice(mm, total=1 << 40)
+        unet = probe.comfy_unet()
+        unet_bytes = unet.model_size()
+        engine = engine_class(engine_id)(probe.manager, checkpoint, torch.float32, probe.devices.compute_device())
+        talker = max((h for h in engine.handles() if h.kind == "sequence"), key=lambda h: h.size_bytes)
+        assert len(talker.units) >= 2, (engine_id, len(talker.units))
+        # Room for the UNet and half the talker: each fits alone, the two together do not.
+        s = SharedDevice(mm, total=unet_bytes + talker.size_bytes // 2 + talker.plan.fixed_bytes)
+        engine = engine_class(engine_id)(s.manager, checkpoint, torch.float32, s.devices.compute_device())
+        talker = next(h for h in engine.handles() if h.name == talker.name)
+        unet = s.comfy_unet()
+        mm.load_models_gpu([unet])
+        assert unet.loaded_size() == unet_bytes, (unet.loaded_size(), unet_bytes)
+
+        s.manager.load([talker])
+        assert talker.is_whole, talker.streamed_units
+        assert 0 < unet.loaded_size() < unet_bytes, (unet.loaded_size(), unet_bytes)  # part of the UNet stayed
+
+        # ComfyUI on --cpu loads without freeing (shared_device.py): it frees what the rest of
+        # the UNet needs as it would on a GPU, then loads it.
+        mm.free_memory(unet_bytes - unet.loaded_size(), CPU, keep_loaded=[s.entry_of(unet)])
+        mm.load_models_gpu([unet])
+        assert unet.loaded_size() == unet_bytes and s.free() >= 0, (unet.loaded_size(), unet_bytes, s.free())
+        streamed = len(talker.streamed_units)
+        assert 0 < streamed < len(talker.units), (streamed, len(talker.units))  # by unit, not the whole handle
+        assert talker in s.ours(), "our talker should stay an entry, placed in part"
+        yields = [e for e in s.manager.events if e[0] == "yield"]
+        assert yields, s.manager.events
+
+
+def check_demo_and_a_comfy_unet_evict_each_other_by_unit() -> None:
+    evict_each_other_by_unit("demo")
 
 
 CHECKS: dict[str, Callable[[], None]] = {

@@ -34,12 +34,13 @@ class Stack(nn.Module):
 
 class SharedDevice:
     """A fresh manager joined to ComfyUI (`mm` is `comfy.model_management`), on the shared
-    simulated device of `TOTAL` bytes."""
+    simulated device of `total` bytes."""
 
-    def __init__(self, mm: ModuleType, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, mm: ModuleType, settings: dict[str, Any] | None = None, total: int = TOTAL) -> None:
         self.mm = mm
+        self.total = total
         mm.current_loaded_models.clear()
-        self.devices = DeviceService(simulate={"cpu": TOTAL}, strict=True)
+        self.devices = DeviceService(simulate={"cpu": total}, strict=True)
         self.devices.free_bytes = lambda device: self.free()  # type: ignore[method-assign]
         mm.get_free_memory = self.get_free_memory
         self.manager = ModelManager(self.devices, VramPolicy(settings))
@@ -49,7 +50,7 @@ class SharedDevice:
     def free(self) -> int:
         comfy_bytes = sum(e.model_loaded_memory() for e in self.mm.current_loaded_models
                           if e.model is not None and not isinstance(e.model, HandleAdapter))
-        return TOTAL - self.devices.counted_bytes(CPU) - comfy_bytes
+        return self.total - self.devices.counted_bytes(CPU) - comfy_bytes
 
     def get_free_memory(self, dev: torch.device | None = None, torch_free_too: bool = False) -> object:
         return (self.free(), 0) if torch_free_too else self.free()
@@ -68,6 +69,23 @@ class SharedDevice:
         self.mm.load_models_gpu([patcher])
         assert patcher.loaded_size() == mb * MB, patcher.loaded_size()
         return patcher
+
+    def comfy_unet(self) -> Any:
+        """ComfyUI's own diffusion UNet (SD's `UNetModel` with its spatial transformers, tiny
+        widths, random weights, ComfyUI's `disable_weight_init` layers, which ComfyUI unloads
+        module by module) in a real `ModelPatcher`, not loaded yet."""
+        import comfy.model_patcher
+        import comfy.ops
+        from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+        torch.manual_seed(0)
+        unet = UNetModel(image_size=32, in_channels=4, model_channels=64, out_channels=4, num_res_blocks=1,
+                         channel_mult=(1, 2), num_head_channels=32, use_spatial_transformer=True,
+                         transformer_depth=[1, 1], transformer_depth_middle=1, transformer_depth_output=[1, 1, 1, 1],
+                         context_dim=64, use_linear_in_transformer=True, operations=comfy.ops.disable_weight_init)
+        for parameter in unet.parameters():  # disable_weight_init leaves them uninitialised
+            torch.nn.init.normal_(parameter, std=0.02)
+        return comfy.model_patcher.ModelPatcher(unet, load_device=CPU, offload_device=CPU)
 
     def entry_of(self, patcher: object) -> Any:
         return next(e for e in self.mm.current_loaded_models if e.model is patcher)

@@ -51,3 +51,7 @@ def test_pack_loads_as_a_custom_node(results: dict[str, dict[str, object]]) -> N
 
 def test_fallback_toggle_allows_and_off_defers_to_the_setting(results: dict[str, dict[str, object]]) -> None:
     assert_check(results, "fallback_toggle_allows_and_off_defers_to_the_setting")
+
+
+def test_demo_and_a_comfy_unet_evict_each_other_by_unit(results: dict[str, dict[str, object]]) -> None:
+    assert_check(results, "demo_and_a_comfy_unet_evict_each_other_by_unit")

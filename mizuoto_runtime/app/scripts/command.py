@@ -2,10 +2,10 @@
 (``--voice-dir``, ``--character NAME=WAV[:TRANSCRIPT]``), ``--srt FILE --timing`` and the
 progress bar a terminal shows.
 
-Text with a ``[`` is read as a script (write ``\\[`` for a literal bracket); text without one
-is spoken exactly as before. Tags name characters given by ``--character`` or by a voice of
-the ``--voice-dir`` library; the node's own voice (``--voice``, ``--speaker``, ...) speaks the
-text before any tag.
+Text with a ``[`` or a ``Speaker N:`` line is read as a script (write ``\\[`` for a literal
+bracket); other text is spoken exactly as before. Tags name characters given by ``--character``
+or by a voice of the ``--voice-dir`` library; the node's own voice (``--voice``, ``--speaker``,
+...) speaks the text before any tag.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ...engines.voice_store import VoicePromptStore
 from ...errors import ArgumentError
 from .runner import CharacterVoice
 from .subtitles import TIMINGS, read_srt
-from .syntax import Script, ScriptError, check_character_name, parse_script
+from .syntax import Script, ScriptError, check_character_name, looks_like_script, parse_script
 from .voices import VoiceLibrary
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ def add_arguments(say: argparse.ArgumentParser) -> None:
 
 
 def wants_script(args: argparse.Namespace) -> bool:
-    """Whether `say` speaks a script: a file, subtitles, or text with a tag."""
-    return bool(args.script or args.srt or (args.text is not None and "[" in args.text))
+    """Whether `say` speaks a script: a file, subtitles, or text with a tag or a ``Speaker N:`` line."""
+    return bool(args.script or args.srt or (args.text is not None and looks_like_script(args.text)))
 
 
 def script_text(args: argparse.Namespace) -> str:

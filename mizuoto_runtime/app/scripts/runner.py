@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ...audio import Audio
-from ...engines.base import Codes, Engine, Sampling, Voice
+from ...engines.base import Codes, Engine, Sampling, Turn, Voice
 from ..chunking import chunk_seed
 from .assemble import join
-from .segments import SegmentCache, segment_key
+from .segments import SegmentCache, SegmentKey, dialogue_key, segment_key
 from .subtitles import Cue, Placed, Timing, cue_script, place_cues
-from .syntax import Line, Script, ScriptError
+from .syntax import Line, Pause, Script, ScriptError
 
 if TYPE_CHECKING:
     from ...memory.phases import RequestContext
@@ -72,45 +73,138 @@ def line_sampling(sampling: Sampling, line: Line, index: int) -> Sampling:
 def speak_script(requests: Requests, engine: Engine, script: Script, voices: Mapping[str | None, CharacterVoice],
                  sampling: Sampling, *, cache: SegmentCache | None = None, grouped: bool = True,
                  allow_fallback: bool | None = None, cancel_check: Callable[[], None] | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> ScriptAudio:
+                 on_progress: Callable[[int, int], None] | None = None,
+                 pass_starts: Collection[int] = ()) -> ScriptAudio:
     """Speak `script` on a phased engine. `voices[None]` is the node's own voice; every other
     character that speaks needs its entry. `grouped` False runs each line's phases in turn
-    (the same audio; for comparison)."""
+    (the same audio; for comparison).
+
+    An engine that speaks several voices in one pass (`Engine.VOICES_PER_PASS` > 1) speaks
+    each run of lines between pauses as one dialogue (`dialogue_passes`); `pass_starts`: the
+    indices of further lines that start a pass (a subtitle cue's first line). Then
+    `ScriptAudio.lines` holds each pass's audio."""
     if not engine.PHASED:
         raise ScriptError(f"engine {engine.id!r} does not run in phases; speak its lines one by one")
     missing = [c for c in script.characters() if c not in voices]
     if missing:
         raise ScriptError(f"no voice for {', '.join(repr(c) if c else 'the node' for c in missing)}")
+    dialogue = engine.VOICES_PER_PASS > 1
+    passes = (dialogue_passes(script, engine, pass_starts) if dialogue
+              else [SpokenPass(i, i + 1) for i in range(len(script.lines))])
     lines = script.lines
-    samplings = [line_sampling(sampling, line, i) for i, line in enumerate(lines)]
+    samplings = [pass_sampling(sampling, lines, part) for part in passes]
     ctx = requests.request(sampling.seed, cancel_check, None)
     progress = _Progress(on_progress)
 
     characters = list(dict.fromkeys(line.character for line in lines))
-    progress.total = len(characters) + 2 * len(lines)
+    progress.total = len(characters) + 2 * len(passes)
     prompted: dict[str | None, Voice] = {}
     for character in characters:
-        source = voices[character]
-        if source.prompted is not None:
-            if source.prompted.engine != engine.id:
-                raise ScriptError(f"the voice of {character or 'the node'!r} was made by engine "
-                                  f"{source.prompted.engine!r}; this script's engine is {engine.id!r}")
-            prompted[character] = source.prompted
-        else:
-            prompted[character] = engine.voice_prompt(ctx, source.reference, source.transcript, source.speaker,
-                                                      instruct=source.instruct, **dict(source.options))
+        prompted[character] = _prompt(engine, ctx, character, voices[character])
         progress.step()
-    keys = [segment_key(engine, prompted[line.character], line.text, s) for line, s in zip(lines, samplings)]
+    jobs = [_job(lines, part, prompted, s, dialogue) for part, s in zip(passes, samplings)]
+    keys = [job.key(engine) for job in jobs]
 
     def speak(todo: list[int]) -> list[Audio]:
-        progress.step(2 * (len(lines) - len(todo)))  # lines from the cache run no phase
-        jobs = [(lines[i].text, prompted[lines[i].character], samplings[i]) for i in todo]
-        return run_phases(engine, ctx, jobs, grouped=grouped, allow_fallback=allow_fallback,
+        progress.step(2 * (len(passes) - len(todo)))  # passes from the cache run no phase
+        return run_phases(engine, ctx, [jobs[i] for i in todo], grouped=grouped, allow_fallback=allow_fallback,
                           cancel_check=cancel_check, after=lambda _phase, _index: progress.step())
 
-    spoken = (cache if cache is not None else SegmentCache(kept=max(1, len(lines)))).speak(keys, speak)
-    progress.step(progress.total - progress.done)  # all lines from the cache: the bar still ends full
-    return ScriptAudio(join(script, spoken.audio), spoken.audio, spoken.from_cache, ctx.meta)
+    spoken = (cache if cache is not None else SegmentCache(kept=max(1, len(passes)))).speak(keys, speak)
+    progress.step(progress.total - progress.done)  # all from the cache: the bar still ends full
+    return ScriptAudio(join(collapse(script, passes), spoken.audio), spoken.audio, spoken.from_cache, ctx.meta)
+
+
+def _prompt(engine: Engine, ctx: RequestContext, character: str | None, source: CharacterVoice) -> Voice:
+    if source.prompted is None:
+        return engine.voice_prompt(ctx, source.reference, source.transcript, source.speaker,
+                                   instruct=source.instruct, **dict(source.options))
+    if source.prompted.engine != engine.id:
+        raise ScriptError(f"the voice of {character or 'the node'!r} was made by engine "
+                          f"{source.prompted.engine!r}; this script's engine is {engine.id!r}")
+    return source.prompted
+
+
+@dataclasses.dataclass(frozen=True)
+class SpokenPass:
+    """Lines `start` to `end` (exclusive) of a script, spoken by one talker pass: one line, or
+    for an engine that speaks several voices at once, a dialogue."""
+
+    start: int
+    end: int
+
+
+def dialogue_passes(script: Script, engine: Engine, starts: Collection[int] = ()) -> list[SpokenPass]:
+    """The script's passes for a multi-voice engine: each run of lines with no pause between
+    them (silence cannot be placed inside one pass), also cut before each line index in
+    `starts`. A pass with more characters than the engine speaks at once, a seed on any line
+    but a pass's first, or two languages in one pass is refused, naming the lines."""
+    passes: list[SpokenPass] = []
+    index, start = 0, None
+    for item in script.items:
+        if isinstance(item, Pause) or index in starts:
+            if start is not None and start < index:
+                passes.append(SpokenPass(start, index))
+            start = None if isinstance(item, Pause) else index
+        if isinstance(item, Line):
+            start = index if start is None else start
+            index += 1
+    if start is not None and start < index:
+        passes.append(SpokenPass(start, index))
+    for part in passes:
+        _check_pass(script.lines[part.start:part.end], engine)
+    return passes
+
+
+def _check_pass(lines: Sequence[Line], engine: Engine) -> None:
+    where = (f"lines {lines[0].source_line}-{lines[-1].source_line}" if len(lines) > 1
+             else f"line {lines[0].source_line}")
+    characters = list(dict.fromkeys(line.character for line in lines))
+    most = engine.VOICES_PER_PASS
+    if len(characters) > most:
+        names = ", ".join(c or "the node's voice" for c in characters)
+        raise ScriptError(f"{where}: {len(characters)} voices speak without a pause between them ({names}); "
+                          f"{engine.title or engine.id} speaks at most {most} voices at once: put a [pause] "
+                          "between lines to start a new pass, or use fewer characters")
+    for line in lines[1:]:
+        if line.seed is not None:
+            raise ScriptError(f"line {line.source_line}: {engine.title or engine.id} speaks {where} in one pass, "
+                              "so only the pass's first line takes a seed")
+        if line.language != lines[0].language:
+            raise ScriptError(f"line {line.source_line}: one pass ({where}) speaks one language; put a [pause] "
+                              "before a line in another language")
+
+
+def pass_sampling(sampling: Sampling, lines: Sequence[Line], part: SpokenPass) -> Sampling:
+    """A pass samples as its first line would alone (`line_sampling`)."""
+    return line_sampling(sampling, lines[part.start], part.start)
+
+
+def collapse(script: Script, passes: Sequence[SpokenPass]) -> Script:
+    """The script with each pass's lines standing as its first line, so `join` places one clip
+    per pass (pauses stay where they were; a pass holds no pause)."""
+    firsts = {part.start for part in passes}
+    items, index = [], 0
+    for item in script.items:
+        if isinstance(item, Line):
+            if index in firsts:
+                items.append(item)
+            index += 1
+        else:
+            items.append(item)
+    return Script(tuple(items))
+
+
+def _job(lines: Sequence[Line], part: SpokenPass, prompted: Mapping[str | None, Voice], sampling: Sampling,
+         dialogue: bool) -> Job:
+    """A line job; a dialogue job for an engine that speaks several voices at once (even of
+    one line: a pass is always in its dialogue format)."""
+    spoken = lines[part.start:part.end]
+    if not dialogue:
+        return LineJob(spoken[0].text, prompted[spoken[0].character], sampling)
+    characters = list(dict.fromkeys(line.character for line in spoken))
+    return DialogueJob(tuple(Turn(characters.index(line.character), line.text) for line in spoken),
+                       tuple(prompted[c] for c in characters), sampling)
 
 
 def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue],
@@ -118,14 +212,19 @@ def speak_subtitles(requests: Requests, engine: Engine, cues: Sequence[Cue],
                     max_stretch: float = 1.5, **options: Any) -> Placed:
     """Speak every cue (all cues' lines as one script: each phase runs once for the whole track,
     and line i of the track samples with seed + i) and place them as `timing` says
-    (`subtitles.place_cues`). `options`: `speak_script`'s keyword arguments."""
+    (`subtitles.place_cues`). `options`: `speak_script`'s keyword arguments. An engine that
+    speaks several voices at once speaks each cue's lines as its own passes."""
     scripts = [cue_script(cue, [c for c in voices if c is not None]) for cue in cues]
+    firsts = list(itertools.accumulate((len(s.lines) for s in scripts), initial=0))[:-1]
     whole = speak_script(requests, engine, Script(tuple(item for s in scripts for item in s.items)), voices, sampling,
-                         **options)
+                         pass_starts=set(firsts), **options)
+    per_line = engine.VOICES_PER_PASS == 1
     spoken, start = [], 0
     for script in scripts:
-        spoken.append(join(script, whole.lines[start:start + len(script.lines)]))
-        start += len(script.lines)
+        passes = ([SpokenPass(i, i + 1) for i in range(len(script.lines))] if per_line
+                  else dialogue_passes(script, engine))
+        spoken.append(join(collapse(script, passes), whole.lines[start:start + len(passes)]))
+        start += len(passes)
     placed = place_cues(cues, spoken, timing, max_stretch)
     return dataclasses.replace(placed, meta=whole.meta, from_cache=whole.from_cache)
 
@@ -144,8 +243,37 @@ class _Progress:
             self.on_progress(self.done, self.total)
 
 
-#: A job for `run_phases`: the words, the prompted voice, and the sampling (with its seed).
-Job = tuple[str, Voice, Sampling]
+@dataclasses.dataclass(frozen=True)
+class LineJob:
+    """A job for `run_phases`: the words, the prompted voice, and the sampling (with its seed)."""
+
+    text: str
+    voice: Voice
+    sampling: Sampling
+
+    def talk(self, engine: Engine, ctx: RequestContext) -> Codes:
+        return engine.generate(ctx, self.text, self.voice, self.sampling)
+
+    def key(self, engine: Engine) -> SegmentKey:
+        return segment_key(engine, self.voice, self.text, self.sampling)
+
+
+@dataclasses.dataclass(frozen=True)
+class DialogueJob:
+    """A dialogue for `run_phases`: one talker pass of several voices (`Engine.generate_dialogue`)."""
+
+    turns: tuple[Turn, ...]
+    voices: tuple[Voice, ...]
+    sampling: Sampling
+
+    def talk(self, engine: Engine, ctx: RequestContext) -> Codes:
+        return engine.generate_dialogue(ctx, self.turns, self.voices, self.sampling)
+
+    def key(self, engine: Engine) -> SegmentKey:
+        return dialogue_key(engine, self.voices, self.turns, self.sampling)
+
+
+Job = LineJob | DialogueJob
 #: Called with (phase, job index), phase 0 the talker and 1 the decoder.
 PhaseHook = Callable[[int, int], None]
 
@@ -170,10 +298,9 @@ def run_phases(engine: Engine, ctx: RequestContext, jobs: Sequence[Job], *, grou
         return result
 
     def talk(index: int) -> Codes:
-        text, voice, sampling = jobs[index]
         if ctx.generator is not None:
-            ctx.generator.manual_seed(sampling.seed)
-        return _ParkedCodes(engine.generate(ctx, text, voice, sampling))
+            ctx.generator.manual_seed(jobs[index].sampling.seed)
+        return _ParkedCodes(jobs[index].talk(engine, ctx))
 
     def decode(parked: _ParkedCodes) -> Audio:
         return engine.decode(ctx, parked.back(), allow_fallback)

@@ -16,7 +16,7 @@ from ...lru import LruCache
 from .syntax import ScriptError
 
 if TYPE_CHECKING:
-    from ...engines.base import Engine, Sampling, Voice
+    from ...engines.base import Engine, Sampling, Turn, Voice
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,15 @@ def segment_key(engine: Engine, voice: Voice, text: str, sampling: Sampling,
     return SegmentKey(**engine_identity(engine), voice=voice.key, text=text,
                       sampling=canonical_json(dataclasses.asdict(sampling), "sampling"),
                       options=canonical_json(dict(options or {}), "options"))
+
+
+def dialogue_key(engine: Engine, voices: Sequence[Voice], turns: Sequence[Turn], sampling: Sampling) -> SegmentKey:
+    """The key of a dialogue spoken in one pass: every voice in order, and each turn's voice
+    and words."""
+    return SegmentKey(**engine_identity(engine), voice=",".join(voice.key for voice in voices),
+                      text=canonical_json([[turn.voice, turn.text] for turn in turns], "dialogue"),
+                      sampling=canonical_json(dataclasses.asdict(sampling), "sampling"),
+                      options=canonical_json({}, "options"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,8 @@ they are:
 ``[seed:7]``                The next spoken line's seed (on its own line: the next line's).
 ``[pause:1.5s]``            Silence: ``1.5s``, ``300ms``, or ``2`` (seconds); ``wait`` and
                             ``stop`` are the same tag; the keyword's case does not matter.
+``Speaker 1: Hi.``          At the start of a line, the same as ``[Speaker 1] Hi.`` (the plain
+                            dialogue form of VibeVoice's and other multi-speaker scripts).
 ``\\[`` ``\\]`` ``\\\\``       A literal ``[``, ``]`` or backslash; any other backslash is kept.
 ==========================  =====================================================================
 
@@ -26,9 +28,10 @@ Where TTS-Audio-Suite differs (its ``utils/text/character_parser``, ``pause_proc
 unknown parameters (``[Alice|temp:0.5]``), emotion references (``[Alice:angry_bob]``) and
 malformed pauses (spoken as text); here each is an error. Its ``[seed:N]`` alone also switches
 to the narrator; here it leaves the character as it is. Its seeds stop at 2**32-1 and pauses
-are clamped to 30 s; here seeds go to 2**64-1 and pauses to 60 s. Its ``Speaker 1:`` and
-``[1]`` speaker forms and engine sound tags (``[laughter]``) are not read here (``[laughter]``
-is an unknown character unless one is named so). It has no escape for brackets.
+are clamped to 30 s; here seeds go to 2**64-1 and pauses to 60 s. Its ``[1]`` speaker form
+and engine sound tags (``[laughter]``) are not read here (``[laughter]`` is an unknown
+character unless one is named so); ``Speaker 1:`` names a character "Speaker 1", which must be
+known like any other. It has no escape for brackets.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ PAUSE_WORDS = ("pause", "wait", "stop")
 _PAUSE_VALUE = re.compile(r"(\d+(?:\.\d+)?)(s|ms)?")
 _LANGUAGE = re.compile(r"[A-Za-z]{2}(?:-[A-Za-z]{2,4})?")
 _NAME_FORBIDDEN = set("[]|:\\")
+_SPEAKER_LINE = re.compile(r"\s*(speaker\s+\d+)\s*:(.*)", re.IGNORECASE)
 
 
 class ScriptError(MizuotoError, ValueError):
@@ -108,6 +112,11 @@ class Script:
         return "\n".join(_item_text(item) for item in self.items)
 
 
+def looks_like_script(text: str) -> bool:
+    """Whether `text` uses script markup: a tag, or a ``Speaker N:`` line."""
+    return "[" in text or any(_SPEAKER_LINE.fullmatch(line) for line in text.splitlines())
+
+
 def check_character_name(name: str) -> str:
     """A name a tag can spell: not empty, no surrounding spaces, none of ``[]|:\\``, not a
     reserved word (``seed``, ``pause``, ``wait``, ``stop``). Returns it."""
@@ -163,6 +172,7 @@ class _Parser:
         self.seed: _Pending | None = None
 
     def line(self, place: str, number: int, source: str) -> None:
+        source = _speaker_form(source)
         character: str | None = None
         language: str | None = None
         switched_by: str | None = None  # the character tag whose text is still to come
@@ -249,6 +259,14 @@ def _speaker(spec: str, where: str, known: dict[str, str]) -> tuple[str | None, 
         listed = ", ".join(sorted(known.values(), key=str.lower)) or "none"
         raise ScriptError(f"{where}: no character named {spec!r} (known: {listed})")
     return name, language
+
+
+def _speaker_form(source: str) -> str:
+    """``Speaker 1: words`` as ``[Speaker 1] words`` (one space between the words of the name)."""
+    match = _SPEAKER_LINE.fullmatch(source)
+    if match is None:
+        return source
+    return f"[{' '.join(match.group(1).split())}]{match.group(2)}"
 
 
 def _pause_seconds(value: str, where: str) -> float:
