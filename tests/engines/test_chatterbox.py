@@ -287,6 +287,7 @@ def test_a_script_speaks_line_by_line_in_each_characters_voice_and_exaggeration(
     from mizuoto_runtime.app.scripts.runner import CharacterVoice, speak_script
     from mizuoto_runtime.app.scripts.syntax import parse_script
 
+    assert engine_class("chatterbox").VOICES_PER_PASS == 1  # no dialogue pass: Chatterbox speaks one voice
     folder = chatterbox_checkpoint()
     other = Audio(0.3 * torch.sin(torch.arange(16000) / 9.0).unsqueeze(0), 16000)
     voices = {None: CharacterVoice(REFERENCE, options={"exaggeration": 0.3}),
