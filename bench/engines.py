@@ -10,7 +10,7 @@ written to a temporary folder), one request of each placement, repeated and inte
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
 ``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo,
-CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2 and GPT-SoVITS (the
+CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2, GPT-SoVITS and Chatterbox (the
 default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/engines/test_engine_estimates.py` asserts it).
@@ -78,7 +78,10 @@ TINY: dict[str, tuple[str, str | None, torch.dtype | None]] = {
     "cosyvoice2": ("cosyvoice", "2", None), "cosyvoice3": ("cosyvoice", "3", None),
     "indextts2": ("indextts2", None, None), "voxcpm2": ("voxcpm2", None, None), "qwen3tts": ("qwen3tts", None, None),
     "gptsovits": ("gptsovits", "v2", None), "higgsaudio": ("higgsaudio", None, None),
-    "vibevoice": ("vibevoice", None, None), "dia": ("dia", None, None), "csm": ("csm", None, None)}
+    "vibevoice": ("vibevoice", None, None), "dia": ("dia", None, None), "csm": ("csm", None, None),
+    "chatterbox": ("chatterbox", None, None), "chatterbox-mtl": ("chatterbox", "multilingual", None)}
+# The loader's choice inside a written folder, where it is a file of it (Chatterbox Multilingual).
+CHOICES = {"chatterbox-mtl": "t3_mtl23ls_v2.safetensors"}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
@@ -307,9 +310,13 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "dia": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 64)],
     # test_csm.py: a 0.7-1 s context recording, 10 frames; a longer one, more text and frames
     "csm": [PeakRequest(1, TEXT, 10), PeakRequest(3, TEXT * 2, 32)],
+    # test_chatterbox.py: a 1 s reference, 24 speech tokens; a longer one and more tokens
+    "chatterbox": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 48)],
+    "chatterbox-mtl": [PeakRequest(1, TEXT, 24, "French"), PeakRequest(3, TEXT * 2, 48, "French")],
 }
 # The runtime's engine id of each bench name of one engine's version.
-RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}
+RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech",
+               "chatterbox-mtl": "chatterbox"}
 
 
 @dataclasses.dataclass
@@ -399,7 +406,8 @@ def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | No
             folders[name] = None
             continue
         engine, version, dtype = TINY[name]
-        folders[name] = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
+        folder = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
+        folders[name] = folder / CHOICES[name] if name in CHOICES else folder
     return folders
 
 

@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="IndexTTS-2: with --emotion or emotion text, a random variant of each emotion (seeded)")
     say.add_argument("--emotion-balance", action="store_true",
                      help="IndexTTS-2: tone --emotion down as IndexTTS-2's web UI does (total at most 0.8)")
+    say.add_argument("--exaggeration", type=float, default=None,
+                     help="Chatterbox: how expressive the voice speaks (0: flat; default 0.5)")
     scripts.add_arguments(say)
     say.add_argument("--allow-fallback", action="store_true",
                      help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback "
@@ -203,16 +205,18 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
+    """The engine-specific voice options the flags set (IndexTTS-2's emotion, Chatterbox's
+    exaggeration)."""
+    options: dict[str, Any] = {} if args.exaggeration is None else {"exaggeration": args.exaggeration}
     if not (args.emotion_voice or args.emotion.strip() or args.emotion_text or args.emotion_from_text):
-        return {}
+        return options
     from ..engines.indextts2.emotion import Emotion
 
     audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
     emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength, text=args.emotion_text,
                                   from_text=args.emotion_from_text, random=args.emotion_random,
                                   balance=args.emotion_balance)
-    return {} if emotion is None else {"emotion": emotion}
+    return options if emotion is None else {**options, "emotion": emotion}
 
 
 def _write_timeline(request: dict[str, Any], path: Path) -> Path:
