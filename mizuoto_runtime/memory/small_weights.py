@@ -154,6 +154,13 @@ def _int8_kernel_applies(x: torch.Tensor, layer: nn.Linear) -> bool:
             and layer.weight.is_contiguous() and x.shape[-1] == layer.weight.shape[1])
 
 
+def can_store(layer: nn.Module) -> bool:
+    """Whether `layer` can store its weight small: a plain Linear or Conv (not weight-normed),
+    or a layer stored small already."""
+    return ((type(layer) in _STORED_CLASS or getattr(type(layer), "STORED_LAYER", False))
+            and not parametrize.is_parametrized(layer))
+
+
 def is_stored_small(module: nn.Module) -> bool:
     return getattr(type(module), "STORED_LAYER", False) and module.weight.dtype in STORED.values()
 
@@ -168,11 +175,11 @@ def stored_choice(module: nn.Module) -> str:
 def largest_cast_bytes(module: nn.Module) -> int:
     """The largest weight a stored-small layer of `module` casts in its forward, at the
     precision it computes in (its bias' or scale's dtype): the working memory the cast adds."""
-    sizes = [m.weight.numel() * _compute_dtype(m).itemsize for m in module.modules() if is_stored_small(m)]
+    sizes = [m.weight.numel() * compute_dtype(m).itemsize for m in module.modules() if is_stored_small(m)]
     return max(sizes, default=0)
 
 
-def _compute_dtype(layer: nn.Module) -> torch.dtype:
+def compute_dtype(layer: nn.Module) -> torch.dtype:
     for t in (layer.weight_scale, getattr(layer, "bias", None)):
         if t is not None and t.is_floating_point():
             return t.dtype
@@ -201,7 +208,7 @@ def _quantize(weight: torch.Tensor, choice: str, channel_dim: int) -> tuple[torc
 
 def _dequantized(layer: nn.Module) -> torch.Tensor:
     """A stored-small layer's weight back in its compute dtype (for a conversion to another choice)."""
-    probe = torch.empty(0, dtype=_compute_dtype(layer), device=layer.weight.device)
+    probe = torch.empty(0, dtype=compute_dtype(layer), device=layer.weight.device)
     return CastWeights.cast_weight(layer, probe)  # type: ignore[arg-type]
 
 
@@ -231,9 +238,7 @@ def _castable(root: nn.Module, keep: Iterable[str]) -> list[tuple[str, nn.Module
                 owners[id(t)] = owners.get(id(t), 0) + 1
     found = []
     for name, module in root.named_modules():
-        if type(module) not in _STORED_CLASS and not getattr(type(module), "STORED_LAYER", False):
-            continue
-        if any(name == k or name.startswith(k + ".") for k in kept) or parametrize.is_parametrized(module):
+        if not can_store(module) or any(name == k or name.startswith(k + ".") for k in kept):
             continue
         weight = module._parameters.get("weight")
         if weight is None or not weight.is_floating_point() and weight.dtype != torch.int8:
@@ -281,7 +286,9 @@ def scale_for(layer: nn.Module, scale: torch.Tensor, weight_name: str) -> torch.
     channel = getattr(_STORED_CLASS.get(type(layer), type(layer)), "CHANNEL_DIM", 0)
     channels = weight.shape[channel] if weight.dim() else 1
     if scale.numel() == 1 or (scale.numel() == channels and scale.squeeze().dim() <= 1):
-        return scale.reshape(-1) if scale.numel() > 1 else scale.reshape(())
+        # in the dtype the layer computes in, as `_quantize`'s scales are
+        dtype = compute_dtype(layer) if is_stored_small(layer) else weight.dtype
+        return (scale.reshape(-1) if scale.numel() > 1 else scale.reshape(())).to(dtype)
     raise MizuotoError(f"{weight_name}: its scale has shape {tuple(scale.shape)}; a weight of shape "
                        f"{tuple(weight.shape)} takes one number or {channels} (one per output channel)")
 

@@ -24,6 +24,7 @@ from torch.nn.utils.weight_norm import WeightNorm
 
 from ..errors import MizuotoError
 from .devices import DeviceService, absent_like
+from .small_weights import compute_dtype, is_stored_small
 
 UNIT_MIN_CHILD_BYTES = 1 << 20  # M12: a list child of at least 1 MB is a unit
 UNIT_MIN_STREAM_BYTES = 64 << 10  # M14: units smaller than 64 KB stay fixed
@@ -255,12 +256,15 @@ def _subtree_ids(module: nn.Module) -> set[int]:
 
 
 def _module_bytes(module: nn.Module) -> int:
+    """Its weights' bytes, those stored small (`small_weights`) counted at the precision they
+    compute in: a weights choice changes what a unit holds, not which blocks are units."""
+    widths = {id(m.weight): compute_dtype(m).itemsize for m in module.modules() if is_stored_small(m)}
     seen: set[int] = set()
     total = 0
     for t in list(module.parameters()) + list(module.buffers()):
         if id(t) not in seen:
             seen.add(id(t))
-            total += tensor_bytes(t)
+            total += t.numel() * widths.get(id(t), t.element_size())
     return total
 
 
