@@ -83,7 +83,8 @@ class ModelHandle:
         self.module = module
         self.plan: UnitPlan = plan_units(module, self._marked(self._fixed))
         self.weights = stored_choice(module)  # what its Linear and Conv weights are stored as
-        self.cast_bytes = largest_cast_bytes(module)  # a stored-small weight cast for its forward
+        # Working memory its phases add: the largest stored-small weight, cast for its forward.
+        self.cast_bytes = largest_cast_bytes(module)
         self.standins.reset(module)
         absent = [s.name for s in self._all_slots() if isinstance(s.current(), (AbsentParameter, AbsentTensor))]
         if absent:
@@ -169,9 +170,8 @@ class ModelHandle:
 
     @property
     def min_working_set(self) -> int:
-        """M16: fixed part + the streamer's simultaneous copies of the largest units, + the
-        largest weight a stored-small layer casts to the compute dtype in its forward."""
-        return self.plan.min_working_set(self.copies) + self.cast_bytes
+        """M16: fixed part + the streamer's simultaneous copies of the largest units."""
+        return self.plan.min_working_set(self.copies)
 
     @property
     def is_whole(self) -> bool:

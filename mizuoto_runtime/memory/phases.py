@@ -277,6 +277,8 @@ class RequestContext:
     def _placed(self, handles: Sequence[ModelHandle], memory: int, name: str) -> Iterator[list[Placement]]:
         """`use` without the timeline: place, run the block, calibrate, release."""
         _check_memory(memory, name)
+        # A layer whose weights are stored small casts one weight at a time to compute with it.
+        memory += max((h.cast_bytes for h in handles), default=0)
         self.check_cancelled()
         placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check,
                                           noted=self._noted)

@@ -47,7 +47,7 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import CheckpointInfo, Codes, Engine, Sampling, SmallWeights, Voice, element_size
 from .checkpoint import DEFAULT_CONFIG, SAMPLE_RATE, VOCODER_FOLDER, check_layout, load_flow, load_vocoder
 from .upstream import import_upstream
 
@@ -78,6 +78,7 @@ class F5TTSEngine(Engine):
     title = "F5-TTS"
     REQUIREMENTS = "f5tts"
     UPSTREAM = "f5_tts"
+    WEIGHTS = {"generate": SmallWeights(("flow",)), "decode": SmallWeights(("vocoder",))}
     PHASED = True
     sample_rate = SAMPLE_RATE
     steps = DEFAULT_STEPS  # ODE steps (F5-TTS's nfe_step); tests and benches set fewer

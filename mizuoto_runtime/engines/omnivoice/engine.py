@@ -47,7 +47,7 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import CheckpointInfo, Codes, Engine, Sampling, SmallWeights, Voice, element_size
 from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,11 @@ class OmniVoiceEngine(Engine):
     title = "OmniVoice"
     REQUIREMENTS = "omnivoice"
     UPSTREAM = "omnivoice"
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("audio_encoder",)),
+        "generate": SmallWeights(("llm",)),
+        "decode": SmallWeights(("audio_decoder",)),
+    }
     PHASED = True
     # Its voice prompt is upstream's VoiceClonePrompt object: kept in memory only, never
     # pickled to disk.

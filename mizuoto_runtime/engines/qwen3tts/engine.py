@@ -56,7 +56,7 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import CheckpointInfo, Codes, Engine, Sampling, SmallWeights, Voice, element_size
 from ..lora import LoraAdapter
 from . import loop as lean_loop
 from .checkpoint import check_layout, load_model
@@ -107,6 +107,11 @@ class Qwen3TTSEngine(Engine):
     UPSTREAM = "qwen_tts"
     VERSIONS = ("base", "custom_voice", "voice_design")  # its model types
     LORA = LoraAdapter(component="talker", checkpoint="model.safetensors", prefix="talker.")
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("speaker_encoder", "codec_encoder")),
+        "generate": SmallWeights(("talker",)),
+        "decode": SmallWeights(("codec_decoder",)),
+    }
     PHASED = True
     sample_rate = SAMPLE_RATE
 

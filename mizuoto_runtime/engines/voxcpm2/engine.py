@@ -86,7 +86,7 @@ from ...memory.handle import ModelHandle
 from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
+from ..base import CheckpointInfo, Codes, Engine, Sampling, SmallWeights, Voice
 from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,11 @@ class VoxCPM2Engine(Engine):
     title = "VoxCPM 2"
     REQUIREMENTS = "voxcpm2"
     UPSTREAM = "voxcpm"
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("vae_encoder",)),
+        "generate": SmallWeights(("generator",)),
+        "decode": SmallWeights(("vae_decoder",)),
+    }
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
