@@ -26,6 +26,8 @@ All sizes in MB are MiB (2**20 bytes), rounded to 2 decimals; bytes are ints; ti
         {"engine": "demo", "name": "acoustic", "kind": "oneshot",
          "size_bytes": ..., "loaded_bytes": ..., "host_bytes": ..., "units": 4,
          "resident_units": 0, "min_working_set": ..., "fixed": [...],
+         "weights": "as published" | "fp8_e4m3fn" | ...,  # NEW (issue 36): how its Linear and
+                                       # Conv weights are stored; every byte count is stored bytes
          "streamed_bytes": ...,        # CHANGED: bytes streamed for it in the LAST request that
                                        # used it (0 if none yet), no longer a running total
          "streamed_bytes_total": ...,  # NEW: every byte streamed for it since it loaded
@@ -35,7 +37,9 @@ All sizes in MB are MiB (2**20 bytes), rounded to 2 decimals; bytes are ints; ti
                                        # is not whole on the device now (an M50 reason, or yielded)
          "line": "demo:acoustic 11.7 MB: 4.2 MB on the GPU (0.5 MB that always stays + 1 of 4 "
                  "layers), 7.5 MB in RAM, streamed when used (not enough free VRAM)"}
-                                       # NEW: the current state in plain words
+                                       # NEW: the current state in plain words; with weights
+                                       # stored small, "demo:acoustic 3.0 MB (weights stored as
+                                       # fp8_e4m3fn): ..."
       ],
       "requests": [ <request report>, ... ]   # NEW: the last REQUESTS_KEPT requests, newest last
     }
@@ -95,6 +99,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .small_weights import PUBLISHED
 
 if TYPE_CHECKING:
     from .devices import DeviceService
@@ -346,7 +352,8 @@ def model_line(key: str, described: Mapping[str, Any], fixed_bytes: int, why: st
     """"demo:talker 11.7 MB: 4.2 MB on the GPU (1.0 MB that always stays + 2 of 8 layers),
     7.5 MB in RAM, streamed when used (not enough free VRAM)"."""
     size, loaded = described["size_bytes"], described["loaded_bytes"]
-    head = f"{key} {_mb_text(mb(size))}: "
+    stored = described.get("weights", PUBLISHED)
+    head = f"{key} {_mb_text(mb(size))}" + (f" (weights stored as {stored})" if stored != PUBLISHED else "") + ": "
     if not moves:
         return head + "in RAM (no GPU)"
     reason = f" ({PLAIN_REASONS.get(why, why)})" if why else ""

@@ -7,9 +7,9 @@ bookkeeping. Its forward turns the weight into the input's dtype on the device i
 as ComfyUI's manual cast does (`comfy/ops.py`: the weight cast, times `scale_weight`), and
 computes in that dtype; nothing is upcast on the host.
 
-- `fp8_e4m3fn`, `fp8_e5m2`: the weight cast to fp8. A weight whose largest magnitude is past
-  the format's range gets one per-tensor scale (else it would turn into NaN or inf); fp8
-  checkpoints shared for ComfyUI carry one too (`scale_weight` / `weight_scale`).
+- `fp8_e4m3fn`, `fp8_e5m2`: the weight divided by one per-tensor scale (its largest magnitude
+  over the format's largest value) and cast to fp8, as fp8 checkpoints shared for ComfyUI are
+  (`scale_weight` / `weight_scale`, which load as they are).
 - `int8`: weight-only, symmetric, one scale per output channel. On a CPU a Linear layer
   computes with torch's int8 weight-pack matmul (`aten._weight_int8pack_mm`); elsewhere it is
   dequantized to the input's dtype first.
@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..errors import ArgumentError, MizuotoError
+from .devices import device_anchors
 
 log = logging.getLogger(__name__)
 
@@ -198,11 +199,12 @@ def _quantize(weight: torch.Tensor, choice: str, channel_dim: int) -> tuple[torc
         q = torch.round(w / scale.reshape(shape)).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8)
         return q.contiguous(), scale.to(weight.dtype)
     dtype = FP8[choice]
-    top = torch.finfo(dtype).max
     amax = float(w.abs().max()) if w.numel() else 0.0
-    if amax <= top:
+    if amax == 0.0:
         return w.to(dtype), None
-    scale = torch.tensor(amax / top)
+    # Scaled to the format's largest value, as ComfyUI's scaled fp8 is: small weights (a layer
+    # initialised at 0.02) would otherwise fall into fp8's few subnormals, or to zero.
+    scale = torch.tensor(amax / torch.finfo(dtype).max)
     return (w / scale).to(dtype), scale.to(weight.dtype)
 
 
@@ -228,9 +230,11 @@ def store_layer(layer: nn.Module, weight: torch.Tensor, scale: torch.Tensor | No
 
 def _castable(root: nn.Module, keep: Iterable[str]) -> list[tuple[str, nn.Module]]:
     """The Linear and Conv layers of `root` whose weight may be stored small: not named in
-    `keep` (a name, or the start of one), not weight-normed, and holding a weight no other
-    module reads (a head tied to an embedding stays as the embedding is)."""
+    `keep` (a name, or the start of one), not weight-normed, holding a weight no other module
+    reads (a head tied to an embedding stays as the embedding is), and not a weight code finds
+    the model's dtype from (`device_anchors`: else it would compute in fp8)."""
     kept = tuple(keep)
+    anchors = device_anchors(root)
     owners: dict[int, int] = {}
     for module in root.modules():
         for t in module._parameters.values():
@@ -243,7 +247,7 @@ def _castable(root: nn.Module, keep: Iterable[str]) -> list[tuple[str, nn.Module
         weight = module._parameters.get("weight")
         if weight is None or not weight.is_floating_point() and weight.dtype != torch.int8:
             continue
-        if owners.get(id(weight), 0) > 1 or "weight_g" in module._parameters:
+        if owners.get(id(weight), 0) > 1 or "weight_g" in module._parameters or id(weight) in anchors:
             continue
         found.append((name, module))
     return found

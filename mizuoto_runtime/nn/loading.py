@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, MizuotoError, json_kind
+from ..memory.devices import device_anchors
 from ..memory.small_weights import FP8, can_store, choice_of, scale_for, store_layer
 
 _DTYPES = {
@@ -240,13 +241,14 @@ def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path],
         targets = _targets(model)
         _check(model, targets, found, files, strict)
         kept: dict[str, int] = {}
+        anchors = device_anchors(model)
         for name, (owners, tensor) in targets.items():
             source = next((n for n in [name, *owners[1:]] if n in found), None)
             if source is None:
                 continue
             f, key = found[source]
             scale = scales.get(source)
-            stored = _stored_layer(model, owners, f.entries[key][0])
+            stored = _stored_layer(model, owners, f.entries[key][0], anchors)
             if stored is not None:
                 weight = f.view(key).clone()
                 store_layer(stored, weight, None if scale is None else scale_for(stored, _read(scale), source))
@@ -301,13 +303,14 @@ def _dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.
                        "(one per output channel)")
 
 
-def _stored_layer(model: nn.Module, owners: list[str], dtype: torch.dtype) -> nn.Module | None:
+def _stored_layer(model: nn.Module, owners: list[str], dtype: torch.dtype, anchors: set[int]) -> nn.Module | None:
     """The layer that keeps an fp8 checkpoint weight as it is stored: a Linear or Conv's own
-    `weight`, read by no other module. None: the weight is converted to the model's dtype."""
+    `weight`, read by no other module, and not one code finds the model's dtype from. None: the
+    weight is converted to the model's dtype."""
     if dtype not in FP8.values() or len(owners) != 1 or not owners[0].endswith(".weight"):
         return None
     layer = model.get_submodule(owners[0].rpartition(".")[0])
-    return layer if can_store(layer) else None
+    return layer if can_store(layer) and id(layer.weight) not in anchors else None
 
 
 def _targets(model: nn.Module) -> dict[str, tuple[list[str], torch.Tensor]]:
