@@ -423,7 +423,8 @@ def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: s
     talk_s = time.perf_counter() - start
     streamed = talker.streamer.streamed_bytes_of(talker) - before if talker is not None else 0
     audio = engine.decode(ctx, codes)
-    tokens = codes.tokens.reshape(-1, codes.tokens.shape[-1]) if engine_id == "qwen3tts" else codes.tokens.reshape(-1, 1)
+    # one row per step: Qwen3-TTS's codes are (frames, codebooks), the demo's (1, frames)
+    tokens = codes.tokens.reshape(-1, codes.tokens.shape[-1] if engine_id == "qwen3tts" else 1)
     return WeightsRun(audio.mono().float(), audio.sample_rate, tokens if engine_id in TALKERS else None,
                       talk_s, streamed)
 
@@ -488,7 +489,7 @@ def time_weights(folders: dict[str, Path | None], steps: int, repeat: int) -> No
             plain = Runtime()
             streamed = Runtime({"compute.simulate_vram_mb": 4096, "compute.vram_mode": "none"})
             runs: dict[str, list[WeightsRun]] = {"plain": [], "streamed": []}
-            for name, rt in (("plain", plain), ("streamed", streamed)):
+            for rt in (plain, streamed):
                 weights_request(rt, engine_id, folder, choice, steps)  # warm-up: load
             for _ in range(repeat):
                 for name, rt in (("plain", plain), ("streamed", streamed)):  # interleaved

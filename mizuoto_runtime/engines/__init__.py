@@ -67,6 +67,6 @@ def engine_class(engine_id: str) -> type[Engine]:
 
 
 __all__ = [
-    "ENGINES", "CheckpointInfo", "Codes", "Engine", "LoraAdapter", "LoraChoice", "Sampling", "SmallWeights", "TinyWriter", "Voice",
-    "check_request", "discover", "engine_class", "install_hint",
+    "ENGINES", "CheckpointInfo", "Codes", "Engine", "LoraAdapter", "LoraChoice", "Sampling", "SmallWeights",
+    "TinyWriter", "Voice", "check_request", "discover", "engine_class", "install_hint",
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -74,19 +74,32 @@ def check_fp8(dtype: torch.dtype, device: torch.device, what: str) -> None:
                            f"{torch.__version__} ({failed}); choose weights 'as published' or 'int8'")
 
 
-class CastWeights:
+def _weight(layer: nn.Module) -> torch.Tensor:
+    weight = layer._parameters["weight"]
+    assert weight is not None
+    return weight
+
+
+def _scale(layer: nn.Module) -> torch.Tensor | None:
+    return layer._parameters.get("weight_scale")
+
+
+def _channel_dim(layer: nn.Module) -> int:
+    """The weight's output-channel dimension (a transposed conv's is 1)."""
+    return int(getattr(_STORED_CLASS.get(type(layer), type(layer)), "CHANNEL_DIM", 0))
+
+
+class CastWeights(nn.Module):
     """Mixed into a Linear/Conv class: the weight is stored small (`weight_scale`: its scale,
     or None) and cast to the input's dtype on the input's device in the forward."""
 
     STORED_LAYER: ClassVar[bool] = True
     CHANNEL_DIM: ClassVar[int] = 0  # the weight's output-channel dimension (int8 scales)
-    weight: nn.Parameter
-    weight_scale: nn.Parameter | None
 
     def cast_weight(self, x: torch.Tensor) -> torch.Tensor:
         """The weight in `x`'s dtype, scaled (the only full-precision copy, made on the device)."""
-        weight = self.weight.to(x.dtype)
-        scale = self.weight_scale
+        weight = _weight(self).to(x.dtype)
+        scale = _scale(self)
         if scale is None:
             return weight
         shape = [1] * weight.dim()
@@ -95,15 +108,14 @@ class CastWeights:
         return weight * scale.to(x.dtype).reshape(shape)
 
     def cast_bias(self, x: torch.Tensor) -> torch.Tensor | None:
-        bias: torch.Tensor | None = getattr(self, "bias", None)
+        bias = self._parameters.get("bias")
         return None if bias is None else bias.to(x.dtype)
 
 
 class StoredLinear(CastWeights, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.dtype == torch.int8 and _int8_kernel_applies(x, self):
-            scale = self.weight_scale
-            assert scale is not None
+        scale = _scale(self)
+        if self.weight.dtype == torch.int8 and scale is not None and _int8_kernel_applies(x, self):
             flat = x.reshape(-1, x.shape[-1]).contiguous()
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, scale.to(x.dtype).reshape(-1))
             out = out.reshape(*x.shape[:-1], out.shape[-1])
@@ -126,9 +138,10 @@ class StoredConvTranspose1d(CastWeights, nn.ConvTranspose1d):
     CHANNEL_DIM = 1
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        padding = self._output_padding(x, output_size, list(self.stride), list(self.padding),
+        pad = cast(tuple[int, ...], self.padding)  # a transposed conv's padding is never a string
+        padding = self._output_padding(x, output_size, list(self.stride), list(pad),
                                        list(self.kernel_size), 1, list(self.dilation))
-        return F.conv_transpose1d(x, self.cast_weight(x), self.cast_bias(x), self.stride, self.padding,
+        return F.conv_transpose1d(x, self.cast_weight(x), self.cast_bias(x), self.stride, pad,
                                   padding, self.groups, self.dilation)
 
 
@@ -136,9 +149,10 @@ class StoredConvTranspose2d(CastWeights, nn.ConvTranspose2d):
     CHANNEL_DIM = 1
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        padding = self._output_padding(x, output_size, list(self.stride), list(self.padding),
+        pad = cast(tuple[int, ...], self.padding)  # a transposed conv's padding is never a string
+        padding = self._output_padding(x, output_size, list(self.stride), list(pad),
                                        list(self.kernel_size), 2, list(self.dilation))
-        return F.conv_transpose2d(x, self.cast_weight(x), self.cast_bias(x), self.stride, self.padding,
+        return F.conv_transpose2d(x, self.cast_weight(x), self.cast_bias(x), self.stride, pad,
                                   padding, self.groups, self.dilation)
 
 
@@ -163,25 +177,27 @@ def can_store(layer: nn.Module) -> bool:
 
 
 def is_stored_small(module: nn.Module) -> bool:
-    return getattr(type(module), "STORED_LAYER", False) and module.weight.dtype in STORED.values()
+    return bool(getattr(type(module), "STORED_LAYER", False)) and _weight(module).dtype in STORED.values()
 
 
 def stored_choice(module: nn.Module) -> str:
     """What `module`'s Linear and Conv weights are stored as: the choice, `PUBLISHED` when none
     is stored small, or the choices joined when a checkpoint mixes them."""
-    found = sorted({choice_of(m.weight.dtype) for m in module.modules() if is_stored_small(m)})
+    found = sorted({choice_of(_weight(m).dtype) for m in module.modules() if is_stored_small(m)})
     return " + ".join(found) if found else PUBLISHED
 
 
 def largest_cast_bytes(module: nn.Module) -> int:
     """The largest weight a stored-small layer of `module` casts in its forward, at the
     precision it computes in (its bias' or scale's dtype): the working memory the cast adds."""
-    sizes = [m.weight.numel() * compute_dtype(m).itemsize for m in module.modules() if is_stored_small(m)]
+    sizes = [_weight(m).numel() * compute_dtype(m).itemsize for m in module.modules() if is_stored_small(m)]
     return max(sizes, default=0)
 
 
 def compute_dtype(layer: nn.Module) -> torch.dtype:
-    for t in (layer.weight_scale, getattr(layer, "bias", None)):
+    """The dtype a stored-small layer computes in, as far as it says: its scale's or its bias'
+    (float32 when it has neither)."""
+    for t in (_scale(layer), layer._parameters.get("bias")):
         if t is not None and t.is_floating_point():
             return t.dtype
     return torch.float32
@@ -199,19 +215,19 @@ def _quantize(weight: torch.Tensor, choice: str, channel_dim: int) -> tuple[torc
         q = torch.round(w / scale.reshape(shape)).clamp(-_INT8_MAX, _INT8_MAX).to(torch.int8)
         return q.contiguous(), scale.to(weight.dtype)
     dtype = FP8[choice]
-    amax = float(w.abs().max()) if w.numel() else 0.0
-    if amax == 0.0:
+    largest = float(w.abs().max()) if w.numel() else 0.0
+    if largest == 0.0:
         return w.to(dtype), None
     # Scaled to the format's largest value, as ComfyUI's scaled fp8 is: small weights (a layer
     # initialised at 0.02) would otherwise fall into fp8's few subnormals, or to zero.
-    scale = torch.tensor(amax / torch.finfo(dtype).max)
+    scale = torch.tensor(largest / torch.finfo(dtype).max)
     return (w / scale).to(dtype), scale.to(weight.dtype)
 
 
 def _dequantized(layer: nn.Module) -> torch.Tensor:
     """A stored-small layer's weight back in its compute dtype (for a conversion to another choice)."""
-    probe = torch.empty(0, dtype=compute_dtype(layer), device=layer.weight.device)
-    return CastWeights.cast_weight(layer, probe)  # type: ignore[arg-type]
+    assert isinstance(layer, CastWeights)
+    return layer.cast_weight(torch.empty(0, dtype=compute_dtype(layer), device=_weight(layer).device))
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -266,16 +282,15 @@ def store_small(root: nn.Module, choice: str, *, keep: Iterable[str] = (), what:
     converted: dict[str, int] = {}
     changed = 0
     for _, layer in _castable(root, keep):
-        stored = choice_of(layer.weight.dtype) if is_stored_small(layer) else None
+        stored = choice_of(_weight(layer).dtype) if is_stored_small(layer) else None
         if stored == choice:
             continue
         if stored is not None:
             converted[stored] = converted.get(stored, 0) + 1
             source = _dequantized(layer)
         else:
-            source = layer.weight.detach()
-        channel = getattr(_STORED_CLASS.get(type(layer), type(layer)), "CHANNEL_DIM", 0)
-        weight, scale = _quantize(source, choice, channel)
+            source = _weight(layer).detach()
+        weight, scale = _quantize(source, choice, _channel_dim(layer))
         store_layer(layer, weight, scale)
         changed += 1
     for stored, count in converted.items():
@@ -286,8 +301,8 @@ def store_small(root: nn.Module, choice: str, *, keep: Iterable[str] = (), what:
 def scale_for(layer: nn.Module, scale: torch.Tensor, weight_name: str) -> torch.Tensor:
     """A checkpoint's `scale_weight` / `weight_scale` for `layer`, checked: one number, or one per
     output channel. Anything else is one error naming the tensor."""
-    weight = layer.weight
-    channel = getattr(_STORED_CLASS.get(type(layer), type(layer)), "CHANNEL_DIM", 0)
+    weight = _weight(layer)
+    channel = _channel_dim(layer)
     channels = weight.shape[channel] if weight.dim() else 1
     if scale.numel() == 1 or (scale.numel() == channels and scale.squeeze().dim() <= 1):
         # in the dtype the layer computes in, as `_quantize`'s scales are

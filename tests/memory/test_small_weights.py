@@ -20,8 +20,8 @@ from mizuoto_runtime.engines import Sampling, engine_class
 from mizuoto_runtime.engines.demo.tiny import write as write_demo
 from mizuoto_runtime.errors import ArgumentError, MizuotoError, SettingError
 from mizuoto_runtime.memory import small_weights
-from mizuoto_runtime.memory.handle import ModelHandle
 from mizuoto_runtime.memory.devices import DeviceService
+from mizuoto_runtime.memory.handle import ModelHandle
 from mizuoto_runtime.memory.small_weights import PUBLISHED, is_stored_small, parse_weights, store_small
 
 MB = 1 << 20
