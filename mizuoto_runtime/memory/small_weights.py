@@ -134,26 +134,29 @@ class StoredConv2d(CastWeights, nn.Conv2d):
         return self._conv_forward(x, self.cast_weight(x), self.cast_bias(x))
 
 
+def _transposed(layer: StoredConvTranspose1d | StoredConvTranspose2d, x: torch.Tensor,
+                output_size: list[int] | None) -> torch.Tensor:
+    """A transposed conv's forward (torch's own), with the weight cast."""
+    dims = 1 if isinstance(layer, StoredConvTranspose1d) else 2
+    pad = cast(tuple[int, ...], layer.padding)  # a transposed conv's padding is never a string
+    padding = layer._output_padding(x, output_size, list(layer.stride), list(pad), list(layer.kernel_size),
+                                    dims, list(layer.dilation))
+    conv = F.conv_transpose1d if dims == 1 else F.conv_transpose2d
+    return conv(x, layer.cast_weight(x), layer.cast_bias(x), layer.stride, pad, padding, layer.groups, layer.dilation)
+
+
 class StoredConvTranspose1d(CastWeights, nn.ConvTranspose1d):
     CHANNEL_DIM = 1
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        pad = cast(tuple[int, ...], self.padding)  # a transposed conv's padding is never a string
-        padding = self._output_padding(x, output_size, list(self.stride), list(pad),
-                                       list(self.kernel_size), 1, list(self.dilation))
-        return F.conv_transpose1d(x, self.cast_weight(x), self.cast_bias(x), self.stride, pad,
-                                  padding, self.groups, self.dilation)
+        return _transposed(self, x, output_size)
 
 
 class StoredConvTranspose2d(CastWeights, nn.ConvTranspose2d):
     CHANNEL_DIM = 1
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        pad = cast(tuple[int, ...], self.padding)  # a transposed conv's padding is never a string
-        padding = self._output_padding(x, output_size, list(self.stride), list(pad),
-                                       list(self.kernel_size), 2, list(self.dilation))
-        return F.conv_transpose2d(x, self.cast_weight(x), self.cast_bias(x), self.stride, pad,
-                                  padding, self.groups, self.dilation)
+        return _transposed(self, x, output_size)
 
 
 # Exact classes only: a subclass of nn.Linear may read its weight outside `forward`.

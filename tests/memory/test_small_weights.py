@@ -70,6 +70,29 @@ def test_linear_and_conv_weights_are_stored_small_and_compute_close(choice: str,
     assert (got - expected).abs().mean() / expected.abs().mean() < tolerance
 
 
+LAYERS = {
+    "linear": (lambda: nn.Linear(48, 40), (3, 48)),
+    "conv1d": (lambda: nn.Conv1d(48, 40, 3, padding=1), (2, 48, 9)),
+    "conv2d": (lambda: nn.Conv2d(48, 40, 3, stride=2), (2, 48, 9, 9)),
+    "conv_transpose1d": (lambda: nn.ConvTranspose1d(48, 40, 4, stride=2, padding=1), (2, 48, 9)),
+    "conv_transpose2d": (lambda: nn.ConvTranspose2d(48, 40, 3, stride=2, output_padding=1), (2, 48, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("choice", ["fp8_e4m3fn", "int8"])
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_every_linear_and_conv_layer_computes_close_to_published(kind: str, choice: str) -> None:
+    factory, shape = LAYERS[kind]
+    torch.manual_seed(1)
+    layer = factory()
+    x = torch.randn(*shape)
+    expected = layer(x)
+    store_small(_behind_a_norm(layer), choice)
+    assert layer.weight.dtype == small_weights.STORED[choice]
+    got = layer(x)
+    assert got.shape == expected.shape and (got - expected).abs().mean() / expected.abs().mean() < 0.05
+
+
 def _behind_a_norm(layer: nn.Module) -> nn.Module:
     """`layer` in a model whose first parameter (the one code reads the model's dtype from, which
     stays as published) is a norm's."""
