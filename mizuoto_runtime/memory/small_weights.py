@@ -282,8 +282,9 @@ def store_small(root: nn.Module, choice: str, *, keep: Iterable[str] = (), what:
         return 0
     if choice in FP8:
         check_fp8(FP8[choice], torch.device("cpu"), what or type(root).__name__)
-    converted: dict[str, int] = {}
-    changed = 0
+    name = what or type(root).__name__
+    converted: dict[str, int] = {}  # from another small choice: layers
+    before = after = changed = 0
     for _, layer in _castable(root, keep):
         stored = choice_of(_weight(layer).dtype) if is_stored_small(layer) else None
         if stored == choice:
@@ -293,12 +294,21 @@ def store_small(root: nn.Module, choice: str, *, keep: Iterable[str] = (), what:
             source = _dequantized(layer)
         else:
             source = _weight(layer).detach()
+        before += _layer_bytes(layer)
         weight, scale = _quantize(source, choice, _channel_dim(layer))
         store_layer(layer, weight, scale)
+        after += _layer_bytes(layer)
         changed += 1
     for stored, count in converted.items():
-        log.info("%s: %d layers stored as %s converted once to %s", what or type(root).__name__, count, stored, choice)
+        log.info("%s: %d layers stored as %s converted once to %s", name, count, stored, choice)
+    if changed:
+        log.info("%s: %d Linear and Conv weights stored as %s: %.1f MB -> %.1f MB", name, changed, choice,
+                 before / 2**20, after / 2**20)
     return changed
+
+
+def _layer_bytes(layer: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (_weight(layer), _scale(layer)) if t is not None)
 
 
 def scale_for(layer: nn.Module, scale: torch.Tensor, weight_name: str) -> torch.Tensor:

@@ -157,6 +157,22 @@ def test_a_choice_an_engine_does_not_take_is_one_clear_error(engine: str, weight
         Runtime().engine(engine, weights=weights)
 
 
+def test_fp8_halves_a_bfloat16_engines_host_and_streamed_bytes(caplog: pytest.LogCaptureFixture) -> None:
+    """Stored small everywhere: host copies and streamed copies hold fp8's bytes (the embeddings
+    and norms stay bfloat16)."""
+    held, streamed = {}, {}
+    for weights in (PUBLISHED, "fp8_e4m3fn"):
+        rt = Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none"})
+        with caplog.at_level(logging.INFO, logger="mizuoto_runtime"):
+            engine = rt.engine("demo", dtype="bfloat16", weights=weights)
+        _, meta = rt.say(engine, "bytes fall", reference=REFERENCE, sampling=Sampling(seed=2))
+        held[weights] = sum(h.describe()["host_bytes"] for h in engine.handles())
+        streamed[weights] = meta["memory"]["streamed_mb"]
+    assert held["fp8_e4m3fn"] <= 0.55 * held[PUBLISHED] and streamed["fp8_e4m3fn"] <= 0.55 * streamed[PUBLISHED]
+    assert re.search(r"demo:talker: \d+ Linear and Conv weights stored as fp8_e4m3fn: [\d.]+ MB -> [\d.]+ MB",
+                     caplog.text)
+
+
 def test_the_setting_is_the_default_choice() -> None:
     engine = Runtime({"compute.weights": "fp8_e4m3fn"}).engine("demo")
     assert {h.weights for h in engine.handles()} == {"fp8_e4m3fn"}
