@@ -32,9 +32,12 @@ VoxCPM 2, F5-TTS, OmniVoice; bfloat16 tiny checkpoints) stored fp8 and int8 with
 per engine, the output's log-mel L1 distance from the published precision's, and for a talker
 the share of its tokens that agree. The checkpoints' weights are random: the numbers show that
 the path is sane (small distances, most tokens agreeing), not the quality of a trained model.
-For the demo and Qwen3-TTS it also prints the talker's MB streamed per token (every unit
-streamed), the host RSS the loaded engine adds (measured in a child process per choice), and
-its milliseconds per token plain and streamed.
+Tokens are chosen greedily, so they differ only where the weights changed the most likely
+one; after a first difference an autoregressive talker goes its own way. For the demo and
+Qwen3-TTS it also prints the talker's MB streamed per token (every unit streamed), the host RSS
+the loaded engine adds (in a child process per choice, after a first load and unload so the
+upstream's imports are in the baseline) with the bytes of its host tensors, and its
+milliseconds per token plain and streamed.
 
     python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech,indextts2]
     python bench/engines.py --weights [--engines demo,qwen3tts] [--repeat 3]
@@ -419,7 +422,10 @@ def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: s
     talker = next((h for h in engine.handles() if h.name == "talker"), None)
     before = talker.streamer.streamed_bytes_of(talker) if talker is not None else 0
     start = time.perf_counter()
-    codes = engine.generate(ctx, TEXT, voice, Sampling(seed=1, max_new_tokens=WEIGHT_TOKENS, language="English"))
+    # greedy: a token differs where the weights changed the most likely one, not the draw
+    sampling = Sampling(seed=1, max_new_tokens=WEIGHT_TOKENS, language="English", do_sample=False,
+                        subtalker_do_sample=False)
+    codes = engine.generate(ctx, TEXT, voice, sampling)
     talk_s = time.perf_counter() - start
     streamed = talker.streamer.streamed_bytes_of(talker) - before if talker is not None else 0
     audio = engine.decode(ctx, codes)
@@ -445,18 +451,26 @@ def token_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def rss_child(engine_id: str, folder: str, weights: str) -> None:
-    """In a fresh process: the RSS a loaded engine adds (after the imports), printed in bytes."""
+    """In a fresh process: the RSS a loaded engine adds, printed in bytes, with the bytes of its
+    host tensors. The engine is loaded and unloaded once first, so what its upstream package
+    imports and caches is in the baseline."""
     import gc
 
     import psutil
 
+    from mizuoto_runtime.memory.small_weights import return_freed_ram
+
+    def settled() -> int:
+        gc.collect()
+        return_freed_ram()
+        return int(psutil.Process().memory_info().rss)
+
     rt = Runtime()
-    engine_class(engine_id)  # its upstream imported before the baseline
-    gc.collect()
-    base = psutil.Process().memory_info().rss
+    rt.engine(engine_id, folder or None, "bfloat16")
+    rt.unload_engines()
+    base = settled()
     engine = rt.engine(engine_id, folder or None, "bfloat16", weights=weights)
-    gc.collect()
-    print(psutil.Process().memory_info().rss - base, sum(h.describe()["host_bytes"] for h in engine.handles()))
+    print(settled() - base, sum(h.describe()["host_bytes"] for h in engine.handles()))
 
 
 def engine_rss(engine_id: str, folder: Path | None, weights: str) -> tuple[int, int]:

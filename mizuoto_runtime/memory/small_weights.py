@@ -20,9 +20,11 @@ input), so every placement gives the same bits with the same choice (M57).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar, cast
 
 import torch
@@ -74,6 +76,16 @@ def check_fp8(dtype: torch.dtype, device: torch.device, what: str) -> None:
                            f"{torch.__version__} ({failed}); choose weights 'as published' or 'int8'")
 
 
+def e4m3_on_cpu(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`weight.to(dtype)` for float8_e4m3fn on a CPU, where torch's cast runs one element at a
+    time (3x slower here). e4m3's sign, exponent and mantissa bits moved into float16's
+    places give the same number times 2^-8, subnormals included; float16 holds every e4m3
+    value, so the result is the cast's exactly (NaN, which no stored weight holds, aside)."""
+    bits = weight.view(torch.uint8).to(torch.int16)
+    half = (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).view(torch.float16)
+    return (half * 256).to(dtype)
+
+
 def _weight(layer: nn.Module) -> torch.Tensor:
     weight = layer._parameters["weight"]
     assert weight is not None
@@ -98,7 +110,9 @@ class CastWeights(nn.Module):
 
     def cast_weight(self, x: torch.Tensor) -> torch.Tensor:
         """The weight in `x`'s dtype, scaled (the only full-precision copy, made on the device)."""
-        weight = _weight(self).to(x.dtype)
+        stored = _weight(self)
+        weight = e4m3_on_cpu(stored, x.dtype) if stored.dtype == torch.float8_e4m3fn and stored.is_cpu \
+            else stored.to(x.dtype)
         scale = _scale(self)
         if scale is None:
             return weight
@@ -302,9 +316,28 @@ def store_small(root: nn.Module, choice: str, *, keep: Iterable[str] = (), what:
     for stored, count in converted.items():
         log.info("%s: %d layers stored as %s converted once to %s", name, count, stored, choice)
     if changed:
+        return_freed_ram()
         log.info("%s: %d Linear and Conv weights stored as %s: %.1f MB -> %.1f MB", name, changed, choice,
                  before / 2**20, after / 2**20)
     return changed
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    path = ctypes.util.find_library("c")
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(path).malloc_trim if path else None  # type: ignore[assignment]
+    except (OSError, AttributeError):
+        return None  # not glibc: its allocator gives freed pages back by itself, or never
+    return trim
+
+
+def return_freed_ram() -> None:
+    """Give the host pages the full-precision weights held back to the system: glibc keeps freed
+    heap memory in the process, so without this the RSS would not fall with the stored size."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _layer_bytes(layer: nn.Module) -> int:

@@ -106,6 +106,13 @@ def test_the_parameter_code_reads_the_dtype_from_stays_as_published() -> None:
     assert store_small(model, "int8") == 1 and model[1].weight.dtype == torch.int8
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_cpus_e4m3_cast_is_torchs_for_every_value(dtype: torch.dtype) -> None:
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~torch.isnan(codes.float())
+    assert torch.equal(small_weights.e4m3_on_cpu(codes, dtype)[finite], codes.to(dtype)[finite])
+
+
 @pytest.mark.parametrize("largest", [2000.0, 1e-3])
 def test_fp8_weights_are_scaled_into_the_formats_range(largest: float) -> None:
     """Past float8_e4m3fn's 448 a weight would be NaN; at 0.02 and below most would be zero or
