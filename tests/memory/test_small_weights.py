@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,17 @@ def test_fp8_weights_on_a_device_without_fp8_are_one_clear_error(tmp_path: Path,
         Runtime().engine("demo", _fp8_demo(tmp_path))
     with pytest.raises(MizuotoError, match="fp8_e5m2 weights cannot be used"):
         Runtime().engine("demo", weights="fp8_e5m2")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_lora_needs_the_weights_as_published(qwen3tts_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """A LoRA's update is merged into the talker's weights as published; stored small, the
+    talker refuses it before reading the file, with what to do."""
+    from mizuoto_runtime.engines import LoraChoice
+
+    lora = tmp_path / "voice.safetensors"
+    lora.write_bytes(b"not read")
+    engine = Runtime().engine("qwen3tts", qwen3tts_checkpoint("base"), weights="generate=int8")
+    with pytest.raises(MizuotoError, match="the talker stores its weights as int8: load the engine with weights "
+                                           "'as published' to use one"):
+        engine.use_lora(LoraChoice(lora))
