@@ -30,7 +30,8 @@ frame with the fast transformer marked hot (the engine's layout) and without the
 ``--weights`` (issue 36) compares the engines that take a `weights` choice (demo, Qwen3-TTS,
 VoxCPM 2, F5-TTS, OmniVoice; bfloat16 tiny checkpoints) stored fp8 and int8 with as published:
 per engine, the output's log-mel L1 distance from the published precision's, and for a talker
-the share of its tokens that agree. The checkpoints' weights are random: the numbers show that
+the share of its tokens that agree; for scale, the same distance for the published weights
+computed in float32 instead. The checkpoints' weights are random: the numbers show that
 the path is sane (small distances, most tokens agreeing), not the quality of a trained model.
 Tokens are chosen greedily, so they differ only where the weights changed the most likely
 one; after a first difference an autoregressive talker goes its own way. For the demo and
@@ -411,9 +412,10 @@ class WeightsRun:
     talk_streamed: int  # bytes streamed for the talker in it
 
 
-def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: str, steps: int) -> WeightsRun:
+def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: str, steps: int,
+                    dtype: str = "bfloat16") -> WeightsRun:
     """One request phase by phase (so the talker's own time and bytes are seen)."""
-    engine = rt.engine(engine_id, folder, "bfloat16", weights=weights)
+    engine = rt.engine(engine_id, folder, dtype, weights=weights)
     if hasattr(engine, "steps"):
         engine.steps = steps
     engine.voices.clear()
@@ -485,14 +487,16 @@ def engine_rss(engine_id: str, folder: Path | None, weights: str) -> tuple[int, 
 def time_weights(folders: dict[str, Path | None], steps: int, repeat: int) -> None:
     print("\nWeights stored small against as published, each engine's tiny bfloat16 checkpoint. Its weights are "
           "random: these numbers show the path is sane, not the quality of a trained model.")
-    print(f"{'engine':10} {'weights':12} {'log-mel L1':>10} {'tokens agree':>13}")
+    print(f"{'engine':10} {'weights':15} {'log-mel L1':>10} {'tokens agree':>13}")
     for engine_id, folder in folders.items():
         published = weights_request(Runtime(), engine_id, folder, "as published", steps)
-        for choice in SMALL:
-            run = weights_request(Runtime(), engine_id, folder, choice, steps)
+        # For scale: the same weights computed in float32 instead of bfloat16.
+        wider = weights_request(Runtime(), engine_id, folder, "as published", steps, "float32")
+        for choice in (*SMALL, "float32 compute"):
+            run = wider if choice == "float32 compute" else weights_request(Runtime(), engine_id, folder, choice, steps)
             agree = (f"{token_agreement(run.tokens, published.tokens):12.0%}"
                      if run.tokens is not None and published.tokens is not None else f"{'-':>12}")
-            print(f"{engine_id:10} {choice:12} {log_mel_l1(run.audio, published.audio, run.sample_rate):10.3f} {agree}")
+            print(f"{engine_id:10} {choice:15} {log_mel_l1(run.audio, published.audio, run.sample_rate):10.3f} {agree}")
     print(f"\n{'engine':10} {'weights':12} {'MB/token':>9} {'vs bf16':>8} {'RSS MB':>8} {'vs bf16':>8} "
           f"{'host MB':>8} {'ms/token plain':>15} {'streamed':>9}")
     for engine_id, folder in folders.items():

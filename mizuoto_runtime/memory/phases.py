@@ -173,7 +173,7 @@ class RequestContext:
         """This request's report (the route's `requests` entries; format in report.py)."""
         self._refresh()
         place = self._where or where(self.manager.devices, self.manager.devices.compute_device())
-        held = {key: Held(self.report.components[key].held_bytes, tuple(h.gave_up_for), h.unloaded)
+        held = {key: Held(self.report.components[key].held_bytes, tuple(h.gave_up_for), h.unloaded, h.weights)
                 for key, h in self._handles.items() if key in self.report.components}
         now = self._now()
         return {

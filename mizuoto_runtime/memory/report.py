@@ -66,6 +66,8 @@ step-by-step node's run):
         "held_mb": 0.0,            # what it holds on the device at the end of the request
         "why": "budget too small", # why on_device_mb < total_mb (null when whole)
         "held_why": "gave its VRAM to vocoder",  # why held_mb differs from on_device_mb (null if not)
+        "weights": "as published",  # how its Linear and Conv weights are stored (issue 36); when
+                                    # not as published the line says it after the total
         "line": "acoustic 11.7 MB: 4.2 MB on the GPU, 7.5 MB streamed from RAM (not enough "
                 "free VRAM), 30.1 MB copied in all; now holds 0.0 MB (gave its VRAM to vocoder)"}
      ],
@@ -243,11 +245,13 @@ class PhaseRun:
 
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """What a component holds on the device when the report is made, and what it gave VRAM to."""
+    """What a component holds on the device when the report is made, what it gave VRAM to, and
+    how its weights are stored."""
 
     loaded_bytes: int
     gave_up_for: tuple[str, ...] = ()
     unloaded: bool = False
+    weights: str = PUBLISHED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,7 +313,9 @@ def held_reason(on_device: int, held: Held) -> str | None:
 def component_line(entry: Mapping[str, Any], moves: bool) -> str:
     """One plain line: "talker 11.7 MB: 4.2 MB on the GPU, 7.5 MB streamed from RAM (not enough
     free VRAM), 331.0 MB copied in all; now holds 0.0 MB (gave its VRAM to decoder)"."""
-    head = f"{_short(entry['name'])} {_mb_text(entry['total_mb'])}: "
+    stored = entry.get("weights", PUBLISHED)
+    head = (f"{_short(entry['name'])} {_mb_text(entry['total_mb'])}"
+            + (f" (weights stored as {stored})" if stored != PUBLISHED else "") + ": ")
     if not moves:
         return head + "runs from RAM (no GPU)"
     if entry["from_ram_mb"] <= 0:
@@ -432,6 +438,7 @@ class MemoryReport:
                 "held_mb": mb(now.loaded_bytes),
                 "why": p.reason if on_device < p.size_bytes else None,
                 "held_why": held_reason(on_device, now),
+                "weights": now.weights,
             }
             entry["line"] = component_line(entry, where.moves)
             entries.append(entry)

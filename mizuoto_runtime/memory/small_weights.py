@@ -43,6 +43,7 @@ INT8 = "int8"
 CHOICES: tuple[str, ...] = (PUBLISHED, *FP8, INT8)
 STORED = {**FP8, INT8: torch.int8}  # choice -> the dtype its weights are stored in
 _INT8_MAX = 127.0
+_INT8_KERNEL_BLOCK = 16
 
 
 def parse_choice(value: object, what: str = "weights") -> str:
@@ -181,9 +182,12 @@ _STORED_CLASS: dict[type[nn.Module], type[nn.Module]] = {
 
 
 def _int8_kernel_applies(x: torch.Tensor, layer: nn.Linear) -> bool:
-    """torch's int8 weight-pack matmul: CPU, a float input, a contiguous [out, in] weight."""
+    """torch's int8 weight-pack matmul: CPU, a float input, a contiguous [out, in] weight whose
+    `in` is a multiple of 16 (the kernel reads it in blocks of 16; torch 2.14's crashes on any
+    other, e.g. F5-TTS's 200-wide input projection)."""
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and layer.weight.is_contiguous() and x.shape[-1] == layer.weight.shape[1])
+            and layer.weight.is_contiguous() and x.shape[-1] == layer.weight.shape[1]
+            and layer.weight.shape[1] % _INT8_KERNEL_BLOCK == 0)
 
 
 def can_store(layer: nn.Module) -> bool:

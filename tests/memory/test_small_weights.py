@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+import torch.nn.functional as F
 from torch import nn
 
 from mizuoto_runtime import Runtime
@@ -137,6 +138,11 @@ def test_int8_linear_uses_torchs_weight_pack_matmul_on_a_cpu() -> None:
     assert layer.weight_scale is not None
     kernel = torch.ops.aten._weight_int8pack_mm(x.reshape(6, 32), layer.weight, layer.weight_scale)
     assert torch.equal(layer(x), (kernel + layer.bias).reshape(2, 3, 16))
+    # a width the kernel does not take (not a multiple of 16) is dequantized, not a crash
+    odd = nn.Linear(24, 8).to(torch.bfloat16)
+    store_small(_behind_a_norm(odd), "int8")
+    y = torch.randn(5, 24, dtype=torch.bfloat16)
+    assert torch.equal(odd(y), F.linear(y, odd.weight.to(torch.bfloat16) * odd.weight_scale[:, None], odd.bias))
     # elsewhere (here: a float64 input, which the kernel does not take) the weight is dequantized
     wide = x.double()
     expected = wide @ (layer.weight.double() * layer.weight_scale.double()[:, None]).T + layer.bias.double()
@@ -176,6 +182,10 @@ def test_fp8_halves_a_bfloat16_engines_host_and_streamed_bytes(caplog: pytest.Lo
         _, meta = rt.say(engine, "bytes fall", reference=REFERENCE, sampling=Sampling(seed=2))
         held[weights] = sum(h.describe()["host_bytes"] for h in engine.handles())
         streamed[weights] = meta["memory"]["streamed_mb"]
+        lines = [c["line"] for c in meta["memory"]["request"]["components"]]
+        models = [m["line"] for m in rt.describe()["models"]]
+        said = "(weights stored as fp8_e4m3fn): "
+        assert all((said in line) == (weights != PUBLISHED) for line in lines + models), lines + models
     assert held["fp8_e4m3fn"] <= 0.55 * held[PUBLISHED] and streamed["fp8_e4m3fn"] <= 0.55 * streamed[PUBLISHED]
     assert re.search(r"demo:talker: \d+ Linear and Conv weights stored as fp8_e4m3fn: [\d.]+ MB -> [\d.]+ MB",
                      caplog.text)
