@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from mizuoto_runtime import Runtime
