@@ -34,11 +34,11 @@ the share of its tokens that agree; for scale, the same distance for the publish
 computed in float32 instead. The checkpoints' weights are random: the numbers show that
 the path is sane (small distances, most tokens agreeing), not the quality of a trained model.
 Tokens are chosen greedily, so they differ only where the weights changed the most likely
-one; after a first difference an autoregressive talker goes its own way. For the demo and
-Qwen3-TTS it also prints the talker's MB streamed per token (every unit streamed), the host RSS
-the loaded engine adds (in a child process per choice, after a first load and unload so the
-upstream's imports are in the baseline) with the bytes of its host tensors, and its
-milliseconds per token plain and streamed.
+one; after a first difference an autoregressive talker goes its own way. For the demo,
+Qwen3-TTS and VoxCPM 2 it also prints the generate phase's MB streamed per step (a token, a
+patch; every unit streamed), the host RSS the loaded engine adds (in a child process per
+choice, after a first load and unload so the upstream's imports are in the baseline) with the
+bytes of its host tensors, and its milliseconds per step plain and streamed.
 
     python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech,indextts2]
     python bench/engines.py --weights [--engines demo,qwen3tts] [--repeat 3]
@@ -399,7 +399,8 @@ def print_peaks(rows: list[PhasePeak]) -> None:
 # ---- smaller stored weights (issue 36) -------------------------------------------------------------
 SMALL = ("fp8_e4m3fn", "fp8_e5m2", "int8")
 WEIGHT_ENGINES = ("demo", "qwen3tts", "voxcpm2", "f5tts", "omnivoice")
-TALKERS = ("demo", "qwen3tts")  # their talker's tokens: agreement, bytes and time per token
+TALKERS = ("demo", "qwen3tts")  # their talker's tokens: agreement
+BYTES = ("demo", "qwen3tts", "voxcpm2")  # their generate phase per step: bytes and time
 WEIGHT_TOKENS = 24
 
 
@@ -409,32 +410,39 @@ class WeightsRun:
     sample_rate: int
     tokens: torch.Tensor | None  # a talker's tokens, one row per step
     talk_s: float  # the generate phase
-    talk_streamed: int  # bytes streamed for the talker in it
+    talk_streamed: int  # bytes streamed for its components in it
+    steps: int  # its steps (tokens, patches), as its progress counts them
 
 
 def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: str, steps: int,
                     dtype: str = "bfloat16") -> WeightsRun:
-    """One request phase by phase (so the talker's own time and bytes are seen)."""
+    """One request phase by phase (so the generate phase's own time, steps and bytes are seen)."""
     engine = rt.engine(engine_id, folder, dtype, weights=weights)
     if hasattr(engine, "steps"):
         engine.steps = steps
     engine.voices.clear()
-    ctx = rt.request(seed=1)
+    done: list[int] = []
+    ctx = rt.request(seed=1, on_progress=lambda step, _total: done.append(step))
     voice = engine.voice_prompt(ctx, REFERENCE, TRANSCRIPT if engine_id in ("f5tts", "omnivoice") else None)
-    talker = next((h for h in engine.handles() if h.name == "talker"), None)
-    before = talker.streamer.streamed_bytes_of(talker) if talker is not None else 0
+    talkers = [h for h in engine.handles() if h.name in engine.WEIGHTS["generate"].components]
+
+    def streamed_now() -> int:
+        return sum(h.streamer.streamed_bytes_of(h) for h in talkers)
+
+    before = streamed_now()
+    done.clear()
     start = time.perf_counter()
     # greedy: a token differs where the weights changed the most likely one, not the draw
     sampling = Sampling(seed=1, max_new_tokens=WEIGHT_TOKENS, language="English", do_sample=False,
                         subtalker_do_sample=False)
     codes = engine.generate(ctx, TEXT, voice, sampling)
     talk_s = time.perf_counter() - start
-    streamed = talker.streamer.streamed_bytes_of(talker) - before if talker is not None else 0
+    streamed, steps_run = streamed_now() - before, len(done)
     audio = engine.decode(ctx, codes)
     # one row per step: Qwen3-TTS's codes are (frames, codebooks), the demo's (1, frames)
     tokens = codes.tokens.reshape(-1, codes.tokens.shape[-1] if engine_id == "qwen3tts" else 1)
     return WeightsRun(audio.mono().float(), audio.sample_rate, tokens if engine_id in TALKERS else None,
-                      talk_s, streamed)
+                      talk_s, streamed, max(steps_run, 1))
 
 
 def log_mel_l1(a: torch.Tensor, b: torch.Tensor, sample_rate: int) -> float:
@@ -497,10 +505,10 @@ def time_weights(folders: dict[str, Path | None], steps: int, repeat: int) -> No
             agree = (f"{token_agreement(run.tokens, published.tokens):12.0%}"
                      if run.tokens is not None and published.tokens is not None else f"{'-':>12}")
             print(f"{engine_id:10} {choice:15} {log_mel_l1(run.audio, published.audio, run.sample_rate):10.3f} {agree}")
-    print(f"\n{'engine':10} {'weights':12} {'MB/token':>9} {'vs bf16':>8} {'RSS MB':>8} {'vs bf16':>8} "
-          f"{'host MB':>8} {'ms/token plain':>15} {'streamed':>9}")
+    print(f"\n{'engine':10} {'weights':12} {'MB/step':>9} {'vs bf16':>8} {'RSS MB':>8} {'vs bf16':>8} "
+          f"{'host MB':>8} {'ms/step plain':>15} {'streamed':>9}")
     for engine_id, folder in folders.items():
-        if engine_id not in TALKERS:
+        if engine_id not in BYTES:
             continue
         base: tuple[float, float] | None = None
         for choice in ("as published", "fp8_e4m3fn", "int8"):
@@ -512,8 +520,7 @@ def time_weights(folders: dict[str, Path | None], steps: int, repeat: int) -> No
             for _ in range(repeat):
                 for name, rt in (("plain", plain), ("streamed", streamed)):  # interleaved
                     runs[name].append(weights_request(rt, engine_id, folder, choice, steps))
-            tokens = runs["streamed"][0].tokens
-            count = tokens.shape[0] if tokens is not None else 1
+            count = runs["streamed"][0].steps
             per_token = runs["streamed"][0].talk_streamed / count / MB
             ms = {k: 1000 * statistics.median(r.talk_s for r in v) / count for k, v in runs.items()}
             rss, host = engine_rss(engine_id, folder, choice)
