@@ -34,9 +34,9 @@ the share of its tokens that agree; for scale, the same distance for the publish
 computed in float32 instead. The checkpoints' weights are random: the numbers show that
 the path is sane (small distances, most tokens agreeing), not the quality of a trained model.
 Tokens are chosen greedily, so they differ only where the weights changed the most likely
-one; after a first difference an autoregressive talker goes its own way. For the demo,
-Qwen3-TTS and VoxCPM 2 it also prints the generate phase's MB streamed per step (a token, a
-patch; every unit streamed), the host RSS the loaded engine adds (in a child process per
+one; after a first difference an autoregressive talker goes its own way. Per engine it also
+prints the generate phase's MB streamed per step (a token, a patch, an ODE step; every unit
+streamed), the host RSS the loaded engine adds (in a child process per
 choice, after a first load and unload so the upstream's imports are in the baseline) with the
 bytes of its host tensors, and its milliseconds per step plain and streamed.
 
@@ -400,7 +400,7 @@ def print_peaks(rows: list[PhasePeak]) -> None:
 SMALL = ("fp8_e4m3fn", "fp8_e5m2", "int8")
 WEIGHT_ENGINES = ("demo", "qwen3tts", "voxcpm2", "f5tts", "omnivoice")
 TALKERS = ("demo", "qwen3tts")  # their talker's tokens: agreement
-BYTES = ("demo", "qwen3tts", "voxcpm2")  # their generate phase per step: bytes and time
+BYTES = WEIGHT_ENGINES  # their generate phase per step (token, patch, ODE step): bytes and time
 WEIGHT_TOKENS = 24
 
 
