@@ -17,7 +17,8 @@ it; `BUILTIN` describes what the engine runs with no folder at all (None: it nee
 Everything else about an engine is declared on its class too, and read by the registry
 (`engines.__init__`, issue 32): its id (its package's name), its requirements file and upstream
 package, the checkpoint versions its package's `tiny.write` writes, its package's reference
-stages and its LoRA adapter.
+stages, its LoRA adapter, and which of its phases and components take a smaller `weights`
+choice (`WEIGHTS`, issue 36: one `SmallWeights` per phase; an engine joins by declaring it).
 """
 from __future__ import annotations
 
