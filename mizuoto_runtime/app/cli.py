@@ -19,6 +19,7 @@ from ..audio import Audio, read_wav, write_wav
 from ..engines import ENGINES, Engine, Sampling, check_request, engine_class, install_hint
 from ..errors import ArgumentError, MizuotoError
 from ..memory import cuda_allocator
+from ..memory.small_weights import CHOICES
 from ..nn.dtypes import DTYPES
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .runtime import Runtime
@@ -47,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--model", help="checkpoint folder (engines that need weights)")
     say.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     say.add_argument("--device", default="auto", help="where the engine runs: auto, cpu, cuda:0, ...")
+    say.add_argument("--weights", help="how Linear and Conv weights are stored: " + ", ".join(CHOICES) + "; or "
+                     "phase=choice pairs (generate=fp8_e4m3fn,decode=int8). fp8 and int8 halve memory and change "
+                     "the audio slightly (default: the compute.weights setting, as published)")
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--timeline", metavar="SVG", help="also draw the request's VRAM timeline to this SVG file")
     say.add_argument("--voice", help="reference WAV for voice cloning")
@@ -181,7 +185,7 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     reference = _reference(Path(args.voice)) if args.voice else None
     options = _voice_options(args)
     rt.prompt_store = scripts.prompt_store(args)
-    engine = rt.engine(args.engine, args.model, args.dtype, args.device)
+    engine = rt.engine(args.engine, args.model, args.dtype, args.device, args.weights)
     if scripts.wants_script(args):
         own = scripts.CharacterVoice(reference, args.ref_text, args.speaker, args.instruct, options)
         audio, meta = scripts.speak(rt, engine, args, text, scripts.character_voices(args, own), sampling, output,
