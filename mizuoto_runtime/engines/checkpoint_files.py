@@ -3,6 +3,7 @@ failure one `CheckpointError` naming the file (shared by the engines in their of
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +39,9 @@ def config_from(cls: Any, folder: Path) -> Any:
         return cls.from_pretrained(str(folder))
     except (OSError, TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{folder / 'config.json'}: not a valid {cls.__name__} ({exc})") from exc
+
+
+def cache_root() -> Path:
+    """The user's cache folder for what Mizuoto derives from model files once per machine:
+    ``$XDG_CACHE_HOME/mizuoto``, else ``~/.cache/mizuoto``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
