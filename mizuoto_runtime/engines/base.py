@@ -146,6 +146,29 @@ class Codes:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+# A typical request (`Engine.typical_phases`, issue 35): a reference voice of 10 s where the
+# engine clones one, and text spoken at about 15 characters a second (150 words a minute),
+# about 4 characters a token for the BPE tokenizers.
+TYPICAL_REFERENCE_SECONDS = 10.0
+TYPICAL_CHARS_PER_SECOND = 15
+TYPICAL_CHARS_PER_TOKEN = 4
+
+
+def typical_tokens(seconds: float) -> int:
+    """Text tokens of a typical line spoken in `seconds` (BPE; see TYPICAL_CHARS_PER_SECOND)."""
+    return max(1, round(seconds * TYPICAL_CHARS_PER_SECOND / TYPICAL_CHARS_PER_TOKEN))
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseEstimate:
+    """One phase of a typical request (`Engine.typical_phases`): its components and the
+    working-memory estimate its phase code passes to ``ctx.run`` / ``ctx.use`` (M45)."""
+
+    name: str
+    handles: tuple[ModelHandle, ...]
+    memory: int
+
+
 # Voices kept per engine (M4): a long session prompting many references must not grow without
 # end; a voice a graph still holds keeps working when its cache entry is dropped.
 VOICES_KEPT = 32
@@ -184,6 +207,9 @@ class Engine(ABC):
     # stages of `mizuoto check-reference` (`stages(ref)`); None: it has none.
     TINY: ClassVar[str | None] = "tiny"
     REFERENCE: ClassVar[str | None] = None
+    # The module of its package whose `MODELS` are its published checkpoints as data
+    # (`engines.published`, issue 35: "published"); None: it declares none.
+    PUBLISHED: ClassVar[str | None] = None
     # Where a LoRA file's update goes (None: it takes no LoRA).
     LORA: ClassVar[LoraAdapter | None] = None
     PHASED: ClassVar[bool] = True
@@ -319,6 +345,13 @@ class Engine(ABC):
     def memory_required(self, text: str) -> int:
         """Working memory of a whole unphased call (M48)."""
         return 0
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """The phases of a typical request giving `seconds` of speech (a 10 s reference voice
+        where the engine clones one), each with its components and the estimate the engine's
+        own phase code computes for it (issue 35: the fit table places these). From the
+        configuration alone: it runs on a model built on meta (`engines.published`)."""
+        raise MizuotoError(f"engine {self.id!r} does not describe a typical request")
 
     # ---- phases --------------------------------------------------------------------------
     def voice_prompt(self, ctx: RequestContext, reference: Audio | None = None,

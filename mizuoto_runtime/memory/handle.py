@@ -215,6 +215,11 @@ class ModelHandle:
         self.last_used = time.monotonic()
         return max(0, self.loaded_bytes - before)
 
+    def planned_units(self, budget: int | None) -> list[Unit]:
+        """The units `load(budget)` would make resident, without placing anything (issue 35:
+        the fit table predicts placements with the handle's own choice)."""
+        return self._target_units(budget, noted={self})
+
     def _target_units(self, budget: int | None, noted: set[ModelHandle] | None = None) -> list[Unit]:
         """Which units are resident for this budget, in placement order (M15, M16)."""
         if self.cap_bytes is not None:

@@ -322,6 +322,18 @@ class ModelManager:
                 self.external.on_placed(handles)
             return placements
 
+    def planned_budgets(self, handles: Sequence[ModelHandle], memory: int, free: int,
+                        phase: str = "") -> dict[ModelHandle, int | None]:
+        """The weight budget `load` gives each of `handles` (None: whole) when the device has
+        `free` bytes besides what the handles hold, none of them in use and no idle component
+        left to yield: M6's room after working memory × calibration and the reserve, split by
+        the mode (M9, M33). Places nothing (issue 35: the fit table's prediction)."""
+        handles = list(dict.fromkeys(handles))
+        if not handles:
+            return {}
+        working = int(memory * self._factor(handles, phase))
+        return self._budgets(handles, free - working - self.reserve_bytes(handles[0].device))[0]
+
     def _weights_needed(self, handles: Sequence[ModelHandle]) -> int:
         """The most the mode puts on the device for the handles that may be placed (`_ceiling`),
         and what the others hold (in use by another request: their placement stays, M31)."""

@@ -9,6 +9,7 @@ result equals loading in float32 and converting (the same `Tensor.copy_` roundin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import mmap
@@ -190,6 +191,37 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
+_SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("mizuoto_shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Build a model as its loader does, reading no weight (issue 35: a published model's
+    placement from its shapes alone). Inside the block every parameter is created on `meta`
+    (`parameters_on_meta`), `load_safetensors` and `nn.Module.load_state_dict` leave the meta
+    tensors as they are, and `reading_weights()` is false, so a loader skips what only a real
+    run needs (tokenizers, checks of weight values). Buffers stay real: they are built by the
+    model's own code and counted like the real model's. Nothing built here can run."""
+    token = _SHAPES_ONLY.set(True)
+    load_state_dict = nn.Module.load_state_dict
+
+    def keep_meta(module: nn.Module, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return torch.nn.modules.module._IncompatibleKeys([], [])
+
+    nn.Module.load_state_dict = keep_meta  # type: ignore[method-assign,assignment]
+    try:
+        with parameters_on_meta():
+            yield
+    finally:
+        nn.Module.load_state_dict = load_state_dict  # type: ignore[method-assign]
+        _SHAPES_ONLY.reset(token)
+
+
+def reading_weights() -> bool:
+    """False inside `shapes_only`: the loader builds shapes and reads no weight."""
+    return not _SHAPES_ONLY.get()
+
+
 def build_on_meta(factory: Callable[[], nn.Module], dtype: torch.dtype | None = None) -> nn.Module:
     """Construct a model whose parameters take no memory, in their run precision (M27).
 
@@ -217,8 +249,11 @@ def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path],
 
     Each parameter keeps the dtype the model has (the run precision); tensors are converted
     one at a time. Missing and unexpected keys and shape mismatches raise one
-    `CheckpointError` naming every tensor at fault. `prefix` selects keys under it.
+    `CheckpointError` naming every tensor at fault. `prefix` selects keys under it. Inside
+    `shapes_only` nothing is read: the model keeps its meta tensors.
     """
+    if not reading_weights():
+        return model
     files = [SafetensorsFile(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     try:
         found: dict[str, tuple[SafetensorsFile, str]] = {}  # model name -> (file, key in file)

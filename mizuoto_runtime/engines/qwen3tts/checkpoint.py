@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import config_from, read_json
 from ..upstream import ImportNoise, WarningNoise, quiet_import
 from . import compat
@@ -110,11 +110,13 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
     tokenizer = Qwen3TTSTokenizer()
     tokenizer.model, tokenizer.config = codec, codec.config
     tokenizer.device = device  # cached by the package; inputs and codes go there
+    processor = None
     try:
-        tokenizer.feature_extractor = AutoFeatureExtractor.from_pretrained(str(st_folder))
-        AutoConfig.register("qwen3_tts", Qwen3TTSConfig, exist_ok=True)
-        AutoProcessor.register(Qwen3TTSConfig, Qwen3TTSProcessor, exist_ok=True)
-        processor = AutoProcessor.from_pretrained(str(folder), fix_mistral_regex=True)
+        if reading_weights():  # a shapes-only build (engines.published) reads configs alone
+            tokenizer.feature_extractor = AutoFeatureExtractor.from_pretrained(str(st_folder))
+            AutoConfig.register("qwen3_tts", Qwen3TTSConfig, exist_ok=True)
+            AutoProcessor.register(Qwen3TTSConfig, Qwen3TTSProcessor, exist_ok=True)
+            processor = AutoProcessor.from_pretrained(str(folder), fix_mistral_regex=True)
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
     model.load_speech_tokenizer(tokenizer)

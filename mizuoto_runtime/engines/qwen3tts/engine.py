@@ -56,7 +56,17 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from ..lora import LoraAdapter
 from . import loop as lean_loop
 from .checkpoint import check_layout, load_model
@@ -106,6 +116,7 @@ class Qwen3TTSEngine(Engine):
     REQUIREMENTS = "qwen3tts"
     UPSTREAM = "qwen_tts"
     VERSIONS = ("base", "custom_voice", "voice_design")  # its model types
+    PUBLISHED = "published"
     LORA = LoraAdapter(component="talker", checkpoint="model.safetensors", prefix="talker.")
     PHASED = True
     sample_rate = SAMPLE_RATE
@@ -396,6 +407,26 @@ class Qwen3TTSEngine(Engine):
             ctx.progress(next(steps, total), total)
 
         return tick
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """Base: an ICL clone of a 10 s reference (both voice-prompt phases, the reference's
+        codes and transcript in the talker's prompt, decoded with the request's frames); the
+        other types: a named voice or a description, no voice-prompt phase."""
+        rate = SAMPLE_RATE / self.tts.model.speech_tokenizer.model.config.decode_upsample_rate
+        frames = math.ceil(seconds * rate)
+        phases: list[PhaseEstimate] = []
+        ref_codes = ref_tokens = 0
+        if self.codec_encoder is not None and self.speaker_encoder is not None:
+            samples = int(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE)
+            ref_codes = math.ceil(TYPICAL_REFERENCE_SECONDS * rate)
+            ref_tokens = typical_tokens(TYPICAL_REFERENCE_SECONDS)
+            phases += [PhaseEstimate("voice prompt", (self.codec_encoder,), self.codec_encoder_memory(samples)),
+                       PhaseEstimate("voice prompt", (self.speaker_encoder,), self.speaker_encoder_memory(samples))]
+        prompt = PROMPT_OVERHEAD + typical_tokens(seconds) + ref_tokens + ref_codes
+        return phases + [
+            PhaseEstimate("talker", (self.talker,), self.talker_memory(prompt, frames, ref_codes=ref_codes)),
+            PhaseEstimate("codec decoder", (self.codec_decoder,), self.codec_decoder_memory(ref_codes + frames)),
+        ]
 
     # ---- codec decoder ---------------------------------------------------------------------
     def codec_decoder_memory(self, frames: int) -> int:
