@@ -75,3 +75,34 @@ def test_every_phase_estimates_between_1_and_1_3_of_its_peak(engine_id: str,
     off = [f"{r.phase}, {r.request}: estimate {r.estimate / 2**20:.2f} MB, measured {r.peak / 2**20:.2f} MB "
            f"({r.ratio:.2f}x)" for r in rows if not LOW <= r.ratio <= HIGH]
     assert not off, "\n".join(off)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(("version", "seconds"), [("v2", 10), ("v2", 30), ("v3", 30)])
+def test_cosyvoice_voice_prompt_counts_the_published_tokenizer_attention(version: str, seconds: int) -> None:
+    """Issue 35: the published S3 tokenizer (s3tokenizer's model, 1280 wide, 20 heads) keeps
+    heads x tokens^2 attention scores, which the tiny checkpoint's converted graph has none of.
+    One layer at the published width (a layer's activations are the peak; six or twelve give
+    the same peak) against the engine's estimate for the audio, 1.0-1.3x up to upstream's 30 s."""
+    require_engine("cosyvoice")
+    import types
+
+    import s3tokenizer
+    import torch
+    from s3tokenizer.model_v2 import ModelConfig
+    from s3tokenizer.model_v3 import ModelConfigV3
+
+    from mizuoto_runtime.engines.cosyvoice.engine import CosyVoiceEngine
+    from mizuoto_runtime.engines.cosyvoice.voice import SpeechTokenizer
+
+    torch.manual_seed(0)
+    cls, config = ((s3tokenizer.S3TokenizerV2, ModelConfig) if version == "v2"
+                   else (s3tokenizer.S3TokenizerV3, ModelConfigV3))
+    tokenizer = SpeechTokenizer(cls(f"speech_tokenizer_{version}", config(n_audio_layer=1)).eval(), packaged=True)
+    assert tokenizer.attention_heads == 20
+    wav = 0.1 * torch.randn(1, 16000 * seconds)
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        tokenizer(wav)
+    engine = types.SimpleNamespace(speech_tokenizer=types.SimpleNamespace(module=tokenizer))
+    ratio = CosyVoiceEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{version}, {seconds} s: estimate / peak {ratio:.2f}"
