@@ -106,3 +106,39 @@ def test_cosyvoice_voice_prompt_counts_the_published_tokenizer_attention(version
     engine = types.SimpleNamespace(speech_tokenizer=types.SimpleNamespace(module=tokenizer))
     ratio = CosyVoiceEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
     assert LOW <= ratio <= HIGH, f"{version}, {seconds} s: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(("sentences", "prompt_tokens"), [((12,), 75), ((12, 16), 75), ((12, 16), 750)])
+def test_cosyvoice_talker_estimate_at_the_published_width(sentences: tuple[int, ...], prompt_tokens: int) -> None:
+    """Issue 35: at CosyVoice 2's published LM width (Qwen2-0.5B: hidden 896, MLP 4864, 14 heads)
+    the prefill's MLP dominates (three live intermediate-wide tensors) and torch's causal CPU
+    attention keeps no whole score matrix; the tiny LM hid both. One decoder layer at that width
+    (the estimate counts the KV cache per layer; the activations are one layer's), a small text
+    vocabulary (a lookup's rows do not depend on it); a 3 s and a 30 s voice, one and two
+    sentences run as the talker phase runs them, one KV cache live at a time."""
+    require_engine("cosyvoice")
+    import types
+
+    import torch
+
+    from mizuoto_runtime.engines.cosyvoice.engine import CosyVoiceEngine, TalkerPlan
+    from mizuoto_runtime.engines.cosyvoice.lm import CosyVoiceLM, LMSpec, RasParams
+    from mizuoto_runtime.engines.cosyvoice.pipeline import speech_tokens
+    from mizuoto_runtime.nn.decoder import DecoderConfig, KVCache
+
+    torch.manual_seed(0)
+    decoder = DecoderConfig(hidden_size=896, num_hidden_layers=1, num_attention_heads=14, num_key_value_heads=2,
+                            intermediate_size=4864, vocab_size=1000, rope_theta=1e6)
+    lm = CosyVoiceLM(LMSpec(2, 896, 896, 6561, decoder, RasParams())).eval()
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(lm=lm), dtype=torch.float32)
+    prompt_text, prompt_token = torch.randint(0, 1000, (1, 6)), torch.randint(0, 6561, (1, prompt_tokens))
+    texts = [torch.randint(0, 1000, (1, n)) for n in sentences]
+    plans = [TalkerPlan(2 + t.shape[1] + prompt_text.shape[1] + prompt_tokens, 8, "dynamic") for t in texts]
+    estimate = sum(CosyVoiceEngine.talker_memory(engine, max(plans, key=lambda p: p.positions)).values())  # type: ignore[arg-type]
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        for text, plan in zip(texts, plans):
+            speech_tokens(engine.model, text, prompt_text, prompt_token, cache=KVCache(),  # type: ignore[arg-type]
+                          max_new_tokens=plan.tokens_at_most)
+    ratio = estimate / tracker.peak
+    assert LOW <= ratio <= HIGH, f"{sentences}, {prompt_tokens} prompt tokens: estimate / peak {ratio:.2f}"

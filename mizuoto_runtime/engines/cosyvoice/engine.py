@@ -76,12 +76,14 @@ NO_FALLBACK = "none: HiFT's source phase runs through the whole utterance, so it
 SYSTEM_PROMPT = "You are a helpful assistant." + ENDOFPROMPT  # CosyVoice 3's documented default
 VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.onnx", "speech_tokenizer_v3.onnx")}
 # Working-memory constants (M45, M46): each term follows the dimension it scales with; the
-# counts are fitted on the tiny checkpoints' CPU peaks (`bench/engines.py --peaks`, 1.0-1.3x).
+# counts are fitted on the tiny checkpoints' CPU peaks (`bench/engines.py --peaks`, 1.0-1.3x)
+# and on the published LM's width (issue 35: one Qwen2-0.5B layer, 1.05-1.10x for 3-30 s voices,
+# one or two sentences; with two MLP copies and 0.4 of the scores it read 0.83-0.88x there).
 PREFILL_HIDDEN_COPIES = 4  # residual, normed input, attention output, q/k/v: x hidden size
-PREFILL_MLP_COPIES = 2  # gate and up projections: x intermediate size
-# Part of a score matrix per head: torch's CPU attention works in blocks and keeps the causal mask;
-# a real LM (Qwen2-0.5B: hidden 896, intermediate 4864) is dominated by the MLP term instead.
-PREFILL_SCORE_FRACTION = 0.4
+PREFILL_MLP_COPIES = 3  # silu(gate), up and their product (`nn.feed_forward`): x intermediate size
+# Part of a score matrix per head: torch's causal CPU attention works in blocks and keeps no
+# whole matrix; a real LM (Qwen2-0.5B: hidden 896, intermediate 4864) is dominated by the MLP.
+PREFILL_SCORE_FRACTION = 0.2
 VOICE_FEATURE_BYTES_PER_SAMPLE = 72  # kaldi fbank, whisper log-mel, 24 kHz prompt mel: STFT frames per 16 kHz sample
 TOKEN_SAMPLES = 640  # 16 kHz samples per speech token (25 Hz)
 # The tokenizer's widest activation at 25 Hz (the tiny one's scores over its codebook; the
