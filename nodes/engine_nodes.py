@@ -9,6 +9,7 @@ from comfy_api.latest import io, ui
 
 from mizuoto_runtime import DeviceService
 from mizuoto_runtime.app.checkpoints import NONE, Catalog
+from mizuoto_runtime.app.fit import engine_plan
 from mizuoto_runtime.app.host import PROCESS
 from mizuoto_runtime.app.ui_settings import from_fields
 from mizuoto_runtime.engines import ENGINES
@@ -139,7 +140,11 @@ class MizuotoEngineLoader(io.ComfyNode):
                 io.Combo.Input("device", options=device_choices(), default="auto", optional=True,
                                tooltip="Where the engine runs; auto = ComfyUI's device (or the simulated one)"),
             ],
-            outputs=[EngineSocket.Output(display_name="engine")],
+            outputs=[EngineSocket.Output(display_name="engine"),
+                     io.String.Output(display_name="memory",
+                                      tooltip="Before the first run: for a 20 s line, what each step will keep on "
+                                              "the GPU and what it will stream from RAM, with the VRAM free now "
+                                              "(JSON; the node shows it in words)")],
         )
 
     @classmethod
@@ -154,7 +159,9 @@ class MizuotoEngineLoader(io.ComfyNode):
             PROCESS.set_graph_settings(memory)
         ref = PROCESS.engine(engine, paths.resolve(engine, checkpoint), dtype, device)
         components = ", ".join(f"{h.name} {h.size_bytes / MB:.1f} MB" for h in ref.engine.handles())
-        return io.NodeOutput(ref, ui=ui.PreviewText(f"{engine} ({dtype}, {ref.engine.device}): {components}"))
+        plan = engine_plan(ref.engine)
+        text = "\n".join([f"{engine} ({dtype}, {ref.engine.device}): {components}", *plan["lines"]])
+        return io.NodeOutput(ref, json.dumps(plan), ui=ui.PreviewText(text))
 
 
 def device_choices() -> list[str]:

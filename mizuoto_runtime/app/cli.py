@@ -80,6 +80,16 @@ def _parser() -> argparse.ArgumentParser:
         target = {"say": say, "train": train}.get(name) or sub.add_parser(name, help=f"{name} report")
         target.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                             help="a compute.* setting, e.g. compute.simulate_vram_mb=16")
+    doctor = sub.choices["doctor"]
+    doctor.add_argument("--fit", action="store_true",
+                        help="what fits on the card: every installed engine's published models, whole, partial "
+                             "(what stays resident, what streams per token or step) or refused")
+    doctor.add_argument("--card", metavar="SIZE", help="with --fit: the card's size, e.g. 12GB (default: this "
+                                                       "machine's GPU, else the standard cards)")
+    doctor.add_argument("--beside", metavar="SIZE", help="with --fit: what other models keep resident on the card, "
+                                                         "e.g. 5GB (default: what is in use on this GPU now)")
+    doctor.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help="with --fit: only this published model (as the table names it; repeatable)")
     runtime = sub.choices["runtime"]
     runtime.add_argument("--url", help="a running ComfyUI with the pack (http://127.0.0.1:8188): show its "
                                        "models instead of a fresh process's")
@@ -279,7 +289,14 @@ def remote_runtime(url: str) -> dict[str, Any]:
 
 def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     """M52: the memory policy in force, the CUDA allocator (M54: in force, or from the next
-    start), and which engines can be imported."""
+    start), and which engines can be imported. With ``--fit`` (issue 35): the fit table."""
+    if args.fit:
+        from . import fit
+
+        return fit.fit_report(None if args.card is None else fit.parse_size(args.card),
+                              None if args.beside is None else fit.parse_size(args.beside), args.model)
+    if args.card is not None or args.beside is not None or args.model:
+        raise ArgumentError("--card, --beside and --model go with --fit")
     rt = Runtime(_settings(args.setting))
     engines = {}
     for engine_id in ENGINES:

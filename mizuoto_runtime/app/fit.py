@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..engines import ENGINES, Engine
-from ..engines.published import PublishedModel, build, published_models
+from ..engines.published import PublishedModel, build, find, published_models
 from ..errors import MizuotoError
 from ..memory.devices import DeviceService
 from ..memory.handle import ModelHandle
@@ -105,8 +105,7 @@ class ModelFit:
         if self.status != "partial" or phase is None:
             return self.status
         share = phase.resident_bytes / phase.size_bytes
-        ms = "/".join(f"{phase.streamed_bytes / rate * 1e3:.0f}" for _, rate in LINKS)
-        return f"partial {share:.0%}, {_size(phase.streamed_bytes)}/step, ≥{ms} ms"
+        return f"partial {share:.0%}, {_size(phase.streamed_bytes)}/step, ≥{_link_ms(phase.streamed_bytes)} ms"
 
     def as_dict(self) -> dict[str, Any]:
         phase = self.streaming_phase
@@ -122,7 +121,13 @@ class ModelFit:
 
 
 def _size(nbytes: float) -> str:
-    return f"{nbytes / GB:.2f} GB" if nbytes >= GB else f"{nbytes / MB:.0f} MB"
+    return f"{nbytes / GB:.3g} GB" if nbytes >= GB else f"{nbytes / MB:.0f} MB"
+
+
+def _link_ms(nbytes: int) -> str:
+    """The link-bound lower limit on the time to copy `nbytes`, at each of `LINKS`: "48/22"."""
+    times = [nbytes / rate * 1e3 for _, rate in LINKS]
+    return "/".join(f"{t:.0f}" if t >= 10 else f"{t:.1f}" for t in times)
 
 
 def place_phase(manager: ModelManager, name: str, handles: Sequence[ModelHandle], memory: int,
@@ -149,22 +154,83 @@ def engine_fit(engine: Engine, model: str, card: int, beside: int, seconds: floa
     return ModelFit(model, card, beside, phases)
 
 
-def fit_manager() -> ModelManager:
+def engine_plan(engine: Engine, seconds: float = TABLE_SECONDS) -> dict[str, Any]:
+    """Before the first run: what each phase of a typical request of `seconds` will keep
+    resident and what will stream, with the memory free on the engine's device now (the Load
+    TTS Engine node's memory output). ``lines`` says it in words."""
+    manager = engine.manager
+    if not manager.devices.moves(engine.device):
+        return {"device": str(engine.device), "phases": [],
+                "lines": [f"runs on {engine.device}: its weights stay where they are, nothing streams"]}
+    try:
+        phases = engine.typical_phases(seconds)
+    except MizuotoError as exc:
+        return {"device": str(engine.device), "phases": [], "lines": [str(exc)]}
+    lines, out = [], []
+    for p in phases:
+        free = manager.available(p.handles)
+        placed = place_phase(manager, p.name, p.handles, p.memory, free)
+        out.append({"phase": p.name, "free_mb": round(free / MB, 1), "working_mb": round(p.memory / MB, 1),
+                    "refused": placed.refused, "components": [dataclasses.asdict(h) for h in placed.handles]})
+        lines.append(_phase_line(placed, free))
+    return {"device": str(engine.device), "seconds": seconds, "phases": out, "lines": lines}
+
+
+def _phase_line(phase: PhaseFit, free: int) -> str:
+    names = "+".join(h.name for h in phase.handles)
+    if phase.refused:
+        need = sum(h.min_working_set for h in phase.handles) + phase.memory
+        return f"{phase.name} ({names}): needs at least {_size(need)} free, {_size(free)} is"
+    if not phase.streamed_bytes:
+        return f"{phase.name} ({names}) {_size(phase.size_bytes)}: all resident"
+    return (f"{phase.name} ({names}) {_size(phase.size_bytes)}: {_size(phase.resident_bytes)} resident, "
+            f"{_size(phase.streamed_bytes)} streams per token or step (at least {_link_ms(phase.streamed_bytes)} ms "
+            "at PCIe 4.0/5.0)")
+
+
+def fit_manager(size: int = 1 << 40) -> ModelManager:
     """The manager a published model is built with for the table: a real card's reserve
-    (`compute.vram_reserve_mb` unset on a GPU: the default), on a simulated device whose size
-    does not matter (the table passes each card's free bytes)."""
+    (`compute.vram_reserve_mb` unset on a GPU: the default) on a simulated device of `size`
+    bytes (for the table it does not matter: each card's free bytes are passed)."""
     reserve_mb = VramPolicy().reserve_bytes(simulated=False) // MB
-    return ModelManager(DeviceService(simulate={"cpu": 1 << 40}), VramPolicy({"compute.vram_reserve_mb": reserve_mb}))
+    return ModelManager(DeviceService(simulate={"cpu": size}), VramPolicy({"compute.vram_reserve_mb": reserve_mb}))
 
 
-def published_fits(models: Iterable[PublishedModel], cards: Sequence[int],
-                   beside: Sequence[int]) -> list[list[ModelFit]]:
-    """For each model, built once on meta: its fit on every card × occupant (cards outer)."""
+def published_fits(models: Iterable[PublishedModel], cards: Sequence[int], besides: Sequence[int],
+                   failed: dict[str, str] | None = None) -> list[dict[tuple[int, int], ModelFit]]:
+    """For each model, built once on meta: its fit on every (card, occupant) pair. A model
+    whose engine cannot build here (its package is not installed) goes into `failed` (model
+    name -> why) when given; else its error is raised."""
     rows = []
     for model in models:
-        engine = build(model, fit_manager())
-        rows.append([engine_fit(engine, model.name, c, b) for c in cards for b in beside])
+        try:
+            engine = build(model, fit_manager())
+        except (ImportError, MizuotoError) as exc:
+            if failed is None:
+                raise
+            failed[model.name] = str(exc)
+            continue
+        rows.append({(c, b): engine_fit(engine, model.name, c, b) for c in cards for b in besides})
     return rows
+
+
+def render(rows: Sequence[dict[tuple[int, int], ModelFit]], cards: Sequence[int],
+           besides: Sequence[tuple[str, int]]) -> str:
+    """Markdown: one table per occupant, a row per model, a column per card."""
+    lines = []
+    for label, beside in besides:
+        lines += [f"Beside {label}:" if beside else "Alone on the card:", "",
+                  "| model | " + " | ".join(_size(c) for c in cards) + " |", "|---|" + "---|" * len(cards)]
+        lines += [f"| {row[(cards[0], beside)].model} | " + " | ".join(row[(c, beside)].cell() for c in cards) + " |"
+                  for row in rows]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def table_markdown(models: Sequence[PublishedModel]) -> str:
+    """The README's fit table: the standard cards beside each standard occupant."""
+    cards = [c * GB for c in CARDS_GB]
+    return render(published_fits(models, cards, [b for _, b in BESIDE]), cards, BESIDE)
 
 
 def installed_models() -> tuple[list[PublishedModel], dict[str, str]]:
@@ -175,26 +241,9 @@ def installed_models() -> tuple[list[PublishedModel], dict[str, str]]:
     for engine_id in ENGINES:
         try:
             models += published_models(engine_id)
-        except MizuotoError as exc:
+        except (MizuotoError, ImportError) as exc:
             missing[engine_id] = str(exc)
     return models, missing
-
-
-def table_markdown(models: Sequence[PublishedModel]) -> str:
-    """The README's fit table: one table per occupant, a row per published model, a column per
-    card."""
-    cards = [c * GB for c in CARDS_GB]
-    fits = published_fits(models, cards, [b for _, b in BESIDE])
-    lines = []
-    for i, (label, _) in enumerate(BESIDE):
-        lines += [f"Beside {label}:" if i else "Alone on the card:", "",
-                  "| model | " + " | ".join(f"{c} GB" for c in CARDS_GB) + " |",
-                  "|---|" + "---|" * len(CARDS_GB)]
-        for row in fits:
-            cells = [row[c * len(BESIDE) + i].cell() for c in range(len(CARDS_GB))]
-            lines.append(f"| {row[0].model} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def own_device() -> tuple[int, int] | None:
@@ -205,25 +254,31 @@ def own_device() -> tuple[int, int] | None:
     return total, total - free
 
 
-def fit_report(card: int | None = None, beside: int | None = None) -> dict[str, Any]:
-    """``mizuoto doctor --fit``: every installed published model on `card` beside `beside`
-    bytes; without `card`, this machine's GPU (its total, beside what is in use now), or with
-    no GPU the standard cards beside nothing and the two standard occupants."""
+def fit_report(card: int | None = None, beside: int | None = None,
+               names: Sequence[str] = ()) -> dict[str, Any]:
+    """``mizuoto doctor --fit``: every installed published model (or those called `names`) on
+    `card` beside `beside` bytes of other models; without `card`, this machine's GPU (its
+    total, beside what is in use on it now unless `beside` is given), or with no GPU the
+    standard cards beside each standard occupant (or beside `beside`)."""
     models, missing = installed_models()
+    if names:
+        models = [find(name) for name in names]
     device = own_device()
-    if card is None and device is not None:
-        card, used = device
-        beside = used if beside is None else beside
     note = None
+    if card is None and device is not None:
+        card = device[0]
+        beside = device[1] if beside is None else beside
     if card is None:
-        cards, besides = [c * GB for c in CARDS_GB], [b for _, b in BESIDE] if beside is None else [beside]
         note = "no GPU here: the table is for the standard cards"
+        cards = [c * GB for c in CARDS_GB]
+        besides = list(BESIDE) if beside is None else [(_size(beside), beside)]
     else:
-        cards, besides = [card], [beside or 0]
-    rows = published_fits(models, cards, besides)
+        cards, besides = [card], [(_size(beside or 0), beside or 0)]
+    rows = published_fits(models, cards, [b for _, b in besides], missing)
     own = None if device is None else {"total_mb": round(device[0] / MB), "in_use_mb": round(device[1] / MB)}
     return {"device": own, "note": note, "not_installed": missing,
-            "fits": [fit.as_dict() for row in rows for fit in row]}
+            "table": render(rows, cards, besides).splitlines(),
+            "fits": [fit.as_dict() for row in rows for fit in row.values()]}
 
 
 def parse_size(text: str) -> int:

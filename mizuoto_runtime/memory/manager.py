@@ -391,6 +391,12 @@ class ModelManager:
         """M47: remember how far a phase's working memory went above its estimate."""
         self.calibration.observe(self.phase_key(handles, phase), estimate, measured)
 
+    def available(self, handles: Sequence[ModelHandle]) -> int:
+        """Free bytes for `handles`' weights on their device now (what `load` weighs, M6.2,
+        before any idle component yields): free memory, what an external accounting would give
+        up, and what the handles already hold."""
+        return self._available(handles[0].device, handles)
+
     def _available(self, device: torch.device, handles: Sequence[ModelHandle]) -> int:
         """Free bytes for `handles`' weights: free memory plus what they already hold."""
         free = self.devices.free_bytes(device) + int(self._ask("reclaimable_bytes", 0, device))

@@ -25,7 +25,7 @@ from torch import nn
 from ...errors import CheckpointError
 from ...nn.checkpoint import load_state_dict
 from ...nn.decoder import DecoderConfig
-from ...nn.loading import build_on_meta
+from ...nn.loading import build_on_meta, reading_weights
 from ...nn.weight_norm import fold_state_dict
 from ..checkpoint_files import read_json
 from .config import ModelConfig, Tag, args_of, expect
@@ -252,7 +252,9 @@ def load_model(folder: str | Path, *, dtype: torch.dtype | None = None) -> CosyV
     }
     for part in ("llm", "flow", "hift"):
         make, state = makers[part]
-        module = fill(build_on_meta(make), state(), folder / f"{part}.pt")
+        module = build_on_meta(make)
+        if reading_weights():  # a shapes-only build (engines.published) reads no weight
+            fill(module, state(), folder / f"{part}.pt")
         if part == "hift" and isinstance(module, HiFT) and module.spec.causal:
             module.f0_predictor.to(torch.float64)
         if dtype is not None and dtype != torch.float32:

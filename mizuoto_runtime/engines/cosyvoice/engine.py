@@ -60,7 +60,19 @@ from ...memory.phases import RequestContext
 from ...nn.checkpoint import load_weights_only
 from ...nn.decoder import KVCache
 from ...nn.kv_cache import BufferCache, peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, chunk_seed, element_size
+from ...nn.loading import reading_weights
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    chunk_seed,
+    element_size,
+    typical_tokens,
+)
 from .checkpoint import CosyVoiceModel, detect_version, load_model
 from .dit import DiT
 from .lm import length_bounds
@@ -86,6 +98,9 @@ PREFILL_MLP_COPIES = 3  # silu(gate), up and their product (`nn.feed_forward`): 
 PREFILL_SCORE_FRACTION = 0.2
 VOICE_FEATURE_BYTES_PER_SAMPLE = 72  # kaldi fbank, whisper log-mel, 24 kHz prompt mel: STFT frames per 16 kHz sample
 TOKEN_SAMPLES = 640  # 16 kHz samples per speech token (25 Hz)
+# A typical request's longest sentence (`typical_phases`): upstream's front end splits text
+# into sentences, each its own LM run and flow call.
+TYPICAL_SENTENCE_SECONDS = 10.0
 # The tokenizer's widest activation at 25 Hz (the tiny one's scores over its codebook; the
 # published one's 4 x 1280 MLP).
 TOKENIZER_COPIES = 2
@@ -149,6 +164,7 @@ class CosyVoiceEngine(Engine):
     REQUIREMENTS = "cosyvoice"
     VERSIONS = ("2", "3")
     REFERENCE = "reference"
+    PUBLISHED = "published"
     sample_rate = 24000
 
     @classmethod
@@ -175,7 +191,8 @@ class CosyVoiceEngine(Engine):
         self.model: CosyVoiceModel = load_model(self.model_dir, dtype=dtype)
         self.version = self.model.version
         self.sample_rate = self.model.sample_rate
-        self.tokenizer = TextTokenizer(self.model.blank_en, self.version)
+        # A shapes-only build (engines.published) has the configs alone: no tokenizer files.
+        self.tokenizer = TextTokenizer(self.model.blank_en, self.version) if reading_weights() else None
         self.speakers = read_speakers(self.model_dir)
         self.campplus = self.speech_tokenizer = None
         self.no_cloning = ""  # why reference audio cannot be cloned (empty: it can)
@@ -378,6 +395,31 @@ class CosyVoiceEngine(Engine):
             raise MizuotoError("cosyvoice: the LM produced no speech tokens for this text")
         tokens = torch.tensor([[t for part, _ in runs for t in part]], dtype=torch.int32)
         return Codes(tokens, self.id, {"sentences": [(len(part), rng) for part, rng in runs], "voice": data})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A clone of a 10 s reference with its transcript (its speech tokens and text in the LM
+        prompt, its tokens and mel in the flow's), the text in sentences of at most
+        `TYPICAL_SENTENCE_SECONDS` (upstream's front end splits it; one sentence is live at a
+        time). The voice prompt is there where the folder has its two ONNX files."""
+        sentence = min(seconds, TYPICAL_SENTENCE_SECONDS)
+        ref_tokens = int(TYPICAL_REFERENCE_SECONDS * self.sample_rate / self.model.mel.hop_size
+                         / self.model.flow.token_mel_ratio)
+        tokens = int(sentence * ref_tokens / TYPICAL_REFERENCE_SECONDS)  # speech tokens at the same rate
+        text = typical_tokens(sentence)
+        _, cap = length_bounds(text)
+        plan = TalkerPlan(2 + text + typical_tokens(TYPICAL_REFERENCE_SECONDS) + ref_tokens, cap,
+                          self.manager.policy.kv_cache)
+        mel_frames = (tokens + ref_tokens) * self.model.flow.token_mel_ratio
+        phases = []
+        if self.campplus is not None and self.speech_tokenizer is not None:
+            samples = int(TYPICAL_REFERENCE_SECONDS * SPEAKER_RATE)
+            phases.append(PhaseEstimate("voice prompt", (self.campplus, self.speech_tokenizer),
+                                        self.voice_prompt_memory(samples)))
+        return phases + [
+            PhaseEstimate("talker", (self.llm,), sum(self.talker_memory(plan).values())),
+            PhaseEstimate("flow", (self.flow,), self.flow_memory(mel_frames)),
+            PhaseEstimate("vocoder", (self.vocoder,), self.vocoder_memory(tokens * self.model.flow.token_mel_ratio)),
+        ]
 
     # ---- flow + vocoder --------------------------------------------------------------------
     def flow_memory(self, frames: int) -> int:

@@ -39,7 +39,7 @@ TEXT_VOCAB = {2: 320, 3: 832}
 WEIGHT_NORMED = re.compile(r"^(conv_pre|conv_post|ups\.\d+|(source_)?resblocks\.\d+\.convs[12]\.\d+|"
                            r"f0_predictor\.condnet\.\d+)\.weight$")
 
-_HEAD = """# tiny random CosyVoice {version} (Mizuoto tests); the published file's tags and keys, small sizes
+_HEAD = """# {title}
 __set_seed1: !apply:random.seed [1986]
 __set_seed2: !apply:numpy.random.seed [1986]
 __set_seed3: !apply:torch.manual_seed [1986]
@@ -68,12 +68,12 @@ llm: !new:cosyvoice.llm.llm.{lm_class}
         tau_r: 0.1
 """
 _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: 64
+    input_size: {flow_width}
 {common}    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
-        output_size: 64
-        attention_heads: 4
-        linear_units: 96
-        num_blocks: 2
+        output_size: {flow_width}
+        attention_heads: {encoder_heads}
+        linear_units: {encoder_units}
+        num_blocks: {encoder_blocks}
         dropout_rate: 0.1
         positional_dropout_rate: 0.1
         attention_dropout_rate: 0.1
@@ -81,19 +81,19 @@ _FLOW2 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         input_layer: 'linear'
         pos_enc_layer_type: 'rel_pos_espnet'
         selfattention_layer_type: 'rel_selfattn'
-        input_size: 64
+        input_size: {flow_width}
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
 {cfm}        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: 320
             out_channels: 80
-            channels: [64]
+            channels: [{unet_channels}]
             dropout: 0.0
-            attention_head_dim: 16
-            n_blocks: 1
-            num_mid_blocks: 2
-            num_heads: 4
+            attention_head_dim: {unet_head_dim}
+            n_blocks: {unet_blocks}
+            num_mid_blocks: {unet_mid_blocks}
+            num_heads: {unet_heads}
             act_fn: 'gelu'
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
@@ -102,13 +102,13 @@ _FLOW3 = """flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
     input_size: 80
 {common}    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: 80
-        channels: 64
+        channels: {lookahead_channels}
         pre_lookahead_len: 3
 {cfm}        estimator: !new:cosyvoice.flow.DiT.dit.DiT
-            dim: 64
-            depth: 4
-            heads: 4
-            dim_head: 16
+            dim: {dit_dim}
+            depth: {dit_depth}
+            heads: {dit_heads}
+            dim_head: {dit_head_dim}
             ff_mult: 2
             mel_dim: 80
             mu_dim: 80
@@ -141,7 +141,7 @@ _CFM = """    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
 """
 _TAIL = """hift: !new:cosyvoice.hifigan.generator.{hift_class}
     in_channels: 80
-    base_channels: 64
+    base_channels: {hift_channels}
     nb_harmonics: 8
     sampling_rate: !ref <sample_rate>
     nsf_alpha: 0.1
@@ -161,7 +161,7 @@ _TAIL = """hift: !new:cosyvoice.hifigan.generator.{hift_class}
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.{f0_class}
         num_class: 1
         in_channels: 80
-        cond_channels: 32
+        cond_channels: {f0_channels}
 feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     n_fft: 1920
     num_mels: 80
@@ -178,15 +178,28 @@ allowed_special: 'all'
 """
 
 
-def model_yaml(version: int) -> str:
+# The sizes of the yaml's models (`model_yaml`): the tiny checkpoint's; `published` has the
+# published ones.
+TINY_SIZES: dict[str, int] = dict(
+    hidden=HIDDEN, speech=SPEECH_TOKENS, flow_width=64, encoder_heads=4, encoder_units=96, encoder_blocks=2,
+    unet_channels=64, unet_head_dim=16, unet_blocks=1, unet_mid_blocks=2, unet_heads=4, lookahead_channels=64,
+    dit_dim=64, dit_depth=4, dit_heads=4, dit_head_dim=16, hift_channels=64, f0_channels=32,
+)
+
+
+def model_yaml(version: int, sizes: dict[str, int] | None = None,
+               title: str = "tiny random CosyVoice {version} (Mizuoto tests); the published file's tags and keys, "
+                            "small sizes") -> str:
+    """The model yaml of CosyVoice `version` with the models of `sizes` (None: `TINY_SIZES`)."""
     v3 = version == 3
-    return (_HEAD.format(version=version, hidden=HIDDEN, speech=SPEECH_TOKENS,
-                         lm_class="CosyVoice3LM" if v3 else "Qwen2LM")
-            + (_FLOW3 if v3 else _FLOW2).format(common=_FLOW_COMMON.format(speech=SPEECH_TOKENS), cfm=_CFM)
+    sizes = TINY_SIZES if sizes is None else sizes
+    return (_HEAD.format(title=title.format(version=version), lm_class="CosyVoice3LM" if v3 else "Qwen2LM", **sizes)
+            + (_FLOW3 if v3 else _FLOW2).format(common=_FLOW_COMMON.format(**sizes), cfm=_CFM, **sizes)
             + _TAIL.format(hift_class="CausalHiFTGenerator" if v3 else "HiFTGenerator",
                            f0_class="CausalConvRNNF0Predictor" if v3 else "ConvRNNF0Predictor",
                            look_right="\n    conv_pre_look_right: 4" if v3 else "",
-                           fmax="null" if v3 else 8000, tok_version="\n    version: cosyvoice3" if v3 else ""))
+                           fmax="null" if v3 else 8000, tok_version="\n    version: cosyvoice3" if v3 else "",
+                           **sizes))
 
 
 def write_blank_en(folder: Path, version: int, state: dict[str, torch.Tensor]) -> None:

@@ -47,7 +47,17 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import (
+    TYPICAL_CHARS_PER_SECOND,
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+)
 from .checkpoint import DEFAULT_CONFIG, SAMPLE_RATE, VOCODER_FOLDER, check_layout, load_flow, load_vocoder
 from .upstream import import_upstream
 
@@ -80,6 +90,7 @@ class F5TTSEngine(Engine):
     UPSTREAM = "f5_tts"
     PHASED = True
     sample_rate = SAMPLE_RATE
+    PUBLISHED = "published"
     steps = DEFAULT_STEPS  # ODE steps (F5-TTS's nfe_step); tests and benches set fewer
 
     @classmethod
@@ -190,6 +201,15 @@ class F5TTSEngine(Engine):
         mel = ctx.run("flow", [self.flow], flow, memory)
         ctx.progress(steps, steps)
         return Codes(mel, self.id, {"rms": data["rms"]})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A 10 s reference and its transcript before the text (one character token each), the
+        ODE's `steps`; the voice prompt's mel holds no component."""
+        rate = SAMPLE_RATE / self.hop
+        ref_frames, frames = int(TYPICAL_REFERENCE_SECONDS * rate), int(seconds * rate)
+        chars = round((TYPICAL_REFERENCE_SECONDS + seconds) * TYPICAL_CHARS_PER_SECOND)
+        return [PhaseEstimate("flow", (self.flow,), self.flow_memory(ref_frames + frames, chars, self.steps)),
+                PhaseEstimate("vocoder", (self.vocoder,), self.vocoder_memory(frames))]
 
     # ---- vocoder ---------------------------------------------------------------------------
     def vocoder_memory(self, frames: int) -> int:

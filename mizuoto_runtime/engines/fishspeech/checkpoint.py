@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ...errors import CheckpointError
 from ...nn.checkpoint import CheckpointError as NnCheckpointError
 from ...nn.checkpoint import load_state_dict
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ...nn.weight_norm import LEGACY, PARAMETRIZED, fold
 from .codec import CodecConfig, CodecDecoder, CodecEncoder, TransformerConfig
 from .config import DualARConfig, read_config
@@ -59,7 +59,7 @@ class DualAR:
     config: DualARConfig
     slow: SlowTransformer
     fast: FastTransformer
-    tokenizer: JsonTokenizer | TiktokenTokenizer
+    tokenizer: JsonTokenizer | TiktokenTokenizer | None  # None: a shapes-only build
     im_end_id: int
 
 
@@ -156,10 +156,16 @@ def load_dual_ar(folder: Path, dtype: torch.dtype) -> DualAR:
         raise CheckpointError(f"{folder}: not a Fish Speech checkpoint folder (S2-Pro: config.json, "
                               "model.safetensors.index.json, model-*.safetensors, tokenizer.json, codec.pth; "
                               "S1-mini: config.json, model.pth, tokenizer.tiktoken, special_tokens.json, codec.pth)")
-    tokenizer = load_tokenizer(folder)
-    cfg = read_config(folder).with_semantic_range(tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
+    # A shapes-only build (engines.published) reads configs alone: no tokenizer, so the semantic
+    # range and the stop token it gives stay unset, and no weight.
+    tokenizer = load_tokenizer(folder) if reading_weights() else None
+    cfg = read_config(folder)
+    if tokenizer is not None:
+        cfg = cfg.with_semantic_range(tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
     slow = build_on_meta(lambda: SlowTransformer(cfg), dtype)
     fast = build_on_meta(lambda: FastTransformer(cfg), dtype)
+    if tokenizer is None:
+        return DualAR(version, cfg, slow.eval(), fast.eval(), None, -1)
     if version == "s2-pro":
         shards = _s2_shards(folder)
         load_safetensors(slow, shards, strict=False, rename=_s2_rename(fast=False))
@@ -279,6 +285,7 @@ def load_codec(folder: Path, dtype: torch.dtype,
     unused = set(state) - set(encoder.state_dict()) - set(decoder.state_dict())
     if unused:
         raise CheckpointError(f"{path}: tensors no codec part reads: {', '.join(sorted(unused)[:8])}")
-    fill(encoder, state, path, strict=False)
-    fill(decoder, state, path, strict=False)
+    if reading_weights():  # a shapes-only build (engines.published) reads the shapes only
+        fill(encoder, state, path, strict=False)
+        fill(decoder, state, path, strict=False)
     return encoder.eval(), decoder.eval()

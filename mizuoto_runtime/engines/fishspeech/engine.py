@@ -58,7 +58,18 @@ from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import (
+    TYPICAL_CHARS_PER_SECOND,
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from . import prompt as chat
 from .checkpoint import detect_version, load_codec, load_dual_ar
 from .codec import CodecConfig
@@ -95,6 +106,7 @@ class FishSpeechEngine(Engine):
     REQUIREMENTS = "fishspeech"
     VERSIONS = ("s2-pro", "s1-mini")
     REFERENCE = "reference"
+    PUBLISHED = "published"
     PHASED = True
     FAST_HOT: ClassVar[bool] = True  # the layout; `bench/engines.py` measures it against none
     sample_rate = SAMPLE_RATE
@@ -268,6 +280,19 @@ class FishSpeechEngine(Engine):
         return torch.cat(answers, dim=1), computed
 
     # ---- decoder ---------------------------------------------------------------------------
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A clone of a 10 s reference with its transcript (its codes and text in the system
+        message), the text's frames as `plan_positions` estimates them (per UTF-8 byte), one
+        batch; chat tokens rounded up as there."""
+        rate = SAMPLE_RATE / self.codec.frame_length
+        ref_frames = math.ceil(TYPICAL_REFERENCE_SECONDS * rate)
+        prompt = 16 + typical_tokens(TYPICAL_REFERENCE_SECONDS + seconds) + ref_frames
+        frames = FRAMES_PER_TEXT_BYTE * round(seconds * TYPICAL_CHARS_PER_SECOND)
+        samples = int(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE)
+        return [PhaseEstimate("voice prompt", (self.codec_encoder,), self.voice_prompt_memory(samples)),
+                PhaseEstimate("talker", (self.talker,), self.talker_memory(prompt, frames)),
+                PhaseEstimate("decoder", (self.codec_decoder,), self.decoder_memory(math.ceil(seconds * rate)))]
+
     def decoder_memory(self, frames: int) -> int:
         """M45: the decoder's widest stage (channels x length) for `frames` code frames."""
         c = self.codec

@@ -57,6 +57,7 @@ from torch import nn
 from ...errors import CheckpointError
 from ...nn import weight_norm
 from ...nn.checkpoint import load_weights_only
+from ...nn.loading import reading_weights
 from .config import T2SConfig, VitsConfig, config_for
 from .sv import ERes2NetV2
 from .t2s import Text2Semantic, load_state
@@ -283,7 +284,8 @@ def fold_legacy_weight_norm(state: dict[str, torch.Tensor], path: Path) -> dict[
 def build_t2s(gpt: GptFile, dtype: torch.dtype = torch.float32) -> Text2Semantic:
     try:
         model = Text2Semantic(T2SConfig.from_checkpoint(gpt.config["model"], str(gpt.path)))
-        load_state(model, gpt.weights, str(gpt.path))
+        if reading_weights():  # a shapes-only build (engines.published) reads the config alone
+            load_state(model, gpt.weights, str(gpt.path))
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     return model.to(dtype).eval()
@@ -300,7 +302,8 @@ def vits_config(sovits: SovitsFile) -> VitsConfig:
 
 def build_vits(sovits: SovitsFile, dtype: torch.dtype = torch.float32) -> Synthesizer:
     model = Synthesizer(vits_config(sovits))
-    fill_strict(model, sovits.weights, sovits.path)
+    if reading_weights():  # a shapes-only build (engines.published) reads the config alone
+        fill_strict(model, sovits.weights, sovits.path)
     return model.to(dtype).eval()
 
 

@@ -51,7 +51,18 @@ from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError
 from ...nn.features import kaldi_fbank
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ...nn.loading import reading_weights
+from ..base import (
+    TYPICAL_CHARS_PER_SECOND,
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+)
 from ..checkpoint_files import cache_root
 from . import bert as bert_features
 from .checkpoint import (
@@ -117,6 +128,7 @@ class GptSovitsEngine(Engine):
     UPSTREAM = "jieba"  # its text frontend's
     VERSIONS = ("v2", "v2pro")
     REFERENCE = "reference"
+    PUBLISHED = "published"
     PHASED = True
 
     @classmethod
@@ -166,10 +178,13 @@ class GptSovitsEngine(Engine):
         folder = find_aux(pair.sovits.parent, HUBERT_FOLDER)
         if folder is None:
             return None
-        from transformers import HubertModel
+        from transformers import HubertConfig, HubertModel
 
         try:
-            model = HubertModel.from_pretrained(str(folder), local_files_only=True, dtype=self.dtype)
+            if reading_weights():
+                model = HubertModel.from_pretrained(str(folder), local_files_only=True, dtype=self.dtype)
+            else:  # a shapes-only build (engines.published): the folder's config alone
+                model = HubertModel(HubertConfig.from_pretrained(str(folder))).to(self.dtype)
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{folder}: not a HubertModel folder ({exc})") from exc
         return self.register(model.eval(), "hubert")
@@ -366,6 +381,25 @@ class GptSovitsEngine(Engine):
 
         tokens = ctx.run("talker", [self.t2s], talk, memory)
         return Codes(tokens, self.id, {"phones": t_ids, "seed": sampling.seed, "voice": voice})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A clone of a 10 s reference with its transcript, English text (a phoneme a character,
+        no BERT or g2pW phase: those run for Chinese text only); semantic tokens at half the
+        spectrogram's frame rate, the talker's new positions as `generate` bounds them."""
+        cfg = self.vits.module.cfg
+        token_rate = cfg.sampling_rate / cfg.hop_length / 2
+        ref_tokens, tokens = int(TYPICAL_REFERENCE_SECONDS * token_rate), int(seconds * token_rate)
+        ref_phones, phones = (round(s * TYPICAL_CHARS_PER_SECOND) for s in (TYPICAL_REFERENCE_SECONDS, seconds))
+        prompt = ref_phones + phones + ref_tokens
+        new = min(POSITIONS_PER_PHONEME * phones, Sampling().max_new_tokens)
+        spec = torch.empty((cfg.filter_length // 2 + 1, int(TYPICAL_REFERENCE_SECONDS * token_rate * 2)), device="meta")
+        phases = []
+        if self.hubert is not None:
+            samples = int(TYPICAL_REFERENCE_SECONDS * SSL_RATE + cfg.sampling_rate * PROMPT_SILENCE_S)
+            handles = (self.hubert, self.vits) + ((self.sv,) if self.sv is not None else ())
+            phases.append(PhaseEstimate("voice prompt", handles, self.voice_prompt_memory(samples)))
+        return phases + [PhaseEstimate("talker", (self.t2s,), self.talker_memory(prompt + new, prompt)),
+                         PhaseEstimate("decoder", (self.vits,), self.decoder_memory(tokens, spec))]
 
     # ---- decoder -----------------------------------------------------------------------------
     def decoder_memory(self, tokens: int, spec: torch.Tensor) -> int:

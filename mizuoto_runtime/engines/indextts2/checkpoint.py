@@ -21,6 +21,7 @@ from torch import nn
 
 from ...errors import CheckpointError, MizuotoError
 from ...nn.checkpoint import load_state_dict, load_weights_only
+from ...nn.loading import reading_weights
 from ...nn.weight_norm import fold_state_dict
 from .bigvgan import BigVGAN
 from .campplus import CAMPPlus
@@ -43,7 +44,10 @@ def load_torch(path: Path) -> Any:
 def load_into(module: nn.Module, state: dict[str, torch.Tensor], source: str,
               ignore: re.Pattern[str] | None = None) -> None:
     """Strict load with one clear error naming missing, unexpected and mis-shaped tensors.
-    Weight-norm pairs are folded into plain weights first (the models hold plain layers)."""
+    Weight-norm pairs are folded into plain weights first (the models hold plain layers).
+    Inside `nn.loading.shapes_only` (a published model's build) nothing is read."""
+    if not reading_weights():
+        return
     state = fold_state_dict(state)
     own = module.state_dict()
     unexpected = [k for k in state if k not in own and not (ignore and ignore.match(k))]
@@ -118,7 +122,8 @@ def feature_width(layout: Layout) -> int:
 def load_gpt(layout: Layout) -> UnifiedVoice:
     path = layout.file("gpt_checkpoint", "gpt.pth")
     model = UnifiedVoice(GPTConfig.from_yaml(layout.config["gpt"]), feature_width(layout))
-    load_into(model, load_state_dict(path, wrappers=("model",)), str(path), IGNORED_GPT_KEYS)
+    if reading_weights():  # a shapes-only build (engines.published) reads the config alone
+        load_into(model, load_state_dict(path, wrappers=("model",)), str(path), IGNORED_GPT_KEYS)
     return model.eval()
 
 
@@ -141,7 +146,8 @@ def load_codec(layout: Layout) -> SemanticCodec:
     if not path.is_file():
         raise MizuotoError(f"IndexTTS-2 semantic codec missing: {path}")
     model = SemanticCodec(CodecConfig.from_yaml(layout.config["semantic_codec"]))
-    load_into(model, load_file(str(path)), str(path))
+    if reading_weights():
+        load_into(model, load_file(str(path)), str(path))
     return model.eval()
 
 
@@ -159,7 +165,8 @@ def load_bigvgan(layout: Layout) -> BigVGAN:
         raise MizuotoError(f"IndexTTS-2 BigVGAN folder lacks config.json: {folder}")
     path = folder / "bigvgan_generator.pt"
     model = BigVGAN(BigVGANConfig.read(folder / "config.json"))
-    load_into(model, load_state_dict(path, wrappers=("generator",)), str(path))
+    if reading_weights():
+        load_into(model, load_state_dict(path, wrappers=("generator",)), str(path))
     return model.eval()
 
 

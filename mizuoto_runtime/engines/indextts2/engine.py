@@ -43,14 +43,25 @@ from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...lru import LruCache
 from ...nn.features import kaldi_fbank
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ...nn.loading import reading_weights
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from . import pipeline
 from .checkpoint import Layout, check_layout, load_bigvgan, load_campplus, load_codec, load_gpt, load_s2mel, load_tables
 from .components import CodecEncoder, Conditioning, Flow, Talker
 from .decoding import DecodeSettings
 from .emotion import EMOTIONS, Emotion
 from .emotion_text import EmotionModel, parse
-from .text import GLOSSARY_FILE, TextTokenizer
+from .text import GLOSSARY_FILE, MAX_SEGMENT_TOKENS, TextTokenizer
 from .w2v import W2VBert
 
 log = logging.getLogger(__name__)
@@ -101,6 +112,7 @@ class IndexTTS2Engine(Engine):
     title = "IndexTTS-2"
     REQUIREMENTS = "indextts2"
     REFERENCE = "reference"
+    PUBLISHED = "published"
     sample_rate = SAMPLE_RATE
     VOICE_OPTIONS = ("emotion",)
 
@@ -123,7 +135,9 @@ class IndexTTS2Engine(Engine):
         check_layout(self.model_dir)
         layout = Layout.open(self.model_dir)
         self.config = layout.config
-        self.tokenizer = TextTokenizer(self.model_dir / "bpe.model", self.model_dir / GLOSSARY_FILE)
+        # A shapes-only build (engines.published) has the configs alone: no bpe.model to read.
+        self.tokenizer = (TextTokenizer(self.model_dir / "bpe.model", self.model_dir / GLOSSARY_FILE)
+                          if reading_weights() else None)
         self.tables = load_tables(layout)
         self.gpt = load_gpt(layout).to(dtype)  # all of UnifiedVoice, as upstream's use_fp16 halves it
         codec = load_codec(layout)
@@ -391,6 +405,22 @@ class IndexTTS2Engine(Engine):
         done = ctx.run("talker", [self.talker], run, sum(parts.values()))
         tokens = torch.cat([d["codes"] for d in done], dim=1)
         return Codes(tokens, self.id, {"segments": done, "voice": voice.key, "voice_data": voice.data})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A clone of a 10 s reference (no emotion text), the text in segments of at most
+        `MAX_SEGMENT_TOKENS` (one is live at a time), each segment's codes as `kv_positions`
+        estimates them; the flow sees the reference's mel frames before the segment's."""
+        segment = min(typical_tokens(seconds), MAX_SEGMENT_TOKENS)
+        max_new = self.gpt.cfg.max_mel_tokens
+        codes = min(CODES_PER_TEXT_TOKEN * segment, max_new)
+        hop = self.config["s2mel"]["preprocess_params"]["spect_params"]["hop_length"]
+        ref_frames = int(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE / hop)
+        handles = (self.w2v_bert, self.semantic_codec, self.campplus, self.conditioning)
+        samples = int(TYPICAL_REFERENCE_SECONDS * 16000)
+        return [PhaseEstimate("voice prompt", handles, self.voice_prompt_memory(samples)),
+                PhaseEstimate("talker", (self.talker,), sum(self.talker_memory(segment, max_new).values())),
+                PhaseEstimate("flow", (self.flow,), self.flow_memory(ref_frames + pipeline.target_frames(codes))),
+                PhaseEstimate("vocoder", (self.vocoder,), self.vocoder_memory(pipeline.target_frames(codes)))]
 
     # ---- flow and vocoder ------------------------------------------------------------------
     def flow_memory(self, frames: int) -> int:

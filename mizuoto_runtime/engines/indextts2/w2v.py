@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...errors import MizuotoError
+from ...nn.loading import reading_weights
 
 LAYER = 17
 
@@ -24,8 +25,14 @@ class W2VBert(nn.Module):
         if not (folder / "config.json").is_file():
             raise MizuotoError(f"IndexTTS-2 needs w2v-BERT 2.0 in {folder} (config.json, model.safetensors, "
                                "preprocessor_config.json of facebook/w2v-bert-2.0)")
-        self.extractor = SeamlessM4TFeatureExtractor.from_pretrained(str(folder), local_files_only=True)
-        model = Wav2Vec2BertModel.from_pretrained(str(folder), local_files_only=True)
+        if reading_weights():
+            self.extractor = SeamlessM4TFeatureExtractor.from_pretrained(str(folder), local_files_only=True)
+            model = Wav2Vec2BertModel.from_pretrained(str(folder), local_files_only=True)
+        else:  # a shapes-only build (engines.published): the folder's config alone
+            from transformers import Wav2Vec2BertConfig
+
+            self.extractor = None
+            model = Wav2Vec2BertModel(Wav2Vec2BertConfig.from_pretrained(str(folder)))
         if len(model.encoder.layers) < LAYER:
             raise MizuotoError(f"{folder}: w2v-BERT has {len(model.encoder.layers)} layers, "
                                f"IndexTTS-2 reads layer {LAYER}")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import config_from, read_json
 from ..upstream import ImportNoise, WarningNoise, quiet_import
 
@@ -63,16 +63,19 @@ def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     codec_config = config_from(HiggsAudioV2TokenizerConfig, codec_folder)
     codec = build_on_meta(lambda: HiggsAudioV2TokenizerModel(codec_config), torch.float32)
     load_safetensors(codec, codec_folder / "model.safetensors")
+    model.eval()
+    codec.eval()
+    object.__setattr__(model, "audio_tokenizer", codec)
+    if not reading_weights():  # a shapes-only build (engines.published) reads configs alone
+        model.sampling_rate = codec_config.sample_rate
+        return model, codec
     try:
         text_tokenizer = AutoTokenizer.from_pretrained(str(folder))
         features = AutoFeatureExtractor.from_pretrained(str(codec_folder))
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer or feature extractor files cannot be loaded ({exc})") from exc
-    model.eval()
-    codec.eval()
     # What upstream's from_pretrained attaches, without making the codec a submodule.
     model.text_tokenizer = text_tokenizer
-    object.__setattr__(model, "audio_tokenizer", codec)
     model.feature_extractor = features
     model.sampling_rate = features.sampling_rate
     model.duration_estimator = RuleDurationEstimator()

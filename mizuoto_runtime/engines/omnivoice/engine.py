@@ -47,7 +47,17 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
@@ -103,6 +113,7 @@ class OmniVoiceEngine(Engine):
     # Its voice prompt is upstream's VoiceClonePrompt object: kept in memory only, never
     # pickled to disk.
     PROMPT_ON_DISK = False
+    PUBLISHED = "published"
     sample_rate = 24000
     steps = DEFAULT_STEPS  # masked-diffusion steps (upstream's num_step); tests and benches set fewer
 
@@ -241,6 +252,17 @@ class OmniVoiceEngine(Engine):
         ctx.progress(steps, steps)
         prompt = voice.data["prompt"]
         return Codes(chunks[0], self.id, {"chunks": chunks, "ref_rms": prompt.ref_rms if prompt else None})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A clone of a 10 s reference with its transcript: the LLM sees the style tokens, both
+        texts, the reference's tokens and the target's (`sequence_length`'s terms)."""
+        rate = self.codec.config.frame_rate
+        samples = int(TYPICAL_REFERENCE_SECONDS * self.sample_rate)
+        ref, frames = int(TYPICAL_REFERENCE_SECONDS * rate), int(seconds * rate)
+        positions = 16 + typical_tokens(TYPICAL_REFERENCE_SECONDS + seconds) + ref + frames
+        return [PhaseEstimate("voice prompt", (self.audio_encoder, self.quantizer), self.voice_prompt_memory(samples)),
+                PhaseEstimate("llm", (self.llm,), self.llm_memory(positions)),
+                PhaseEstimate("codec decoder", (self.quantizer, self.audio_decoder), self.codec_decoder_memory(frames))]
 
     # ---- codec decoder ---------------------------------------------------------------------
     def codec_decoder_memory(self, frames: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 from ...errors import CheckpointError, MizuotoError
 from ...nn.checkpoint import load_weights_only
 from ...nn.dtypes import DTYPE_NAMES
-from ...nn.loading import load_safetensors, parameters_on_meta
+from ...nn.loading import load_safetensors, parameters_on_meta, reading_weights
 from ..checkpoint_files import read_json
 from ..upstream import TORCH_JIT_SCRIPT, ImportNoise, quiet_import
 
@@ -61,6 +62,8 @@ def _model_config(folder: Path, dtype: torch.dtype) -> Any:
 
 def _load_vae(vae: nn.Module, folder: Path) -> None:
     """The VAE's weights: `audiovae.safetensors` memory-mapped, else `audiovae.pth` (weights only)."""
+    if not reading_weights():  # a shapes-only build (engines.published)
+        return
     safetensors = folder / VAE_FILES[0]
     if safetensors.is_file():
         load_safetensors(vae, safetensors)
@@ -88,7 +91,9 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
 
     config = _model_config(folder, dtype)
     try:
-        tokenizer = LlamaTokenizerFast.from_pretrained(str(folder))
+        # A shapes-only build (engines.published) reads configs alone: the model's constructor
+        # only lists the vocabulary's tokens, of which it then has none.
+        tokenizer = LlamaTokenizerFast.from_pretrained(str(folder)) if reading_weights() else SimpleNamespace(vocab={})
     except (OSError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{folder / 'tokenizer.json'}: cannot be loaded as the model's tokenizer "
                               f"({exc})") from exc

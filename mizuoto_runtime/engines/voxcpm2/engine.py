@@ -86,7 +86,16 @@ from ...memory.handle import ModelHandle
 from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    typical_tokens,
+)
 from .checkpoint import check_layout, load_model
 
 log = logging.getLogger(__name__)
@@ -187,6 +196,7 @@ class VoxCPM2Engine(Engine):
     title = "VoxCPM 2"
     REQUIREMENTS = "voxcpm2"
     UPSTREAM = "voxcpm"
+    PUBLISHED = "published"
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
@@ -405,6 +415,20 @@ class VoxCPM2Engine(Engine):
             yield
         finally:
             hook.remove()
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A 10 s reference with its transcript (the package's reference + continuation: the
+        reference's patches are in the prompt twice), the text's patches at the loop's cap."""
+        sample_rate = self.model._encode_sample_rate
+        frame_rate = sample_rate / math.prod(self.model.audio_vae.encoder_rates)  # latent frames a second
+        ref_patches = math.ceil(TYPICAL_REFERENCE_SECONDS * frame_rate / self.model.patch_size)
+        positions = typical_tokens(TYPICAL_REFERENCE_SECONDS + seconds) + PROMPT_OVERHEAD + 2 * ref_patches
+        patches = int(typical_tokens(seconds) * BADCASE_RATIO + 10)
+        plan = GenerationPlan(positions, patches, math.ceil((positions + patches) / KV_BLOCK) * KV_BLOCK)
+        samples = int(TYPICAL_REFERENCE_SECONDS * sample_rate)
+        return [PhaseEstimate("voice prompt", (self.vae_encoder,), self.voice_prompt_memory(samples, samples)),
+                PhaseEstimate("generate", tuple(self.generate_handles()), sum(self.generate_memory(plan).values())),
+                PhaseEstimate("decoder", (self.vae_decoder,), self.decoder_memory(math.ceil(seconds * frame_rate)))]
 
     # ---- decoder ---------------------------------------------------------------------------
     def decoder_memory(self, frames: int) -> int:
