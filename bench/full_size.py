@@ -138,6 +138,7 @@ class Request:
     transcript: str = "Hello there."
     speaker: str | None = None
     instruct: str | None = None
+    steps: int | None = None  # ODE / diffusion steps, where the engine has them (fewer: a shorter run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +197,35 @@ def _qwen3tts_request(model: PublishedModel) -> Request:
     return Request()
 
 
+def _f5tts_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's characters first in ``vocab.txt`` (so text maps to tokens), the
+    published count of lines kept (the text embedding's rows)."""
+    from mizuoto_runtime.engines.f5tts import published, tiny
+
+    lines = list(tiny.VOCAB) + [f"t{i}" for i in range(published.VOCAB_SIZE - len(tiny.VOCAB))]
+    (folder / "vocab.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def _f5tts_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    from mizuoto_runtime.engines.f5tts.checkpoint import (
+        EMA_PREFIX,
+        VOCODER_FOLDER,
+        find_weights,
+        load_flow,
+        load_vocoder,
+    )
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():  # the loader's own modules, on meta
+        cfm, _ = load_flow(folder, model.dtype)
+        vocos = load_vocoder(folder / VOCODER_FOLDER)
+    return [WeightFile(find_weights(folder).name, cfm, lambda k: EMA_PREFIX + k),
+            WeightFile(f"{VOCODER_FOLDER}/pytorch_model.bin", vocos)]
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
+    "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
 }
 
 
@@ -221,7 +249,12 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0) -> int:
     total = 0
     for weight_file in w.weights(model, folder):
         named = {weight_file.key(k): v for k, v in weight_file.module.state_dict(keep_vars=True).items()}
-        total += write_safetensors(folder / weight_file.path, named, lambda key, like: random_tensor(key, like, gen))
+        path = folder / weight_file.path
+        if path.suffix == ".safetensors":
+            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
+        else:  # a torch file (a small vocoder's): written whole, its tensors held once
+            torch.save({k: random_tensor(k, v, gen).contiguous() for k, v in named.items()}, path)
+            total += path.stat().st_size
         log.info("wrote %s (%.2f GB)", weight_file.path, (folder / weight_file.path).stat().st_size / GB)
         del named
         gc.collect()
@@ -323,6 +356,12 @@ def _token_phase_ms(rt: Any, engine: Any, req: Request, tokens: int, phase: str,
             "streamed_mb_per_token": round(streamed / made, 1), "audio_s": round(audio.seconds, 2)}
 
 
+def steps(engine: Any, req: Request) -> None:
+    """The request's ODE / diffusion steps, on an engine that has them (as bench/engines.py sets them)."""
+    if req.steps is not None and hasattr(engine, "steps"):
+        engine.steps = req.steps
+
+
 def report(row: dict[str, Any]) -> None:
     """Print what is measured so far (one JSON line: the driver keeps the last one it got, so a
     run stopped part-way still reports its first stages)."""
@@ -349,6 +388,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rt = Runtime({})
     engine = rt.engine(model.engine, folder, dtype=model.dtype, device=device)
     out["load_s"] = round(time.perf_counter() - start, 2)
+    steps(engine, req)
     out["load_peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
     out["load_rss_ratio"] = round((max(peak_rss_bytes(), peak0) - rss0) / ckpt, 3)
     _say(rt, engine, req, args.tokens)
@@ -381,6 +421,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 settings = {**settings, "compute.vram_limit_mb": card * 1024}
             rt = Runtime(settings)
             engine = rt.engine(model.engine, folder, dtype=model.dtype, device=device)
+            steps(engine, req)
             _say(rt, engine, req, 2)  # warm: the first request places the components
             out[label] = _token_phase_ms(rt, engine, req, args.tokens, w.token_phase, NoPeak)
             report(out)
