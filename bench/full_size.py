@@ -32,6 +32,7 @@ its engine lands: ``--model VibeVoice-7B --tokens 8``).
     python bench/full_size.py --model Qwen3-TTS-12Hz-1.7B-Base
     python bench/full_size.py --engine qwen3tts --device cuda  # on a lent GPU
     python bench/full_size.py --dry-run                        # the same code path on tiny checkpoints
+    python bench/full_size.py --g2pw                           # GPT-SoVITS's load beside a published-size g2pW
 
 Output: a table, and JSON in ``--out`` (default ``bench/out/full_size.json``; rows are merged by
 model, so runs of one model at a time build one table).
@@ -430,6 +431,51 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# ---- g2pW (GPT-SoVITS's Chinese polyphones) ------------------------------------------------------
+G2PW_LOAD = """
+import sys, time
+start = time.perf_counter()
+from pathlib import Path
+from mizuoto_runtime import Runtime
+engine = Runtime({}).engine("gptsovits", Path(sys.argv[1]))
+first = time.perf_counter() - start
+assert engine.polyphone_source.startswith("g2pW"), engine.polyphone_source
+start = time.perf_counter()
+Runtime({}).engine("gptsovits", Path(sys.argv[1]))
+print(first, time.perf_counter() - start)
+"""
+
+
+def g2pw_loads(root: Path) -> dict[str, Any]:
+    """A GPT-SoVITS engine (a tiny v2 voice) beside a published-size g2pW (bert-base-chinese's
+    encoder, random weights; `tests/support/g2pw_tiny`): its load in fresh processes with an
+    empty cache (the ONNX graph converted and kept) and with the kept conversion, each followed
+    by a second load in the same process (imports warm). Issue 35: under 2 s the second time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from mizuoto_runtime.engines.gptsovits.tiny import write as write_voice
+
+    from support import g2pw_tiny
+
+    voice = root / "g2pw-voice"
+    shutil.rmtree(voice, ignore_errors=True)
+    write_voice(voice, version="v2")
+    g2pw_tiny.write_folder(voice / "G2PWModel", seed=1, size=g2pw_tiny.PUBLISHED)
+    env = {**os.environ, "XDG_CACHE_HOME": str(root / "g2pw-cache"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    shutil.rmtree(root / "g2pw-cache", ignore_errors=True)
+    out: dict[str, Any] = {"onnx_mb": round((voice / "G2PWModel" / "g2pW.onnx").stat().st_size / MB)}
+    try:
+        for label in ("converted", "kept"):
+            done = subprocess.run([sys.executable, "-c", G2PW_LOAD, str(voice)], env=env, capture_output=True,
+                                  text=True, check=True)
+            cold, warm = map(float, done.stdout.split()[-2:])
+            out[label] = {"cold_process_load_s": round(cold, 2), "second_load_same_process_s": round(warm, 2)}
+    finally:
+        shutil.rmtree(voice, ignore_errors=True)
+        shutil.rmtree(root / "g2pw-cache", ignore_errors=True)
+    return out
+
+
 # ---- the driver --------------------------------------------------------------------------------
 def _dry_model(name: str) -> PublishedModel:
     """--dry-run: the engine's tiny checkpoint stands for the published one (the code path only)."""
@@ -556,6 +602,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     parser.add_argument("--dry-run", action="store_true", help="tiny checkpoints: the code path, not the numbers")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one model's measurement")
+    parser.add_argument("--g2pw", action="store_true",
+                        help="instead: a GPT-SoVITS load beside a published-size g2pW, converted and kept")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--card-gb", type=int, default=0, help=argparse.SUPPRESS)
@@ -564,6 +612,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.measure:
         report(measure(args))
+        return
+    if args.g2pw:
+        with merged_output(args.out) as data:
+            data["g2pw"] = g2pw_loads(args.root)
+        print(json.dumps(data["g2pw"]))
         return
     rows = []
     with merged_output(args.out) as data:
