@@ -72,6 +72,7 @@ ROOT = Path(os.environ.get("MIZUOTO_FULL_SIZE_ROOT", "/work/fullsize"))
 OUT = Path(__file__).resolve().parent / "out" / "full_size.json"
 HOST_HEADROOM = 4 * GB  # a model is built only where its checkpoint leaves this much memory free
 LOAD_OVERHEAD = 1.6  # host memory while loading and running, x the checkpoint's bytes (to decide it fits)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx")  # what counts as checkpoint bytes
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
               torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL", torch.float64: "F64"}
 
@@ -381,7 +382,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     device = None if args.device == "cpu" else args.device
     tracker = CudaPeak if args.device.startswith("cuda") else bench_engines.PeakTracker
     folder = Path(args.folder)
-    ckpt = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    ckpt = sum(p.stat().st_size for p in folder.rglob("*") if p.suffix in WEIGHT_SUFFIXES)
     out: dict[str, Any] = {"model": model.name, "device": args.device, "checkpoint_gb": round(ckpt / GB, 2)}
 
     rss0, peak0 = rss_bytes(), peak_rss_bytes()
