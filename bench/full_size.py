@@ -155,6 +155,9 @@ class Writer:
     token_phase: str = "talker"
 
 
+QWEN3TTS_SPEAKER = "full_size"  # CustomVoice's one speaker (`_qwen3tts_run_files`)
+
+
 def _qwen3tts_run_files(model: PublishedModel, folder: Path) -> None:
     """The tiny writer's tokenizer and preprocessor files; the config's text token ids set to
     that tokenizer's (the embedding keeps its published rows)."""
@@ -171,6 +174,10 @@ def _qwen3tts_run_files(model: PublishedModel, folder: Path) -> None:
     config.update(im_start_token_id=special["<|im_start|>"], im_end_token_id=special["<|im_end|>"],
                   tts_pad_token_id=special["<tts_pad>"], tts_bos_token_id=special["<tts_text_bos>"],
                   tts_eos_token_id=special["<tts_text_eod>"])
+    talker = config["talker_config"]
+    if model.version == "custom_voice" and not talker.get("spk_id"):
+        # the published speakers' ids are not data here: one named voice, a free control id
+        talker.update(spk_id={QWEN3TTS_SPEAKER: 3000}, spk_is_dialect={QWEN3TTS_SPEAKER: False})
     write_json(folder / "config.json", config)
 
 
@@ -193,7 +200,7 @@ def _qwen3tts_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
 
 def _qwen3tts_request(model: PublishedModel) -> Request:
     if model.version == "custom_voice":
-        return Request(reference_s=0, transcript="", speaker=None)
+        return Request(reference_s=0, transcript="", speaker=QWEN3TTS_SPEAKER)
     if model.version == "voice_design":
         return Request(reference_s=0, transcript="", instruct="A calm voice.")
     return Request()
