@@ -344,6 +344,8 @@ class PhasePeak:
     request: str
     estimate: int
     peak: int
+    seconds: float = 0.0  # the phase's wall time
+    started: float = 0.0  # its start (time.perf_counter)
 
     @property
     def ratio(self) -> float:
@@ -351,8 +353,10 @@ class PhasePeak:
 
 
 @contextlib.contextmanager
-def metered_phases(engine_id: str, request: str) -> Iterator[list[PhasePeak]]:
-    """Measure every phase with components (`ctx.run` and `ctx.use`) run in the block."""
+def metered_phases(engine_id: str, request: str, tracker: Callable[[], Any] = PeakTracker) -> Iterator[list[PhasePeak]]:
+    """Measure every phase with components (`ctx.run` and `ctx.use`) run in the block; `tracker`:
+    what measures a phase's peak (a context manager with ``peak`` after it; CPU tensor storage
+    by default)."""
     rows: list[PhasePeak] = []
     run, use = RequestContext.run, RequestContext.use
 
@@ -362,10 +366,12 @@ def metered_phases(engine_id: str, request: str) -> Iterator[list[PhasePeak]]:
     def metered_run(self: RequestContext, name: str, handles: Sequence[Any], fn: Callable[[], Any],
                     memory: int = 0, *args: Any, **kwargs: Any) -> Any:
         def measured() -> Any:
-            with PeakTracker() as tracker:
+            start = time.perf_counter()
+            with tracker() as meter:
                 out = fn()
             if handles:
-                rows.append(PhasePeak(engine_id, key(name, handles), request, memory, tracker.peak))
+                rows.append(PhasePeak(engine_id, key(name, handles), request, memory, meter.peak,
+                                      time.perf_counter() - start, start))
             return out
 
         return run(self, name, handles, measured, memory, *args, **kwargs)
@@ -373,10 +379,12 @@ def metered_phases(engine_id: str, request: str) -> Iterator[list[PhasePeak]]:
     @contextlib.contextmanager
     def metered_use(self: RequestContext, handles: Sequence[Any], memory: int = 0,
                     name: str = "phase") -> Iterator[Any]:
-        with use(self, handles, memory, name) as placements, PeakTracker() as tracker:
+        start = time.perf_counter()
+        with use(self, handles, memory, name) as placements, tracker() as meter:
             yield placements
         if handles:
-            rows.append(PhasePeak(engine_id, key(name, handles), request, memory, tracker.peak))
+            rows.append(PhasePeak(engine_id, key(name, handles), request, memory, meter.peak,
+                                  time.perf_counter() - start, start))
 
     RequestContext.run, RequestContext.use = metered_run, metered_use  # type: ignore[method-assign]
     try:

@@ -3,6 +3,7 @@ failure one `CheckpointError` naming the file (shared by the engines in their of
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,9 @@ def safetensors_files(folder: Path) -> list[Path]:
     if missing:
         raise CheckpointError(f"{folder}: missing {', '.join(missing)} (listed in {SAFETENSORS_INDEX})")
     return shards
+
+
+def cache_root() -> Path:
+    """The user's cache folder for what Mizuoto derives from model files once per machine:
+    ``$XDG_CACHE_HOME/mizuoto``, else ``~/.cache/mizuoto``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,10 +31,11 @@ from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..audio import Audio
 from ..errors import MizuotoError
+from ..nn.checkpoint import save_whole
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +181,7 @@ class VoicePromptStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
         meta = {"format": PROMPT_FORMAT, "key": key.text(), "structure": json.dumps(structure)}
-        fd, temp = tempfile.mkstemp(dir=self.folder, suffix=".partial")
-        os.close(fd)
-        try:
-            save_file(tensors, temp, metadata=meta)
-            os.replace(temp, path)
-        finally:
-            Path(temp).unlink(missing_ok=True)
+        save_whole(path, tensors, meta)
         self._touch(path)
         self._bound(keep=path)
         return path

@@ -3,8 +3,10 @@
 state_dict, with one clear error naming the file when it is not a tensor dict."""
 from __future__ import annotations
 
+import os
 import pickle
 import re
+import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +16,7 @@ import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["CheckpointError", "load_state_dict", "load_weights_only"]
+__all__ = ["CheckpointError", "load_state_dict", "load_weights_only", "save_whole"]
 
 # PyTorch's weights-only unpickler names the class it refused as "GLOBAL module.Name"
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -75,3 +77,17 @@ def load_state_dict(path: str | Path, *, wrappers: Sequence[str] = ("state_dict"
     for prefix in strip_prefixes:
         tensors = {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
     return tensors
+
+
+def save_whole(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """`tensors` as a safetensors file at `path`, written whole or not at all (a temporary file
+    beside it, then renamed): a reader never sees half a file."""
+    from safetensors.torch import save_file
+
+    fd, temp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+    os.close(fd)
+    try:
+        save_file(tensors, temp, metadata=metadata)
+        os.replace(temp, path)
+    finally:
+        Path(temp).unlink(missing_ok=True)

@@ -83,3 +83,70 @@ def test_every_phase_estimates_between_1_and_1_3_of_its_peak(engine_id: str,
     off = [f"{r.phase}, {r.request}: estimate {r.estimate / 2**20:.2f} MB, measured {r.peak / 2**20:.2f} MB "
            f"({r.ratio:.2f}x)" for r in rows if not LOW <= r.ratio <= HIGH]
     assert not off, "\n".join(off)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(("version", "seconds"), [("v2", 10), ("v2", 30), ("v3", 30)])
+def test_cosyvoice_voice_prompt_counts_the_published_tokenizer_attention(version: str, seconds: int) -> None:
+    """Issue 35: the published S3 tokenizer (s3tokenizer's model, 1280 wide, 20 heads) keeps
+    heads x tokens^2 attention scores, which the tiny checkpoint's converted graph has none of.
+    One layer at the published width (a layer's activations are the peak; six or twelve give
+    the same peak) against the engine's estimate for the audio, 1.0-1.3x up to upstream's 30 s."""
+    require_engine("cosyvoice")
+    import types
+
+    import s3tokenizer
+    import torch
+    from s3tokenizer.model_v2 import ModelConfig
+    from s3tokenizer.model_v3 import ModelConfigV3
+
+    from mizuoto_runtime.engines.cosyvoice.engine import CosyVoiceEngine
+    from mizuoto_runtime.engines.cosyvoice.voice import SpeechTokenizer
+
+    torch.manual_seed(0)
+    cls, config = ((s3tokenizer.S3TokenizerV2, ModelConfig) if version == "v2"
+                   else (s3tokenizer.S3TokenizerV3, ModelConfigV3))
+    tokenizer = SpeechTokenizer(cls(f"speech_tokenizer_{version}", config(n_audio_layer=1)).eval(), packaged=True)
+    assert tokenizer.attention_heads == 20
+    wav = 0.1 * torch.randn(1, 16000 * seconds)
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        tokenizer(wav)
+    engine = types.SimpleNamespace(speech_tokenizer=types.SimpleNamespace(module=tokenizer))
+    ratio = CosyVoiceEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{version}, {seconds} s: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(("sentences", "prompt_tokens"), [((12,), 75), ((12, 16), 75), ((12, 16), 750)])
+def test_cosyvoice_talker_estimate_at_the_published_width(sentences: tuple[int, ...], prompt_tokens: int) -> None:
+    """Issue 35: at CosyVoice 2's published LM width (Qwen2-0.5B: hidden 896, MLP 4864, 14 heads)
+    the prefill's MLP dominates (three live intermediate-wide tensors) and torch's causal CPU
+    attention keeps no whole score matrix; the tiny LM hid both. One decoder layer at that width
+    (the estimate counts the KV cache per layer; the activations are one layer's), a small text
+    vocabulary (a lookup's rows do not depend on it); a 3 s and a 30 s voice, one and two
+    sentences run as the talker phase runs them, one KV cache live at a time."""
+    require_engine("cosyvoice")
+    import types
+
+    import torch
+
+    from mizuoto_runtime.engines.cosyvoice.engine import CosyVoiceEngine, TalkerPlan
+    from mizuoto_runtime.engines.cosyvoice.lm import CosyVoiceLM, LMSpec, RasParams
+    from mizuoto_runtime.engines.cosyvoice.pipeline import speech_tokens
+    from mizuoto_runtime.nn.decoder import DecoderConfig, KVCache
+
+    torch.manual_seed(0)
+    decoder = DecoderConfig(hidden_size=896, num_hidden_layers=1, num_attention_heads=14, num_key_value_heads=2,
+                            intermediate_size=4864, vocab_size=1000, rope_theta=1e6)
+    lm = CosyVoiceLM(LMSpec(2, 896, 896, 6561, decoder, RasParams())).eval()
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(lm=lm), dtype=torch.float32)
+    prompt_text, prompt_token = torch.randint(0, 1000, (1, 6)), torch.randint(0, 6561, (1, prompt_tokens))
+    texts = [torch.randint(0, 1000, (1, n)) for n in sentences]
+    plans = [TalkerPlan(2 + t.shape[1] + prompt_text.shape[1] + prompt_tokens, 8, "dynamic") for t in texts]
+    estimate = sum(CosyVoiceEngine.talker_memory(engine, max(plans, key=lambda p: p.positions)).values())  # type: ignore[arg-type]
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        for text, plan in zip(texts, plans):
+            speech_tokens(engine.model, text, prompt_text, prompt_token, cache=KVCache(),  # type: ignore[arg-type]
+                          max_new_tokens=plan.tokens_at_most)
+    ratio = estimate / tracker.peak
+    assert LOW <= ratio <= HIGH, f"{sentences}, {prompt_tokens} prompt tokens: estimate / peak {ratio:.2f}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from mizuoto_runtime.engines.gptsovits import engine as engine_module  # noqa: E
 from mizuoto_runtime.engines.gptsovits.engine import GptSovitsEngine  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.text import chinese, g2pw  # noqa: E402
 from mizuoto_runtime.engines.gptsovits.tiny import write as write_voice  # noqa: E402
+from mizuoto_runtime.nn import onnx_cache  # noqa: E402
 
 from support import g2pw_tiny  # noqa: E402
 
@@ -29,6 +31,15 @@ SENTENCES = ["我们在银行长大了，还得好好学习。", "他长得很�
 REFERENCE = Audio(0.3 * torch.sin(torch.arange(48000) / 6.0).unsqueeze(0), 16000)
 SAMPLING = Sampling(seed=5, top_k=15, top_p=1.0, temperature=1.0, repetition_penalty=1.35, max_new_tokens=12)
 TARGET = "大家都来了，还得长大。他长得很重，行不行？音乐让我很快乐。"  # g2pW (seed 1) and pypinyin differ
+
+
+@pytest.fixture(scope="module", autouse=True)
+def user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The engines here keep their converted g2pW in a cache of this module's, not the user's."""
+    folder = tmp_path_factory.mktemp("xdg_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +97,8 @@ def test_the_converted_graph_equals_onnxruntime(made: Path) -> None:
 
     folder = made / "seed1" / g2pw.FOLDER
     tables, net = g2pw.read_tables(folder), g2pw.load_net(folder)
-    assert len(net.memory_units()) == g2pw_tiny.LAYERS * 6  # q, k, v, out, up, down: each its own layer
-    assert net.hidden_size == g2pw_tiny.HIDDEN
+    assert len(net.memory_units()) == g2pw_tiny.TINY.layers * 6  # q, k, v, out, up, down: each its own layer
+    assert net.hidden_size == g2pw_tiny.TINY.hidden
     session = ort.InferenceSession(str(folder / "g2pW.onnx"), providers=["CPUExecutionProvider"])
     tokenizer = AutoTokenizer.from_pretrained(str(made / "tokenizer"))
     for sentence in SENTENCES:
@@ -99,6 +110,66 @@ def test_the_converted_graph_equals_onnxruntime(made: Path) -> None:
                 found = net(batch).numpy()
             assert abs(found - expected).max() < 1e-5, sentence
             assert (found.argmax(1) == expected.argmax(1)).all(), sentence
+
+
+def _probabilities(net: g2pw.G2PWNet, made: Path) -> list[torch.Tensor]:
+    """The network's output for every query of `SENTENCES`."""
+    from transformers import AutoTokenizer
+
+    tables = g2pw.read_tables(made / "seed1" / g2pw.FOLDER)
+    tokenizer = AutoTokenizer.from_pretrained(str(made / "tokenizer"))
+    out = []
+    for sentence in SENTENCES:
+        taiwan = g2pw.to_taiwan(sentence)
+        asked = [i for i, c in enumerate(taiwan) if c in tables.polyphonic]
+        with torch.inference_mode():
+            out += [net(batch) for batch in g2pw.inputs(tokenizer, tables, taiwan, asked)]
+    return out
+
+
+def _same(a: g2pw.G2PWNet, b: g2pw.G2PWNet) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_converted_network_is_kept_and_reused_until_the_file_changes(
+        made: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 35: the first load keeps the converted module as safetensors keyed by the ONNX
+    file's hash; the second converts nothing from the file and gives the same weights, units and
+    outputs; a changed file is converted again; a damaged entry is dropped and rebuilt."""
+    folder, cache = tmp_path / g2pw.FOLDER, tmp_path / "cache"
+    shutil.copytree(made / "seed1" / g2pw.FOLDER, folder)
+    plain = g2pw.load_net(folder)  # no cache: converted, nothing kept
+    first = g2pw.load_net(folder, cache)
+    [entry] = cache.glob("*.safetensors")
+    assert entry.name.startswith(onnx_cache.file_digest(folder / "g2pW.onnx")[:32])
+
+    convert = onnx_cache._convert
+
+    def refused(*args: object) -> object:
+        raise AssertionError("converted the ONNX file again")
+
+    monkeypatch.setattr(onnx_cache, "_convert", refused)
+    second = g2pw.load_net(folder, cache)
+    assert _same(second, plain) and _same(first, plain)
+    assert [u.weight.shape for u in second.memory_units()] == [u.weight.shape for u in plain.memory_units()]
+    for got, expected in zip(_probabilities(second, made), _probabilities(plain, made), strict=True):
+        assert torch.equal(got, expected)
+
+    shutil.copy(made / "seed2" / g2pw.FOLDER / "g2pW.onnx", folder / "g2pW.onnx")  # another network
+    with pytest.raises(AssertionError, match="converted the ONNX file again"):
+        g2pw.load_net(folder, cache)
+    monkeypatch.setattr(onnx_cache, "_convert", convert)
+    changed = g2pw.load_net(folder, cache)
+    assert _same(changed, g2pw.load_net(made / "seed2" / g2pw.FOLDER)) and not _same(changed, plain)
+    assert len(list(cache.glob("*.safetensors"))) == 2
+
+    newest = max(cache.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
+    newest.write_bytes(newest.read_bytes()[:1000])  # cut short
+    caplog.set_level(logging.WARNING)
+    assert _same(g2pw.load_net(folder, cache), changed)
+    assert "dropped the kept conversion" in caplog.text and newest.stat().st_size > 1000
 
 
 def test_a_text_over_512_tokens_is_cut_around_each_query(made: Path) -> None:
@@ -179,7 +250,7 @@ def test_the_g2pw_phase_is_exact_in_every_placement(voice: Path, placement: str)
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_engine_reads_polyphones_with_g2pw_and_names_the_fallback(
-        voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, user_cache: Path) -> None:
     """The frontend's Chinese ids follow g2pW's readings where the folder is; without it (or with
     the folder but no ``g2pW.onnx``) pypinyin reads them, the log says why once, and so does
     ``meta.applied.chinese_polyphones``."""
@@ -188,6 +259,7 @@ def test_the_engine_reads_polyphones_with_g2pw_and_names_the_fallback(
     alone = tmp_path / "alone"
     shutil.copytree(voice, alone, ignore=shutil.ignore_patterns(g2pw.FOLDER))
     assert _phonemes(voice) != _phonemes(alone)
+    assert len(list((user_cache / "mizuoto" / g2pw.CACHE_FOLDER).glob("*.safetensors"))) == 1  # its converted g2pW
     assert _phones(voice) != _phones(alone) == chinese.g2p(chinese.normalize(TARGET))[0]
     applied = _phonemes(alone, applied=True)
     assert "no G2PWModel folder" in applied and "pypinyin" in applied

@@ -12,6 +12,7 @@ g2pW's code: what matters is the graph's interface and that its readings come fr
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -33,8 +34,23 @@ PINYIN = {"ㄒㄧㄥ": "xing", "ㄏㄤ": "hang", "ㄔㄤ": "chang", "ㄓㄤ": "z
           "ㄌㄧㄠ": "liao", "ㄓㄜ": "zhe", "ㄓㄠ": "zhao", "ㄓㄨㄛ": "zhuo", "ㄉㄡ": "dou", "ㄉㄨ": "du",
           "ㄨㄟ": "wei", "ㄉㄧ": "di", "ㄉㄚ": "da", "ㄉㄞ": "dai", "ㄏㄜ": "he", "ㄋㄧ": "ni", "ㄇㄣ": "men",
           "ㄊㄧㄢ": "tian", "ㄕ": "shi", "ㄨㄛ": "wo"}
-VOCAB = 256  # at least every tokenizer vocabulary the tests give it
-HIDDEN, LAYERS, HEADS, INTERMEDIATE, POSITIONS = 128, 2, 2, 256, 512  # 64 KB matrices: they stream
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    positions: int = 512
+
+
+# vocab: at least every tokenizer vocabulary the tests give it; 64 KB matrices: they stream
+TINY = Size(vocab=256, hidden=128, layers=2, heads=2, intermediate=256)
+# The published g2pW's encoder: bert-base-chinese (issue 35: its load time at full size). The
+# published head's conditional descriptors are left out (our head is the tiny one's).
+PUBLISHED = Size(vocab=21128, hidden=768, layers=12, heads=12, intermediate=3072)
 
 
 def labels() -> list[str]:
@@ -42,24 +58,26 @@ def labels() -> list[str]:
 
 
 class _Layer(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, size: Size) -> None:
         super().__init__()
-        self.query, self.key, self.value = (nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
-        self.out = nn.Linear(HIDDEN, HIDDEN)
-        self.norm1 = nn.LayerNorm(HIDDEN, eps=1e-12)
-        self.up = nn.Linear(HIDDEN, INTERMEDIATE)
-        self.down = nn.Linear(INTERMEDIATE, HIDDEN)
-        self.norm2 = nn.LayerNorm(HIDDEN, eps=1e-12)
+        hidden = size.hidden
+        self.n_heads = size.heads
+        self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = nn.Linear(hidden, hidden)
+        self.norm1 = nn.LayerNorm(hidden, eps=1e-12)
+        self.up = nn.Linear(hidden, size.intermediate)
+        self.down = nn.Linear(size.intermediate, hidden)
+        self.norm2 = nn.LayerNorm(hidden, eps=1e-12)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        d = HIDDEN // HEADS
+        b, t, hidden = x.shape
+        d = hidden // self.n_heads
 
         def heads(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, HEADS, d).permute(0, 2, 1, 3)
+            return y.view(b, t, self.n_heads, d).permute(0, 2, 1, 3)
 
         scores = heads(self.query(x)) @ heads(self.key(x)).transpose(-1, -2) / math.sqrt(d) + bias
-        context = (torch.softmax(scores, dim=-1) @ heads(self.value(x))).permute(0, 2, 1, 3).reshape(b, t, HIDDEN)
+        context = (torch.softmax(scores, dim=-1) @ heads(self.value(x))).permute(0, 2, 1, 3).reshape(b, t, hidden)
         x = self.norm1(x + self.out(context))
         return self.norm2(x + self.down(nn.functional.gelu(self.up(x))))
 
@@ -68,15 +86,15 @@ class TinyG2PW(nn.Module):
     """A BERT encoder, the query character's hidden state scaled by a per-character vector, a
     classifier, and a softmax over the character's own readings (`phoneme_mask`)."""
 
-    def __init__(self, chars: int, n_labels: int) -> None:
+    def __init__(self, chars: int, n_labels: int, size: Size = TINY) -> None:
         super().__init__()
-        self.words = nn.Embedding(VOCAB, HIDDEN)
-        self.positions = nn.Embedding(POSITIONS, HIDDEN)
-        self.types = nn.Embedding(2, HIDDEN)
-        self.norm = nn.LayerNorm(HIDDEN, eps=1e-12)
-        self.layers = nn.ModuleList(_Layer() for _ in range(LAYERS))
-        self.chars = nn.Embedding(chars, HIDDEN)
-        self.classifier = nn.Linear(HIDDEN, n_labels)
+        self.words = nn.Embedding(size.vocab, size.hidden)
+        self.positions = nn.Embedding(size.positions, size.hidden)
+        self.types = nn.Embedding(2, size.hidden)
+        self.norm = nn.LayerNorm(size.hidden, eps=1e-12)
+        self.layers = nn.ModuleList(_Layer(size) for _ in range(size.layers))
+        self.chars = nn.Embedding(chars, size.hidden)
+        self.classifier = nn.Linear(size.hidden, n_labels)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 phoneme_mask: torch.Tensor, char_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -93,18 +111,19 @@ class TinyG2PW(nn.Module):
         return torch.clamp(weighted / weighted.sum(dim=1, keepdim=True), 1e-6, 1 - 1e-6)
 
 
-def write_onnx(path: Path, seed: int) -> None:
+def write_onnx(path: Path, seed: int, size: Size = TINY) -> None:
     import warnings
 
     torch.manual_seed(seed)
     chars = sorted(POLYPHONIC)
-    model = TinyG2PW(len(chars), len(labels())).eval()
+    model = TinyG2PW(len(chars), len(labels()), size).eval()
     with torch.no_grad():  # sharper than the default init, so the readings differ between seeds
         model.classifier.weight.mul_(20)
         model.chars.weight.normal_(0, 2)
     b, t = 2, 7
-    example = (torch.randint(0, VOCAB, (b, t)), torch.zeros(b, t, dtype=torch.long), torch.ones(b, t, dtype=torch.long),
-               torch.ones(b, len(labels())), torch.tensor([0, 1]), torch.tensor([1, 2]))
+    example = (torch.randint(0, size.vocab, (b, t)), torch.zeros(b, t, dtype=torch.long),
+               torch.ones(b, t, dtype=torch.long), torch.ones(b, len(labels())), torch.tensor([0, 1]),
+               torch.tensor([1, 2]))
     axes = {name: ({0: "batch", 1: "tokens"} if i < 3 else {0: "queries"}) for i, name in enumerate(INPUTS)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -112,10 +131,10 @@ def write_onnx(path: Path, seed: int) -> None:
                           output_names=["probs"], dynamic_axes={**axes, "probs": {0: "queries"}})
 
 
-def write_folder(folder: Path, seed: int = 1) -> Path:
-    """A G2PWModel folder (`seed`: the network's weights)."""
+def write_folder(folder: Path, seed: int = 1, size: Size = TINY) -> Path:
+    """A G2PWModel folder (`seed`: the network's weights; `size`: its encoder's)."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_onnx(folder / "g2pW.onnx", seed)
+    write_onnx(folder / "g2pW.onnx", seed, size)
     (folder / "config.py").write_text("manual_seed = 1313\nmodel_source = 'bert-base-chinese'\nwindow_size = 32\n"
                                       "use_mask = True\nuse_char_phoneme = False\nuse_conditional = True\n",
                                       encoding="utf-8")

@@ -88,21 +88,28 @@ NO_FALLBACK = "none: HiFT's source phase runs through the whole utterance, so it
 SYSTEM_PROMPT = "You are a helpful assistant." + ENDOFPROMPT  # CosyVoice 3's documented default
 VOICE_FILES = {2: ("campplus.onnx", "speech_tokenizer_v2.onnx"), 3: ("campplus.onnx", "speech_tokenizer_v3.onnx")}
 # Working-memory constants (M45, M46): each term follows the dimension it scales with; the
-# counts are fitted on the tiny checkpoints' CPU peaks (`bench/engines.py --peaks`, 1.0-1.3x).
+# counts are fitted on the tiny checkpoints' CPU peaks (`bench/engines.py --peaks`, 1.0-1.3x)
+# and on the published LM's width (issue 35: one Qwen2-0.5B layer, 1.05-1.10x for 3-30 s voices,
+# one or two sentences; with two MLP copies and 0.4 of the scores it read 0.83-0.88x there).
 PREFILL_HIDDEN_COPIES = 4  # residual, normed input, attention output, q/k/v: x hidden size
-PREFILL_MLP_COPIES = 2  # gate and up projections: x intermediate size
-# Part of a score matrix per head: torch's CPU attention works in blocks and keeps the causal mask;
-# a real LM (Qwen2-0.5B: hidden 896, intermediate 4864) is dominated by the MLP term instead.
-PREFILL_SCORE_FRACTION = 0.4
+PREFILL_MLP_COPIES = 3  # silu(gate), up and their product (`nn.feed_forward`): x intermediate size
+# Part of a score matrix per head: torch's causal CPU attention works in blocks and keeps no
+# whole matrix; a real LM (Qwen2-0.5B: hidden 896, intermediate 4864) is dominated by the MLP.
+PREFILL_SCORE_FRACTION = 0.2
 VOICE_FEATURE_BYTES_PER_SAMPLE = 72  # kaldi fbank, whisper log-mel, 24 kHz prompt mel: STFT frames per 16 kHz sample
 TOKEN_SAMPLES = 640  # 16 kHz samples per speech token (25 Hz)
 # A typical request's longest sentence (`typical_phases`): upstream's front end splits text
 # into sentences, each its own LM run and flow call.
 TYPICAL_SENTENCE_SECONDS = 10.0
 # The tokenizer's widest activation at 25 Hz (the tiny one's scores over its codebook; the
-# published one's 4 x 1280 MLP). Its attention scores over 30 s (20 heads x 750^2) are not
-# covered: the tiny tokenizer has none to fit them on.
+# published one's 4 x 1280 MLP).
 TOKENIZER_COPIES = 2
+# The published tokenizer's attention scores (s3tokenizer's model: float32, heads x tokens^2, its
+# eager path): the product and its masked copy, then the softmax beside it. With them the
+# estimate is 1.07-1.25x the published-size v2 tokenizer's CPU peak and 1.20-1.52x v3's for 3-30 s
+# (random weights, issue 35; without them 0.49x at 30 s). A graph converted node by node (a
+# file s3tokenizer cannot map, the tiny one) has no heads to count.
+TOKENIZER_SCORE_COPIES = 2
 UNET_COPIES = 20  # CosyVoice 2's UNet: live copies of its widest stage, per frame of the CFG batch
 DIT_COPIES = 12  # CosyVoice 3's DiT: sdpa keeps no score matrix, so no frames^2 term
 SOURCE_BYTES_PER_SAMPLE = 104  # the 9-harmonic NSF source at the output rate (float32), ~3 live copies
@@ -274,11 +281,15 @@ class CosyVoiceEngine(Engine):
         return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
 
     def voice_prompt_memory(self, samples: int) -> int:
-        """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, and the
-        tokenizer's widest activation (rows of its largest weight) per speech token."""
+        """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, the
+        tokenizer's widest activation (rows of its largest weight) per speech token, and its
+        attention scores (`TOKENIZER_SCORE_COPIES`)."""
         assert self.speech_tokenizer is not None
-        widest = max((p.shape[0] for p in self.speech_tokenizer.module.parameters() if p.dim() >= 2), default=0)
-        return VOICE_FEATURE_BYTES_PER_SAMPLE * samples + TOKENIZER_COPIES * 4 * widest * (samples // TOKEN_SAMPLES + 1)
+        tokenizer = self.speech_tokenizer.module
+        widest = max((p.shape[0] for p in tokenizer.parameters() if p.dim() >= 2), default=0)
+        tokens = samples // TOKEN_SAMPLES + 1
+        scores = TOKENIZER_SCORE_COPIES * 4 * tokenizer.attention_heads * tokens * tokens
+        return VOICE_FEATURE_BYTES_PER_SAMPLE * samples + TOKENIZER_COPIES * 4 * widest * tokens + scores
 
     def prompt_feat(self, wav24k: torch.Tensor) -> torch.Tensor:
         """The prompt mel (1, frames, 80) of a 24 kHz waveform (the yaml's feat_extractor)."""

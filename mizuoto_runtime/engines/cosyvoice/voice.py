@@ -68,6 +68,12 @@ class SpeechTokenizer(nn.Module):
         self.model = model
         self.packaged = packaged  # s3tokenizer's model (else an onnx2torch graph)
 
+    @property
+    def attention_heads(self) -> int:
+        """The encoder's attention heads (s3tokenizer's config); 0 for a converted graph, whose
+        heads are not known (M45: the engine's estimate counts their scores)."""
+        return int(self.model.config.n_audio_head) if self.packaged else 0
+
     def forward(self, wav16k: torch.Tensor) -> torch.Tensor:
         from s3tokenizer import log_mel_spectrogram
 

@@ -63,6 +63,7 @@ from ..base import (
     Voice,
     element_size,
 )
+from ..checkpoint_files import cache_root
 from . import bert as bert_features
 from .checkpoint import (
     HUBERT_FOLDER,
@@ -210,7 +211,7 @@ class GptSovitsEngine(Engine):
             f"no {g2pw.FOLDER} folder beside the voice or up to two folders above it ({', '.join(g2pw.PLACES)})"
         if lacking is None and folder is not None:
             try:
-                tables, net = g2pw.read_tables(folder), g2pw.load_net(folder)
+                tables, net = g2pw.read_tables(folder), g2pw.load_net(folder, cache_root() / g2pw.CACHE_FOLDER)
                 return self.register(net, "g2pw"), tables, f"g2pW ({folder})"
             except CheckpointError as exc:  # a file the converter or the tables cannot read: the voice still speaks
                 lacking = str(exc)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import MizuotoError
+from ..checkpoint_files import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -276,13 +277,9 @@ def wetextprocessing_grammars() -> tuple[Any, Any] | None:
     def compile_into(scratch: Path) -> None:
         built.append(Chinese(cache_dir=str(scratch), **settings))
 
-    folder = compiled_grammar_folder(_cache_root() / f"{versions}-zh-tn", ZH_FST_FILES, compile_into)
+    folder = compiled_grammar_folder(cache_root() / f"{versions}-zh-tn", ZH_FST_FILES, compile_into)
     chinese = built[0] if built else Chinese(cache_dir=str(folder), **settings)
     return chinese, English(overwrite_cache=False)
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mizuoto"
 
 
 def compiled_grammar_folder(folder: Path, files: tuple[str, ...], compile_into: Callable[[Path], None]) -> Path:

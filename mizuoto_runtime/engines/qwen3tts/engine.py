@@ -90,11 +90,13 @@ DECODE_CONTEXT = 25
 # Live activations of one decoder conv stage (input kept for the residual, SnakeBeta's
 # temporaries, the conv output), in units of the stage's output.
 DECODER_STAGE_COPIES = 5
-# Mimi's full-rate stage: first conv, a resnet block's convs and its residual, per filter.
-ENCODER_FULL_RATE_COPIES = 3
+# Mimi's full-rate stage: first conv, a resnet block's convs and its residual, per filter. Fitted
+# on the tiny codec (16 filters) and the published one (64 filters, random weights, issue 35:
+# 3 copies and 64 bytes read 0.89x its CPU peak for a 3 s reference; 4 and 16 read 1.10x).
+ENCODER_FULL_RATE_COPIES = 4
 # Per 24 kHz sample besides the convs: resampling, feature extraction (float32 values and an
 # int64 padding mask) and their tensor copies.
-ENCODER_BYTES_PER_SAMPLE = 64
+ENCODER_BYTES_PER_SAMPLE = 16
 # ECAPA keeps every block's output for the aggregation: activations per mel frame, in channels.
 SPEAKER_ACTIVATION_COPIES = 2
 # Per 24 kHz sample: the resampled waveform and the STFT's input.

@@ -26,6 +26,8 @@ own phase per request, so its memory is counted, placed and streamed like every 
 (`ConstMatMul`, ``torch.matmul`` as onnx2torch calls it, so the numbers do not change) whose
 weight streams (M13): those layers are the units (M12), the embeddings and norms the fixed part.
 Run in float32 whatever the engine's dtype: the file's precision, the readings upstream gets.
+The conversion (13 s and several GB at the published size) runs once per file: the module is
+kept as safetensors in the user's cache, keyed by the file's hash (`load_net`, issue 35).
 
 Differences from upstream: upstream runs the texts of a call in one padded batch, or, when one
 repeats (its ``g2pw_sentence_dedup``, on by default), each distinct text alone with all its
@@ -286,20 +288,23 @@ def _own_matmuls(graph: Any) -> list[ConstMatMul]:
     return made
 
 
-def load_net(folder: Path) -> G2PWNet:
-    """``g2pW.onnx`` as a torch module in float32 (see the module doc)."""
-    import onnx
-    from google.protobuf.message import DecodeError
-    from onnx2torch import convert
+CACHE_FOLDER = "g2pw"  # under `checkpoint_files.cache_root`: the converted network, per ONNX file
+
+
+def load_net(folder: Path, cache: Path | None = None) -> G2PWNet:
+    """``g2pW.onnx`` as a torch module in float32 (see the module doc). `cache`: where the
+    converted module is kept as safetensors, keyed by the file's hash (`nn.onnx_cache`), so
+    that later loads skip the conversion; None converts every time."""
+    from ....nn.onnx_cache import load_converted
 
     path = next(folder / name for name in GRAPH_FILES if (folder / name).is_file())
-    try:
-        graph = convert(onnx.load(str(path)))
-    except (OSError, ValueError, NotImplementedError, DecodeError,
-            onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
-        raise CheckpointError(f"{path}: cannot be converted to a torch module ({exc})") from exc
-    net = G2PWNet(graph, _own_matmuls(graph)).float().eval()
+    net = load_converted(path, _build, cache)
+    assert isinstance(net, G2PWNet)
     return net
+
+
+def _build(graph: Any) -> G2PWNet:
+    return G2PWNet(graph, _own_matmuls(graph)).float().eval()
 
 
 def memory(net: G2PWNet, tokens: int, queries: int, n_labels: int) -> int:

@@ -1,0 +1,94 @@
+"""`bench/full_size.py` (issue 35): its weight files are what the engines' loaders read, written
+one tensor at a time; on the tiny checkpoint (``--dry-run``) every measurement runs."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from conftest import require_qwen_tts
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "full_size.py"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("full_size_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "full_size_bench", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_streamed_safetensors_file_reads_back_tensor_for_tensor(bench: ModuleType, tmp_path: Path) -> None:
+    """The header first, then each tensor as it is made: the file is a safetensors file whose
+    every tensor is the one made for it (names, shapes, dtypes, values), each made once."""
+    from safetensors.torch import load_file
+
+    shapes = {"a.weight": torch.empty(3, 5, dtype=torch.bfloat16, device="meta"),
+              "b.bias": torch.empty(7, device="meta"), "c.count": torch.empty(2, 2, dtype=torch.int64, device="meta")}
+    made: dict[str, torch.Tensor] = {}
+
+    def make(name: str, like: torch.Tensor) -> torch.Tensor:
+        assert name not in made
+        made[name] = torch.arange(like.numel()).reshape(like.shape).to(like.dtype) + len(made)
+        return made[name]
+
+    path = tmp_path / "w.safetensors"
+    size = bench.write_safetensors(path, shapes, make)
+    back = load_file(path)
+    assert size == path.stat().st_size and back.keys() == shapes.keys()
+    for name, value in made.items():
+        assert back[name].dtype == value.dtype and torch.equal(back[name], value)
+    with pytest.raises(ValueError, match="a.weight made as torch.float32"):
+        bench.write_safetensors(tmp_path / "bad.safetensors", shapes, lambda n, like: torch.zeros(like.shape))
+
+
+def test_a_written_checkpoint_is_what_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """Qwen3-TTS's writer on the tiny configs (the published ones take 4 GB): every weight file
+    has exactly the tensors the engine's loader asks for, and the engine speaks from it."""
+    require_qwen_tts()
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.published import find
+    from mizuoto_runtime.engines.qwen3tts import tiny
+
+    _, _, _, special = tiny.text_tokenizer()
+    small = dataclasses.replace(find("Qwen3-TTS-12Hz-0.6B-CustomVoice"), dtype=torch.float32, files={
+        **find("Qwen3-TTS-12Hz-0.6B-CustomVoice").files,
+        "config.json": tiny.main_config("custom_voice", special, "float32"),
+        "speech_tokenizer/config.json": tiny.speech_tokenizer_config()})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert written == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    rt = Runtime()
+    engine = rt.engine("qwen3tts", folder)
+    audio, _ = rt.say(engine, "Hello there.", speaker="alice", sampling=Sampling(seed=1, max_new_tokens=3))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+
+
+def test_the_dry_run_measures_every_column(bench: ModuleType, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dry-run``: the tiny checkpoint through the whole measurement (fresh process, phases,
+    plain and all-streamed token timing), the row merged into the JSON and the folder removed."""
+    require_qwen_tts()
+    out = tmp_path / "full_size.json"
+    monkeypatch.setattr(sys, "argv", ["full_size.py", "--dry-run", "--model", "Qwen3-TTS-12Hz-0.6B-Base",
+                                      "--tokens", "3", "--root", str(tmp_path / "root"), "--out", str(out)])
+    bench.main()
+    row = json.loads(out.read_text())["rows"]["Qwen3-TTS-12Hz-0.6B-Base (tiny)"]
+    assert "error" not in row, row.get("error")
+    assert row["load_s"] > 0 and row["cold_to_audio_s"] > row["load_s"] and row["card_gb"] == 6
+    assert {p["phase"] for p in row["phases"]} == {"voice prompt (codec_encoder)", "voice prompt (speaker_encoder)",
+                                                   "talker (talker)", "codec decoder (codec_decoder)"}
+    assert row["plain"]["tokens"] >= 1 and row["all_streamed"]["streamed_mb_per_token"] > 0
+    assert not (tmp_path / "root" / "Qwen3-TTS-12Hz-0.6B-Base").exists()
