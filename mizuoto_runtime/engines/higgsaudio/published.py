@@ -1,8 +1,7 @@
 """Higgs Audio v2's published checkpoint as data (issue 34; issue 35, `engines.published`): the
 shapes of ``bosonai/higgs-audio-v2-generation-3B-base`` in transformers' format (``config.json``,
-``generation_config.json``) and of its audio tokenizer (``bosonai/higgs-audio-v2-tokenizer``'s
-``config.json``), as plain dicts, and the folder the engine loads (`MODELS`: the tokenizer in
-``audio_tokenizer/``).
+``generation_config.json``) as plain dicts, and the folder the engine loads (`MODELS`: the audio
+tokenizer's published config, `higgs_codec.TOKENIZER`, in ``audio_tokenizer/``).
 
 Tests build these on the meta device (no weights) to check the estimates and units at full
 size; the full-size runs write random weights from them. Values as published, with where they
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..higgs_codec import TOKENIZER
 from ..published import FileContent, PublishedModel
 from .checkpoint import AUDIO_TOKENIZER_FOLDER, INDEX, REQUIRED_FILES
 
@@ -59,35 +59,6 @@ GENERATION_CONFIG: dict[str, Any] = {
     "bos_token_id": 1, "eos_token_id": 128009, "pad_token_id": 128001,
 }
 
-#: ``config.json`` of the audio tokenizer: 24 kHz, hop 960 (25 frames/s), 8 codebooks of 1024
-#: (2 kbps); a DAC acoustic branch and a HuBERT-base semantic branch (16 kHz). The class
-#: defaults differ: DAC ratios [8, 5, 4, 2] and a 4 kbps top bandwidth.
-TOKENIZER: dict[str, Any] = {
-    "architectures": ["HiggsAudioV2TokenizerModel"],
-    "model_type": "higgs_audio_v2_tokenizer",
-    "sample_rate": 24000,
-    "semantic_sample_rate": 16000,
-    "downsample_factor": 320,
-    "codebook_size": 1024,
-    "codebook_dim": 64,
-    "kernel_size": 3,
-    "unit_kernel_size": 3,
-    "strides": [1, 1],
-    "channel_ratios": [1, 1],
-    "block_dilations": [1, 1],
-    "target_bandwidths": [0.5, 1, 1.5, 2],
-    "dtype": "float32",
-    "acoustic_model_config": {
-        "model_type": "dac", "encoder_hidden_size": 64, "decoder_hidden_size": 1024, "hidden_size": 256,
-        "downsampling_ratios": [8, 5, 4, 2, 3], "upsampling_ratios": [8, 5, 4, 2, 3],
-        "n_codebooks": 9, "codebook_size": 1024, "codebook_dim": 8,
-    },
-    "semantic_model_config": {
-        "model_type": "hubert", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-        "num_attention_heads": 12, "conv_dim": [512] * 7, "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
-        "conv_stride": [5, 2, 2, 2, 2, 2, 2], "mask_time_prob": 0.0,
-    },
-}
 
 
 def _files() -> dict[str, FileContent]:
