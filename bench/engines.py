@@ -10,7 +10,7 @@ written to a temporary folder), one request of each placement, repeated and inte
 
 It prints the streamed/resident time ratio (medians) and `meta.memory.streamed_mb` per request.
 ``--peaks`` instead measures every phase of Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo,
-CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2 and GPT-SoVITS (the
+CosyVoice 2 / 3, Fish Speech S2-Pro / S1-mini (``fishspeech-s1``), IndexTTS-2, GPT-SoVITS and Chatterbox (the
 default engines then) on the plain CPU at the request sizes its tests use: the peak of CPU
 tensor storage the phase creates (`PeakTracker`) against the engine's working-memory estimate for
 it (M45: between 1.0x and 1.3x, `tests/engines/test_engine_estimates.py` asserts it).
@@ -27,7 +27,21 @@ the talker phase's milliseconds per frame resident and all streamed, the MB stre
 and, with the talker capped half-way between its minimum working set and its size, the MB per
 frame with the fast transformer marked hot (the engine's layout) and without the mark.
 
+``--weights`` (issue 36) compares the engines that take a `weights` choice (demo, Qwen3-TTS,
+VoxCPM 2, F5-TTS, OmniVoice; bfloat16 tiny checkpoints) stored fp8 and int8 with as published:
+per engine, the output's log-mel L1 distance from the published precision's, and for a talker
+the share of its tokens that agree; for scale, the same distance for the published weights
+computed in float32 instead. The checkpoints' weights are random: the numbers show that
+the path is sane (small distances, most tokens agreeing), not the quality of a trained model.
+Tokens are chosen greedily, so they differ only where the weights changed the most likely
+one; after a first difference an autoregressive talker goes its own way. Per engine it also
+prints the generate phase's MB streamed per step (a token, a patch, an ODE step; every unit
+streamed), the host RSS the loaded engine adds (in a child process per
+choice, after a first load and unload so the upstream's imports are in the baseline) with the
+bytes of its host tensors, and its milliseconds per step plain and streamed.
+
     python bench/engines.py [--repeat 5] [--steps 8] [--peaks] [--device cuda] [--engines fishspeech,indextts2]
+    python bench/engines.py --weights [--engines demo,qwen3tts] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -78,7 +92,10 @@ TINY: dict[str, tuple[str, str | None, torch.dtype | None]] = {
     "cosyvoice2": ("cosyvoice", "2", None), "cosyvoice3": ("cosyvoice", "3", None),
     "indextts2": ("indextts2", None, None), "voxcpm2": ("voxcpm2", None, None), "qwen3tts": ("qwen3tts", None, None),
     "gptsovits": ("gptsovits", "v2", None), "higgsaudio": ("higgsaudio", None, None),
-    "vibevoice": ("vibevoice", None, None), "dia": ("dia", None, None), "csm": ("csm", None, None)}
+    "vibevoice": ("vibevoice", None, None), "dia": ("dia", None, None), "csm": ("csm", None, None),
+    "chatterbox": ("chatterbox", None, None), "chatterbox-mtl": ("chatterbox", "multilingual", None)}
+# The loader's choice inside a written folder, where it is a file of it (Chatterbox Multilingual).
+CHOICES = {"chatterbox-mtl": "t3_mtl23ls_v2.safetensors"}
 FISH_TEXT = "The runtime streams every layer of the slow transformer, frame after frame, " * 2
 COSYVOICE_TOKENS = 48
 INDEX_TEST_TEXT = "hello tiny model. this is a test!"  # test_indextts2.py's
@@ -307,9 +324,13 @@ PEAK_REQUESTS: dict[str, list[PeakRequest]] = {
     "dia": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 64)],
     # test_csm.py: a 0.7-1 s context recording, 10 frames; a longer one, more text and frames
     "csm": [PeakRequest(1, TEXT, 10), PeakRequest(3, TEXT * 2, 32)],
+    # test_chatterbox.py: a 1 s reference, 24 speech tokens; a longer one and more tokens
+    "chatterbox": [PeakRequest(1, TEXT, 24), PeakRequest(3, TEXT * 2, 48)],
+    "chatterbox-mtl": [PeakRequest(1, TEXT, 24, "French"), PeakRequest(3, TEXT * 2, 48, "French")],
 }
 # The runtime's engine id of each bench name of one engine's version.
-RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech"}
+RUNTIME_IDS = {"cosyvoice2": "cosyvoice", "cosyvoice3": "cosyvoice", "fishspeech-s1": "fishspeech",
+               "chatterbox-mtl": "chatterbox"}
 
 
 @dataclasses.dataclass
@@ -391,6 +412,139 @@ def print_peaks(rows: list[PhasePeak]) -> None:
               f"{r.ratio:13.2f}x")
 
 
+# ---- smaller stored weights (issue 36) -------------------------------------------------------------
+SMALL = ("fp8_e4m3fn", "fp8_e5m2", "int8")
+WEIGHT_ENGINES = ("demo", "qwen3tts", "voxcpm2", "f5tts", "omnivoice")
+TALKERS = ("demo", "qwen3tts")  # their talker's tokens: agreement
+BYTES = WEIGHT_ENGINES  # their generate phase per step (token, patch, ODE step): bytes and time
+WEIGHT_TOKENS = 24
+
+
+@dataclasses.dataclass
+class WeightsRun:
+    audio: torch.Tensor
+    sample_rate: int
+    tokens: torch.Tensor | None  # a talker's tokens, one row per step
+    talk_s: float  # the generate phase
+    talk_streamed: int  # bytes streamed for its components in it
+    steps: int  # its steps (tokens, patches), as its progress counts them
+
+
+def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: str, steps: int,
+                    dtype: str = "bfloat16") -> WeightsRun:
+    """One request phase by phase (so the generate phase's own time, steps and bytes are seen)."""
+    engine = rt.engine(engine_id, folder, dtype, weights=weights)
+    if hasattr(engine, "steps"):
+        engine.steps = steps
+    engine.voices.clear()
+    done: list[int] = []
+    ctx = rt.request(seed=1, on_progress=lambda step, _total: done.append(step))
+    voice = engine.voice_prompt(ctx, REFERENCE, TRANSCRIPT if engine_id in ("f5tts", "omnivoice") else None)
+    talkers = [h for h in engine.handles() if h.name in engine.WEIGHTS["generate"].components]
+
+    def streamed_now() -> int:
+        return sum(h.streamer.streamed_bytes_of(h) for h in talkers)
+
+    before = streamed_now()
+    done.clear()
+    start = time.perf_counter()
+    # greedy: a token differs where the weights changed the most likely one, not the draw
+    sampling = Sampling(seed=1, max_new_tokens=WEIGHT_TOKENS, language="English", do_sample=False,
+                        subtalker_do_sample=False)
+    codes = engine.generate(ctx, TEXT, voice, sampling)
+    talk_s = time.perf_counter() - start
+    streamed, steps_run = streamed_now() - before, len(done)
+    audio = engine.decode(ctx, codes)
+    # one row per step: Qwen3-TTS's codes are (frames, codebooks), the demo's (1, frames)
+    tokens = codes.tokens.reshape(-1, codes.tokens.shape[-1] if engine_id == "qwen3tts" else 1)
+    return WeightsRun(audio.mono().float(), audio.sample_rate, tokens if engine_id in TALKERS else None,
+                      talk_s, streamed, max(steps_run, 1))
+
+
+def log_mel_l1(a: torch.Tensor, b: torch.Tensor, sample_rate: int) -> float:
+    """Mean |log-mel(a) - log-mel(b)| over the frames both have (80 bands)."""
+    import torchaudio
+
+    mel = torchaudio.transforms.MelSpectrogram(sample_rate, n_fft=1024, hop_length=256, n_mels=80)
+    n = min(a.shape[-1], b.shape[-1])
+    la, lb = (torch.log(mel(x[..., :n]).clamp(min=1e-5)) for x in (a, b))
+    return float((la - lb).abs().mean())
+
+
+def token_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    n = min(a.shape[0], b.shape[0])
+    return float((a[:n] == b[:n]).float().mean()) if n else 0.0
+
+
+def rss_child(engine_id: str, folder: str, weights: str) -> None:
+    """In a fresh process: the RSS a loaded engine adds, printed in bytes, with the bytes of its
+    host tensors. The engine is loaded and unloaded once first, so what its upstream package
+    imports and caches is in the baseline."""
+    import gc
+
+    import psutil
+
+    from mizuoto_runtime.memory.small_weights import return_freed_ram
+
+    def settled() -> int:
+        gc.collect()
+        return_freed_ram()
+        return int(psutil.Process().memory_info().rss)
+
+    rt = Runtime()
+    rt.engine(engine_id, folder or None, "bfloat16")
+    rt.unload_engines()
+    base = settled()
+    engine = rt.engine(engine_id, folder or None, "bfloat16", weights=weights)
+    print(settled() - base, sum(h.describe()["host_bytes"] for h in engine.handles()))
+
+
+def engine_rss(engine_id: str, folder: Path | None, weights: str) -> tuple[int, int]:
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "--rss-child", engine_id, str(folder or ""), weights],
+                          capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    rss, host = done.stdout.split()[-2:]
+    return int(rss), int(host)
+
+
+def time_weights(folders: dict[str, Path | None], steps: int, repeat: int) -> None:
+    print("\nWeights stored small against as published, each engine's tiny bfloat16 checkpoint. Its weights are "
+          "random: these numbers show the path is sane, not the quality of a trained model.")
+    print(f"{'engine':10} {'weights':15} {'log-mel L1':>10} {'tokens agree':>13}")
+    for engine_id, folder in folders.items():
+        published = weights_request(Runtime(), engine_id, folder, "as published", steps)
+        # For scale: the same weights computed in float32 instead of bfloat16.
+        wider = weights_request(Runtime(), engine_id, folder, "as published", steps, "float32")
+        for choice in (*SMALL, "float32 compute"):
+            run = wider if choice == "float32 compute" else weights_request(Runtime(), engine_id, folder, choice, steps)
+            agree = (f"{token_agreement(run.tokens, published.tokens):12.0%}"
+                     if run.tokens is not None and published.tokens is not None else f"{'-':>12}")
+            print(f"{engine_id:10} {choice:15} {log_mel_l1(run.audio, published.audio, run.sample_rate):10.3f} {agree}")
+    print(f"\n{'engine':10} {'weights':12} {'MB/step':>9} {'vs bf16':>8} {'RSS MB':>8} {'vs bf16':>8} "
+          f"{'host MB':>8} {'ms/step plain':>15} {'streamed':>9}")
+    for engine_id, folder in folders.items():
+        if engine_id not in BYTES:
+            continue
+        base: tuple[float, float] | None = None
+        for choice in ("as published", "fp8_e4m3fn", "int8"):
+            plain = Runtime()
+            streamed = Runtime({"compute.simulate_vram_mb": 4096, "compute.vram_mode": "none"})
+            runs: dict[str, list[WeightsRun]] = {"plain": [], "streamed": []}
+            for rt in (plain, streamed):
+                weights_request(rt, engine_id, folder, choice, steps)  # warm-up: load
+            for _ in range(repeat):
+                for name, rt in (("plain", plain), ("streamed", streamed)):  # interleaved
+                    runs[name].append(weights_request(rt, engine_id, folder, choice, steps))
+            count = runs["streamed"][0].steps
+            per_token = runs["streamed"][0].talk_streamed / count / MB
+            ms = {k: 1000 * statistics.median(r.talk_s for r in v) / count for k, v in runs.items()}
+            rss, host = engine_rss(engine_id, folder, choice)
+            base = base or (per_token, rss)
+            print(f"{engine_id:10} {choice:12} {per_token:9.3f} {per_token / base[0]:7.2f}x {rss / MB:8.1f} "
+                  f"{rss / base[1]:7.2f}x {host / MB:8.1f} {ms['plain']:15.2f} {ms['streamed']:9.2f}")
+
+
 def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | None]:
     """Tiny random checkpoints in each engine's published layout (the demo engine needs none)."""
     folders: dict[str, Path | None] = {}
@@ -399,7 +553,8 @@ def checkpoint_folders(engines: Sequence[str], tmp: Path) -> dict[str, Path | No
             folders[name] = None
             continue
         engine, version, dtype = TINY[name]
-        folders[name] = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
+        folder = engine_class(engine).tiny_writer()(tmp / name, version=version, dtype=dtype)
+        folders[name] = folder / CHOICES[name] if name in CHOICES else folder
     return folders
 
 
@@ -415,7 +570,25 @@ def main() -> None:
                              "the estimate tests)")
     parser.add_argument("--frames", type=int, default=48, help="Fish Speech: frames per request at most")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
+    parser.add_argument("--weights", action="store_true",
+                        help="instead: fp8 and int8 weights against as published (distance, bytes, time)")
+    parser.add_argument("--rss-child", nargs=3, metavar=("ENGINE", "FOLDER", "WEIGHTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_child:
+        torch.set_num_threads(args.threads)
+        rss_child(*args.rss_child)
+        return
+    if args.weights:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        torch.set_num_threads(args.threads)
+        chosen = (args.engines or ",".join(WEIGHT_ENGINES)).split(",")
+        with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+            folders = {name: None if name == "demo" else engine_class(TINY[name][0]).tiny_writer()(
+                Path(tmp) / name, version=TINY[name][1], dtype=torch.bfloat16) for name in chosen}
+            print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps per request, "
+                  f"{WEIGHT_TOKENS} tokens at most")
+            time_weights(folders, args.steps, args.repeat)
+        return
     engines = (args.engines or (",".join(PEAK_REQUESTS) if args.peaks else "f5tts,omnivoice,fishspeech")).split(",")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)

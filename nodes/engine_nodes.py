@@ -15,6 +15,8 @@ from mizuoto_runtime.app.ui_settings import from_fields
 from mizuoto_runtime.engines import ENGINES
 from mizuoto_runtime.errors import MizuotoError
 from mizuoto_runtime.memory.policy import HOST_COPIES, VRAM_MODES
+from mizuoto_runtime.memory.small_weights import CHOICES as WEIGHT_CHOICES
+from mizuoto_runtime.memory.small_weights import PUBLISHED
 from mizuoto_runtime.nn.dtypes import DTYPES
 
 from . import paths
@@ -36,6 +38,9 @@ def checkpoint_input(catalog: Catalog, optional: bool = False) -> io.Input:
                           tooltip=f"A checkpoint folder under models/{paths.FOLDER} (its type in parentheses), "
                                   "in the official layout; none = the engine's built-in weights (the demo engine's "
                                   "random weights; its audio is noise)")
+
+
+FROM_SETTINGS = "from settings"  # the loader's weights: the compute.weights setting
 
 
 def dtype_input(optional: bool = False) -> io.Input:
@@ -139,6 +144,12 @@ class MizuotoEngineLoader(io.ComfyNode):
                 # Optional, after the others: saved workflows and API prompts without it still load.
                 io.Combo.Input("device", options=device_choices(), default="auto", optional=True,
                                tooltip="Where the engine runs; auto = ComfyUI's device (or the simulated one)"),
+                io.Combo.Input("weights", options=[FROM_SETTINGS, *WEIGHT_CHOICES], default=FROM_SETTINGS,
+                               optional=True,
+                               tooltip="How its Linear and Conv weights are stored. fp8 and int8 halve a bfloat16 "
+                                       "model's RAM, VRAM and streamed bytes, and change the audio slightly; "
+                                       "phases that refuse one keep theirs as published. from settings = the "
+                                       "Mizuoto setting (as published unless changed)"),
             ],
             outputs=[EngineSocket.Output(display_name="engine"),
                      io.String.Output(display_name="memory",
@@ -154,11 +165,13 @@ class MizuotoEngineLoader(io.ComfyNode):
     @classmethod
     @PROCESS.around_node
     def execute(cls, engine: str, checkpoint: str, dtype: str, memory: dict[str, Any] | None = None,
-                device: str = "auto") -> io.NodeOutput:
+                device: str = "auto", weights: str = FROM_SETTINGS) -> io.NodeOutput:
         if memory is not None:
             PROCESS.set_graph_settings(memory)
-        ref = PROCESS.engine(engine, paths.resolve(engine, checkpoint), dtype, device)
-        components = ", ".join(f"{h.name} {h.size_bytes / MB:.1f} MB" for h in ref.engine.handles())
+        ref = PROCESS.engine(engine, paths.resolve(engine, checkpoint), dtype, device,
+                             None if weights == FROM_SETTINGS else weights)
+        components = ", ".join(f"{h.name} {h.size_bytes / MB:.1f} MB"
+                               + (f" {h.weights}" if h.weights != PUBLISHED else "") for h in ref.engine.handles())
         plan = engine_plan(ref.engine)
         text = "\n".join([f"{engine} ({dtype}, {ref.engine.device}): {components}", *plan["lines"]])
         return io.NodeOutput(ref, json.dumps(plan), ui=ui.PreviewText(text))

@@ -59,7 +59,7 @@ def resolve_dataset(text: str) -> Path:
 
 
 def qwen3tts_folder(engine: EngineRef, node: str) -> str:
-    engine_id, model_dir, _, _ = engine.key
+    engine_id, model_dir, *_ = engine.key
     if engine_id != "qwen3tts" or not model_dir:
         raise MizuotoError(f"{node}: needs a qwen3tts engine loaded from a checkpoint folder, got {engine_id!r}")
     return model_dir

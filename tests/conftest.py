@@ -147,6 +147,12 @@ def f5tts_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
 
 
 @pytest.fixture(scope="session")
+def chatterbox_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Tiny Chatterbox folders (`dtype` of T3's weights)."""
+    return _tiny_checkpoints(tmp_path_factory, "chatterbox", "mizuoto_runtime.engines.chatterbox.tiny")
+
+
+@pytest.fixture(scope="session")
 def omnivoice_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Tiny OmniVoice folders (`dtype` of the LLM weights)."""
     return _tiny_checkpoints(tmp_path_factory, "omnivoice", "mizuoto_runtime.engines.omnivoice.tiny")

@@ -201,6 +201,25 @@ GRAPHS: dict[str, dict[str, Any]] = {
         "non-commercial licence), or OpenAudio S1-mini (fishaudio/openaudio-s1-mini) in its own folder, then press "
         "R to refresh the lists. " + CLONE_NOTE,
         "Hello from Mizuoto. Fish Speech speaks in the voice of the reference recording.", "audio/mizuoto_fishspeech"),
+    "Voice Clone - Chatterbox (from a reference recording)": {
+        "nodes": [
+            (1, "Note", 0, {"text": "Put Resemble AI's Chatterbox in ComfyUI/models/mizuoto/chatterbox/ as published "
+                                    "on Hugging Face (ResembleAI/chatterbox: ve.safetensors, t3_cfg.safetensors, "
+                                    "s3gen.safetensors, tokenizer.json, conds.pt; MIT licence), then press R to "
+                                    "refresh the lists. Load 5-10 s of clear speech of the voice to clone (no "
+                                    "transcript needed), or none for its built-in voice. Pick "
+                                    "chatterbox/t3_mtl23ls_v2.safetensors (Chatterbox Multilingual, with its "
+                                    "files) for 23 languages. Every output "
+                                    "carries Resemble AI's Perth audio watermark, as upstream applies it."}),
+            (2, "LoadAudio", 0, {"audio": "voice_to_clone.wav"}),
+            (3, "MizuotoTTS", 1, {"text": "Hello from Mizuoto. Chatterbox speaks in the voice of the reference "
+                                          "recording.",
+                                  "engine_name": "chatterbox", "checkpoint": "chatterbox", "temperature": 0.8,
+                                  "repetition_penalty": 1.2}),
+            (4, "MizuotoSaveWav", 2, {"filename_prefix": "audio/mizuoto_chatterbox"}),
+        ],
+        "links": [(2, "AUDIO", 3, "reference"), (3, "audio", 4, "audio")],
+    },
     "Voice Clone - GPT-SoVITS v2 (your fine-tuned voice)": {
         "nodes": [
             (1, "Note", 0, {"text": GPTSOVITS_NOTE}),

@@ -86,6 +86,13 @@ export const COMPUTE_SETTINGS = [
     unset: 0, attrs: { min: 0, max: 1048576, step: 1 },
     tooltip: "Make the CPU act as a GPU with this much memory, to see streaming without a GPU. 0: off. Changing it reloads Mizuoto's models.",
   },
+  {
+    key: "compute.weights", name: "How model weights are stored", type: "combo", defaultValue: "as published",
+    options: ["as published", "fp8_e4m3fn", "fp8_e5m2", "int8"],
+    tooltip: "For engines loaded after the change whose loader says \"from settings\". fp8 and int8 store layer weights " +
+      "in 8 bits: half a bfloat16 model's RAM, VRAM and streamed bytes, and slightly different audio. " +
+      "Parts of an engine that refuse one keep their weights as published.",
+  },
 ];
 
 export function settingId(key) {

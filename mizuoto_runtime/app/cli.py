@@ -19,6 +19,7 @@ from ..audio import Audio, read_wav, write_wav
 from ..engines import ENGINES, Engine, Sampling, check_request, engine_class, install_hint
 from ..errors import ArgumentError, MizuotoError
 from ..memory import cuda_allocator
+from ..memory.small_weights import CHOICES
 from ..nn.dtypes import DTYPES
 from .chunking import CROSSFADE_MS, DEFAULT_CHUNK_CHARS, MIN_CHUNK_CHARS, TextChunking
 from .runtime import Runtime
@@ -47,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--model", help="checkpoint folder (engines that need weights)")
     say.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     say.add_argument("--device", default="auto", help="where the engine runs: auto, cpu, cuda:0, ...")
+    say.add_argument("--weights", help="how Linear and Conv weights are stored: " + ", ".join(CHOICES) + "; or "
+                     "phase=choice pairs (generate=fp8_e4m3fn,decode=int8). fp8 and int8 halve memory and change "
+                     "the audio slightly (default: the compute.weights setting, as published)")
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--timeline", metavar="SVG", help="also draw the request's VRAM timeline to this SVG file")
     say.add_argument("--voice", help="reference WAV for voice cloning")
@@ -71,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="IndexTTS-2: with --emotion or emotion text, a random variant of each emotion (seeded)")
     say.add_argument("--emotion-balance", action="store_true",
                      help="IndexTTS-2: tone --emotion down as IndexTTS-2's web UI does (total at most 0.8)")
+    say.add_argument("--exaggeration", type=float, default=None,
+                     help="Chatterbox: how expressive the voice speaks (0: flat; default 0.5)")
     scripts.add_arguments(say)
     say.add_argument("--allow-fallback", action="store_true",
                      help="after out-of-memory retries fail, allow the decoder's cheaper tiled fallback "
@@ -179,7 +185,7 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
     reference = _reference(Path(args.voice)) if args.voice else None
     options = _voice_options(args)
     rt.prompt_store = scripts.prompt_store(args)
-    engine = rt.engine(args.engine, args.model, args.dtype, args.device)
+    engine = rt.engine(args.engine, args.model, args.dtype, args.device, args.weights)
     if scripts.wants_script(args):
         own = scripts.CharacterVoice(reference, args.ref_text, args.speaker, args.instruct, options)
         audio, meta = scripts.speak(rt, engine, args, text, scripts.character_voices(args, own), sampling, output,
@@ -203,16 +209,18 @@ def cmd_say(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _voice_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine-specific voice options the flags set (IndexTTS-2's emotion)."""
+    """The engine-specific voice options the flags set (IndexTTS-2's emotion, Chatterbox's
+    exaggeration)."""
+    options: dict[str, Any] = {} if args.exaggeration is None else {"exaggeration": args.exaggeration}
     if not (args.emotion_voice or args.emotion.strip() or args.emotion_text or args.emotion_from_text):
-        return {}
+        return options
     from ..engines.indextts2.emotion import Emotion
 
     audio = _reference(Path(args.emotion_voice)) if args.emotion_voice else None
     emotion = Emotion.from_inputs(audio, args.emotion, args.emotion_strength, text=args.emotion_text,
                                   from_text=args.emotion_from_text, random=args.emotion_random,
                                   balance=args.emotion_balance)
-    return {} if emotion is None else {"emotion": emotion}
+    return options if emotion is None else {**options, "emotion": emotion}
 
 
 def _write_timeline(request: dict[str, Any], path: Path) -> Path:

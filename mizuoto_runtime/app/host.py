@@ -39,7 +39,7 @@ from .ui_settings import Layers
 
 log = logging.getLogger(__name__)
 
-EngineKey = tuple[str, str | None, str, str]  # engine, folder, dtype, device
+EngineKey = tuple[str, str | None, str, str, str | None]  # engine, folder, dtype, device, weights (None: the setting)
 T = TypeVar("T")
 
 
@@ -62,9 +62,9 @@ class EngineRef:
     """
 
     def __init__(self, owner: ProcessRuntime, engine_id: str, model_dir: str | Path | None, dtype: str,
-                 device: str = "auto", lora: LoraChoice | None = None) -> None:
+                 device: str = "auto", weights: str | None = None, lora: LoraChoice | None = None) -> None:
         self.owner = owner
-        self.key: EngineKey = (engine_id, str(model_dir) if model_dir else None, dtype, device)
+        self.key: EngineKey = (engine_id, str(model_dir) if model_dir else None, dtype, device, weights)
         self.lora = lora
         owner._acquire(self.key)
         weakref.finalize(self, owner._release, self.key).atexit = False
@@ -96,9 +96,10 @@ class EngineRef:
         return [t for h in engine.handles() for t in h.host_tensors()]
 
     def __repr__(self) -> str:
-        engine_id, model_dir, dtype, device = self.key
+        engine_id, model_dir, dtype, device, weights = self.key
         lora = f", LoRA {self.lora.path.name} x{self.lora.strength:g}" if self.lora else ""
-        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype}, {device}{lora})"
+        stored = f", weights {weights}" if weights else ""
+        return f"EngineRef({engine_id}, {model_dir or 'built-in weights'}, {dtype}, {device}{stored}{lora})"
 
 
 class ProcessRuntime:
@@ -179,9 +180,10 @@ class ProcessRuntime:
         self.runtime()
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str = "float32",
-               device: str = "auto") -> EngineRef:
-        """Load an engine now (errors surface at the loader node) and return a reference to it."""
-        ref = EngineRef(self, engine_id, model_dir, dtype, device)
+               device: str = "auto", weights: str | None = None) -> EngineRef:
+        """Load an engine now (errors surface at the loader node) and return a reference to it.
+        `weights`: how its weights are stored (None: the `compute.weights` setting)."""
+        ref = EngineRef(self, engine_id, model_dir, dtype, device, weights)
         _ = ref.engine
         return ref
 

@@ -13,6 +13,7 @@ import torch
 
 from ..audio import Audio
 from ..engines import Engine, Sampling, Voice, check_request, engine_class
+from ..engines.base import WeightsChoice
 from ..engines.voice_store import VoicePromptStore
 from ..errors import ArgumentError, DeviceTooSmallError, MizuotoError
 from ..memory import cuda_allocator
@@ -23,6 +24,7 @@ from ..memory.phases import RequestContext
 from ..memory.policy import MB, VramPolicy
 from ..memory.report import model_state, where
 from ..memory.service import RuntimeService
+from ..memory.small_weights import parse_weights
 from ..nn.dtypes import parse_dtype
 from .chunking import NO_CHUNKING, ChunkProgress, TextChunking, chunk_seed, join_chunks
 from .scripts.runner import CharacterVoice, LineJob, ScriptAudio, run_phases, speak_script, speak_subtitles
@@ -54,26 +56,30 @@ class Runtime:
         self.prompt_store: VoicePromptStore | None = None
 
     def engine(self, engine_id: str, model_dir: str | Path | None = None, dtype: str | torch.dtype = "float32",
-               device: str | torch.device | None = None) -> Engine:
-        """Load an engine once per (engine, folder, dtype, device) and keep it. `device`: where
-        its components run — "auto"/None for the compute device, or one of `devices.devices()`."""
+               device: str | torch.device | None = None, weights: WeightsChoice | None = None) -> Engine:
+        """Load an engine once per (engine, folder, dtype, device, weights) and keep it. `device`:
+        where its components run — "auto"/None for the compute device, or one of
+        `devices.devices()`. `weights`: how its weights are stored (a choice, phase=choice pairs
+        or a mapping of them, see `Engine.weights_per_phase`); None: `compute.weights`."""
         where = self.device(device)
-        key = self._engine_key(engine_id, model_dir, dtype, where)
+        key = self._engine_key(engine_id, model_dir, dtype, where, weights)
         with self._loading:
             engine = self.service.get(key)
             if engine is None:
                 # Outside inference mode (ComfyUI runs nodes inside it): inference-mode parameters
                 # have no version counter, and placing them swaps their data.
                 with torch.inference_mode(False):
-                    engine = engine_class(engine_id)(self.manager, model_dir, engine_dtype(dtype), where)
+                    engine = engine_class(engine_id).load(self.manager, model_dir, engine_dtype(dtype), where,
+                                                          self._weights(weights))
                 self.service.add(key, engine)
             engine.prompt_store = self.prompt_store
         return engine
 
     def loaded_engine(self, engine_id: str, model_dir: str | Path | None = None,
-                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None) -> Engine | None:
+                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None,
+                      weights: WeightsChoice | None = None) -> Engine | None:
         """The engine `engine` would return if it is loaded now; None (nothing loads) otherwise."""
-        return self.service.loaded(self._engine_key(engine_id, model_dir, dtype, device))
+        return self.service.loaded(self._engine_key(engine_id, model_dir, dtype, device, weights))
 
     def device(self, name: str | torch.device | None) -> torch.device:
         """The device a host names ("auto"/None: the compute device); an unknown one is an error."""
@@ -91,14 +97,24 @@ class Runtime:
                                f"{', '.join(map(str, available))}")
         return device
 
+    def _weights(self, weights: WeightsChoice | None) -> WeightsChoice:
+        """A host's choice: text parsed (`parse_weights`), None is the `compute.weights` setting."""
+        if weights is None:
+            return str(self.policy.weights)
+        return parse_weights(weights) if isinstance(weights, str) else weights
+
     def _engine_key(self, engine_id: str, model_dir: str | Path | None, dtype: str | torch.dtype,
-                    device: str | torch.device | None) -> tuple[str, str, str, str]:
-        return engine_id, str(model_dir or ""), str(engine_dtype(dtype)), str(self.device(device))
+                    device: str | torch.device | None,
+                    weights: WeightsChoice | None = None) -> tuple[str, str, str, str, str]:
+        chosen = self._weights(weights)
+        text = chosen if isinstance(chosen, str) else ",".join(f"{p}={c}" for p, c in sorted(chosen.items()))
+        return engine_id, str(model_dir or ""), str(engine_dtype(dtype)), str(self.device(device)), text
 
     def unload_engine(self, engine_id: str, model_dir: str | Path | None = None,
-                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None) -> bool:
+                      dtype: str | torch.dtype = "float32", device: str | torch.device | None = None,
+                      weights: WeightsChoice | None = None) -> bool:
         """Unload one engine `engine` loaded (a host no longer holds it); False if it was not loaded."""
-        return self.service.unload(self._engine_key(engine_id, model_dir, dtype, device))
+        return self.service.unload(self._engine_key(engine_id, model_dir, dtype, device, weights))
 
     def unload_engines(self) -> None:
         self.service.unload_all()

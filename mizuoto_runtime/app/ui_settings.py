@@ -63,7 +63,7 @@ DIALOG_KEYS: tuple[str, ...] = (
     "compute.vram_mode", "compute.vram_reserve_mb", "compute.vram_limit_mb", "compute.gpu_jobs",
     "compute.async_offload", "compute.max_pinned_mb", "compute.host_copies", "compute.ram_reserve_mb",
     "compute.max_resident_models", "compute.unload_after_minutes", "compute.oom_retry",
-    "compute.oom_fallback", "compute.kv_cache", "compute.simulate_vram_mb",
+    "compute.oom_fallback", "compute.kv_cache", "compute.simulate_vram_mb", "compute.weights",
 )
 
 

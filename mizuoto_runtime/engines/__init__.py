@@ -22,7 +22,7 @@ import pkgutil
 import sys
 
 from ..errors import MizuotoError
-from .base import CheckpointInfo, Codes, Engine, Sampling, TinyWriter, Turn, Voice, check_request
+from .base import CheckpointInfo, Codes, Engine, Sampling, SmallWeights, TinyWriter, Turn, Voice, check_request
 from .lora import LoraAdapter, LoraChoice
 
 ENGINE_MODULE = "engine"  # the module of an engine package that defines its engine class
@@ -67,6 +67,6 @@ def engine_class(engine_id: str) -> type[Engine]:
 
 
 __all__ = [
-    "ENGINES", "CheckpointInfo", "Codes", "Engine", "LoraAdapter", "LoraChoice", "Sampling", "TinyWriter", "Turn",
-    "Voice", "check_request", "discover", "engine_class", "install_hint",
+    "ENGINES", "CheckpointInfo", "Codes", "Engine", "LoraAdapter", "LoraChoice", "Sampling", "SmallWeights",
+    "TinyWriter", "Turn", "Voice", "check_request", "discover", "engine_class", "install_hint",
 ]

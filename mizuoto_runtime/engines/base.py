@@ -17,7 +17,8 @@ it; `BUILTIN` describes what the engine runs with no folder at all (None: it nee
 Everything else about an engine is declared on its class too, and read by the registry
 (`engines.__init__`, issue 32): its id (its package's name), its requirements file and upstream
 package, the checkpoint versions its package's `tiny.write` writes, its package's reference
-stages and its LoRA adapter.
+stages, its LoRA adapter, and which of its phases and components take a smaller `weights`
+choice (`WEIGHTS`, issue 36: one `SmallWeights` per phase; an engine joins by declaring it).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import importlib
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -41,6 +42,7 @@ from ..audio import Audio
 from ..errors import ArgumentError, MizuotoError
 from ..lru import LruCache
 from ..memory.rng import GLOBAL_RNG
+from ..memory.small_weights import FP8, PUBLISHED, check_fp8, parse_choice, store_small
 from .lora import LoraAdapter, LoraChoice, applied_lora
 from .voice_store import VoicePromptStore, prompt_key
 
@@ -194,6 +196,27 @@ class PhaseEstimate:
     memory: int
 
 
+PHASES: tuple[str, ...] = ("voice_prompt", "generate", "decode")  # the phases of every engine (M1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallWeights:
+    """What one phase of an engine takes of the `weights` choice (issue 36): the components of
+    it whose Linear and Conv weights may be stored small, the layers of them that stay as
+    published (a name, or the start of one: a layer read outside its forward), and the choices
+    the phase refuses, each with the reason (a vocoder whose quality int8 ruins)."""
+
+    components: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+    refuses: tuple[tuple[str, str], ...] = ()  # (choice, why)
+
+    def refusal(self, choice: str) -> str | None:
+        return next((why for c, why in self.refuses if c == choice), None)
+
+
+WeightsChoice = str | Mapping[str, str]
+
+
 # Voices kept per engine (M4): a long session prompting many references must not grow without
 # end; a voice a graph still holds keeps working when its cache entry is dropped.
 VOICES_KEPT = 32
@@ -271,6 +294,11 @@ class Engine(ABC):
     # Voices one talker pass speaks (issue 34): above 1, a script's consecutive lines go to
     # `generate_dialogue` together (VibeVoice: 4); 1: a script is spoken line by line.
     VOICES_PER_PASS: ClassVar[int] = 1
+
+
+    # Which phases take the `weights` choice, and which of their components (issue 36); a phase
+    # not named here keeps its weights as published and refuses a choice made for it by name.
+    WEIGHTS: ClassVar[Mapping[str, SmallWeights]] = {}
     sample_rate: int = 24000
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -290,9 +318,58 @@ class Engine(ABC):
         self.model_dir = Path(model_dir) if model_dir else None
         self.dtype = dtype
         self.device = device or manager.devices.compute_device()  # where its components run
+        # Set by `load` before this runs (an engine's own __init__ keeps its signature).
+        self.weights: dict[str, str] = self.__dict__.get("weights", {p: PUBLISHED for p in self.WEIGHTS})
         self.voices: LruCache[str, Voice] = LruCache(VOICES_KEPT)
         # Prompted voices kept across restarts (M4); the host sets it (`Runtime.prompt_store`).
         self.prompt_store: VoicePromptStore | None = None
+
+    @classmethod
+    def load(cls, manager: ModelManager, model_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
+             device: torch.device | None = None, weights: WeightsChoice = PUBLISHED) -> Engine:
+        """The engine, its components' weights stored as `weights` says (`weights_per_phase`)."""
+        engine = cls.__new__(cls)
+        engine.weights = cls.weights_per_phase(weights)
+        engine.__init__(manager, model_dir, dtype, device)  # type: ignore[misc]
+        return engine
+
+    @classmethod
+    def weights_per_phase(cls, weights: WeightsChoice) -> dict[str, str]:
+        """The choice for each phase that takes one (`WEIGHTS`). One choice applies to every phase
+        that does not refuse it (those keep theirs as published); a choice named for a phase
+        must be taken by it. Anything else is one error saying what the engine takes."""
+        if isinstance(weights, str):
+            choice = parse_choice(weights)
+            if choice == PUBLISHED:
+                return {p: PUBLISHED for p in cls.WEIGHTS}
+            taken = {p: choice if d.refusal(choice) is None else PUBLISHED for p, d in cls.WEIGHTS.items()}
+            if not any(c == choice for c in taken.values()):
+                raise ArgumentError(f"engine {cls.id!r} takes no {choice} weights: {cls._refusals(choice)}")
+            return taken
+        if not isinstance(weights, Mapping):
+            raise ArgumentError(f"weights must be a choice or a mapping of phase to choice, got {weights!r}")
+        out = {p: PUBLISHED for p in cls.WEIGHTS}
+        for phase, value in weights.items():
+            choice = parse_choice(value, f"weights for {phase!r}")
+            if phase not in PHASES:
+                raise ArgumentError(f"weights: unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
+            declared = cls.WEIGHTS.get(phase)
+            if choice != PUBLISHED and (declared is None or declared.refusal(choice) is not None):
+                why = "it declares no smaller weights" if declared is None else declared.refusal(choice)
+                raise ArgumentError(f"engine {cls.id!r}: the {phase} phase takes no {choice} weights: {why}")
+            if declared is not None:
+                out[phase] = choice
+        return out
+
+    @classmethod
+    def _refusals(cls, choice: str) -> str:
+        if not cls.WEIGHTS:
+            return "its phases declare no smaller weights"
+        return "; ".join(f"{p}: {d.refusal(choice)}" for p, d in cls.WEIGHTS.items())
+
+    def weights_phase(self, component: str) -> str | None:
+        """The phase whose `weights` choice `component` takes (None: it takes none)."""
+        return next((p for p, d in self.WEIGHTS.items() if component in d.components), None)
 
     @classmethod
     def package_module(cls, name: str) -> ModuleType:
@@ -324,9 +401,18 @@ class Engine(ABC):
 
     def register(self, module: torch.nn.Module, name: str, kind: Kind = "oneshot",
                  graphable: bool = False) -> ModelHandle:
-        """Register one component on this engine's device."""
-        return self.manager.register(module, engine=self.id, name=name, kind=kind, graphable=graphable,
-                                     device=self.device)
+        """Register one component on this engine's device, its weights stored as its phase's
+        `weights` choice says (converted here, on the host, before the handle counts its bytes)."""
+        phase = self.weights_phase(name)
+        choice = self.weights.get(phase, PUBLISHED) if phase is not None else PUBLISHED
+        if choice != PUBLISHED:
+            store_small(module, choice, keep=self.WEIGHTS[phase].keep, what=f"{self.id}:{name}")  # type: ignore[index]
+        for dtype in {t.dtype for t in module.parameters()} & set(FP8.values()):
+            check_fp8(dtype, self.device, f"{self.id}:{name}")
+        handle = self.manager.register(module, engine=self.id, name=name, kind=kind, graphable=graphable,
+                                       device=self.device)
+        handle.weights_phase = phase
+        return handle
 
     @abstractmethod
     def handles(self) -> list[ModelHandle]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ..errors import MizuotoError
+from ..memory.small_weights import PUBLISHED
 from ..nn.loading import SafetensorsFile
 from ..nn.lora import LoraFile, merged_weight, read_lora
 
@@ -79,8 +80,12 @@ class LoraAdapter:
         stamp = _stamp(choice.path) if choice is not None else (0, 0)
         if current is not None and choice == current.choice and stamp == current.stamp:
             return
-        lora = read_lora(choice.path, engine.id) if choice is not None else None
         handle: ModelHandle = getattr(engine, self.component)
+        if choice is not None and handle.weights != PUBLISHED:
+            raise MizuotoError(f"{engine.id}: LoRA files apply to weights as published; the {self.component} stores "
+                               f"its weights as {handle.weights}: load the engine with weights 'as published' "
+                               "to use one")
+        lora = read_lora(choice.path, engine.id) if choice is not None else None
         layers = set(lora.layers) if lora is not None else set()
         restore = set(current.layers) if current is not None else set()
         weights = self._weights(engine, handle, lora, choice.strength if choice else 0.0, layers | restore)

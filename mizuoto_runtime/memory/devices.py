@@ -311,3 +311,17 @@ def _graph_pools_unused(device: torch.device) -> int:
         return 0
     return sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
                if segment.get("device") == index and tuple(segment.get("segment_pool_id", ())) in pools)
+
+
+def device_anchors(root: nn.Module) -> set[int]:
+    """The parameters code finds a model's device and dtype from, which stay fixed (M14) and as
+    published (issue 36): the model's first parameter, and that of every submodule whose class
+    looks them up the same way (a `device` or `dtype` property, as Hugging Face models have),
+    e.g. a code predictor inside a talker."""
+    anchors: set[int] = set()
+    for module in root.modules():
+        if module is root or any(isinstance(getattr(type(module), a, None), property) for a in ("device", "dtype")):
+            first = next(iter(module.parameters()), None)
+            if first is not None:
+                anchors.add(id(first))
+    return anchors

@@ -28,6 +28,7 @@ from .hooks import Calls, Capture, Standins, UnitHooks
 from .pinning import released_together
 from .policy import VramPolicy
 from .profiling import label
+from .small_weights import largest_cast_bytes, stored_choice
 from .streamer import Streamer
 from .units import Slot, Unit, UnitPlan, plan_units
 
@@ -70,6 +71,7 @@ class ModelHandle:
         self.partial_reason: str | None = None  # M50: why it is partial now
         self.gave_up_for: list[str] = []  # M50: components it yielded VRAM for
         self.unloaded = False
+        self.weights_phase: str | None = None  # the engine phase whose `weights` choice it takes
         self._hot: list[str] = []  # M15 marks, by path: they survive `replace` (M28)
         self._fixed: list[str] = []
         self.standins = Standins(devices, self.name, module)
@@ -80,6 +82,9 @@ class ModelHandle:
     def _set_module(self, module: nn.Module) -> None:
         self.module = module
         self.plan: UnitPlan = plan_units(module, self._marked(self._fixed))
+        self.weights = stored_choice(module)  # what its Linear and Conv weights are stored as
+        # Working memory its phases add: the largest stored-small weight, cast for its forward.
+        self.cast_bytes = largest_cast_bytes(module)
         self.standins.reset(module)
         absent = [s.name for s in self._all_slots() if isinstance(s.current(), (AbsentParameter, AbsentTensor))]
         if absent:
@@ -474,6 +479,7 @@ class ModelHandle:
             "units": len(self.plan.units),
             "resident_units": len(self._resident),
             "min_working_set": self.min_working_set,
+            "weights": self.weights,
             "fixed": [{"reason": why, "bytes": nbytes} for why, nbytes in self.plan.why_fixed()],  # M14
         }
 

@@ -41,6 +41,7 @@ from .intra_op import adopt_intra_op_threads
 from .profiling import label
 from .report import Held, MemoryReport, PhaseRun, Placement, RequestClock, RequestLog, Where, mb, where
 from .rng import GLOBAL_RNG
+from .small_weights import PUBLISHED
 from .streamer import StreamCharge, charging
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class RequestContext:
         self.on_progress = on_progress  # (done, total) per token or step; a host's progress bar
         self.report = MemoryReport()
         self.applied: dict[str, Any] = {"oom_retries": 0, "fallbacks": []}
+        self._weights: dict[str, set[str]] = {}  # engine phase -> what its components' weights are stored as
         self.charge = StreamCharge(cancel_check)  # its streamed bytes and cancel check (M23, M50)
         self._handles: dict[str, ModelHandle] = {}
         self._noted: set[ModelHandle] = set()  # placed below their minimum, said once (ModelHandle.load)
@@ -139,7 +141,16 @@ class RequestContext:
         """`meta.memory` (M50, with the request report as `request`) and `meta.applied` (M40,
         M42) of this request so far."""
         request = self._publish()
-        return {"memory": {**self.report.as_meta(), "request": request}, "applied": dict(self.applied)}
+        return {"memory": {**self.report.as_meta(), "request": request}, "applied": self._applied()}
+
+    def _applied(self) -> dict[str, Any]:
+        """`meta.applied`; with `weights` (per engine phase) once a phase ran with weights stored
+        other than as published (issue 36: a choice that changes numbers is said)."""
+        applied = dict(self.applied)
+        weights = {phase: " + ".join(sorted(stored)) for phase, stored in self._weights.items()}
+        if any(w != PUBLISHED for w in weights.values()):
+            applied["weights"] = weights
+        return applied
 
     def _refresh(self) -> None:
         """Fold in what happened after each phase: what each component holds now, who gave VRAM
@@ -162,7 +173,7 @@ class RequestContext:
         """This request's report (the route's `requests` entries; format in report.py)."""
         self._refresh()
         place = self._where or where(self.manager.devices, self.manager.devices.compute_device())
-        held = {key: Held(self.report.components[key].held_bytes, tuple(h.gave_up_for), h.unloaded)
+        held = {key: Held(self.report.components[key].held_bytes, tuple(h.gave_up_for), h.unloaded, h.weights)
                 for key, h in self._handles.items() if key in self.report.components}
         now = self._now()
         return {
@@ -246,6 +257,9 @@ class RequestContext:
         placed, its placements, and the bytes streamed for each of its components."""
         before = self._device_bytes(handles)
         owners = {self.manager.key(h): id(h) for h in dict.fromkeys(handles)}
+        for h in handles:
+            if h.weights_phase is not None:
+                self._weights.setdefault(h.weights_phase, set()).add(h.weights)
         start = {key: self.charge.by_owner.get(owner, 0) for key, owner in owners.items()}
         try:
             with self._placed(handles, memory, name) as placements:
@@ -263,6 +277,8 @@ class RequestContext:
     def _placed(self, handles: Sequence[ModelHandle], memory: int, name: str) -> Iterator[list[Placement]]:
         """`use` without the timeline: place, run the block, calibrate, release."""
         _check_memory(memory, name)
+        # A layer whose weights are stored small casts one weight at a time to compute with it.
+        memory += max((h.cast_bytes for h in handles), default=0)
         self.check_cancelled()
         placements = self.manager.acquire(handles, memory, phase=name, cancel_check=self.cancel_check,
                                           noted=self._noted)

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from ..errors import SettingError
+from .small_weights import CHOICES, PUBLISHED
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -53,6 +54,7 @@ _SETTINGS: dict[str, _Setting] = {
     "cuda_allocator": _Setting("auto", str, CUDA_ALLOCATORS),
     "simulate_vram_mb": _Setting(None, (int, float), minimum=1, optional=True),
     "cpu_allocator": _Setting("auto", str, CPU_ALLOCATORS),
+    "weights": _Setting(PUBLISHED, str, CHOICES),  # for engines loaded without a choice of their own
 }
 
 # Settings whose non-default values have no behaviour yet, and why: such a value is refused

@@ -26,6 +26,8 @@ All sizes in MB are MiB (2**20 bytes), rounded to 2 decimals; bytes are ints; ti
         {"engine": "demo", "name": "acoustic", "kind": "oneshot",
          "size_bytes": ..., "loaded_bytes": ..., "host_bytes": ..., "units": 4,
          "resident_units": 0, "min_working_set": ..., "fixed": [...],
+         "weights": "as published" | "fp8_e4m3fn" | ...,  # NEW (issue 36): how its Linear and
+                                       # Conv weights are stored; every byte count is stored bytes
          "streamed_bytes": ...,        # CHANGED: bytes streamed for it in the LAST request that
                                        # used it (0 if none yet), no longer a running total
          "streamed_bytes_total": ...,  # NEW: every byte streamed for it since it loaded
@@ -35,7 +37,9 @@ All sizes in MB are MiB (2**20 bytes), rounded to 2 decimals; bytes are ints; ti
                                        # is not whole on the device now (an M50 reason, or yielded)
          "line": "demo:acoustic 11.7 MB: 4.2 MB on the GPU (0.5 MB that always stays + 1 of 4 "
                  "layers), 7.5 MB in RAM, streamed when used (not enough free VRAM)"}
-                                       # NEW: the current state in plain words
+                                       # NEW: the current state in plain words; with weights
+                                       # stored small, "demo:acoustic 3.0 MB (weights stored as
+                                       # fp8_e4m3fn): ..."
       ],
       "requests": [ <request report>, ... ]   # NEW: the last REQUESTS_KEPT requests, newest last
     }
@@ -62,6 +66,8 @@ step-by-step node's run):
         "held_mb": 0.0,            # what it holds on the device at the end of the request
         "why": "budget too small", # why on_device_mb < total_mb (null when whole)
         "held_why": "gave its VRAM to vocoder",  # why held_mb differs from on_device_mb (null if not)
+        "weights": "as published",  # how its Linear and Conv weights are stored (issue 36); when
+                                    # not as published the line says it after the total
         "line": "acoustic 11.7 MB: 4.2 MB on the GPU, 7.5 MB streamed from RAM (not enough "
                 "free VRAM), 30.1 MB copied in all; now holds 0.0 MB (gave its VRAM to vocoder)"}
      ],
@@ -95,6 +101,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .small_weights import PUBLISHED
 
 if TYPE_CHECKING:
     from .devices import DeviceService
@@ -237,11 +245,13 @@ class PhaseRun:
 
 @dataclasses.dataclass(frozen=True)
 class Held:
-    """What a component holds on the device when the report is made, and what it gave VRAM to."""
+    """What a component holds on the device when the report is made, what it gave VRAM to, and
+    how its weights are stored."""
 
     loaded_bytes: int
     gave_up_for: tuple[str, ...] = ()
     unloaded: bool = False
+    weights: str = PUBLISHED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +313,9 @@ def held_reason(on_device: int, held: Held) -> str | None:
 def component_line(entry: Mapping[str, Any], moves: bool) -> str:
     """One plain line: "talker 11.7 MB: 4.2 MB on the GPU, 7.5 MB streamed from RAM (not enough
     free VRAM), 331.0 MB copied in all; now holds 0.0 MB (gave its VRAM to decoder)"."""
-    head = f"{_short(entry['name'])} {_mb_text(entry['total_mb'])}: "
+    stored = entry.get("weights", PUBLISHED)
+    head = (f"{_short(entry['name'])} {_mb_text(entry['total_mb'])}"
+            + (f" (weights stored as {stored})" if stored != PUBLISHED else "") + ": ")
     if not moves:
         return head + "runs from RAM (no GPU)"
     if entry["from_ram_mb"] <= 0:
@@ -346,7 +358,8 @@ def model_line(key: str, described: Mapping[str, Any], fixed_bytes: int, why: st
     """"demo:talker 11.7 MB: 4.2 MB on the GPU (1.0 MB that always stays + 2 of 8 layers),
     7.5 MB in RAM, streamed when used (not enough free VRAM)"."""
     size, loaded = described["size_bytes"], described["loaded_bytes"]
-    head = f"{key} {_mb_text(mb(size))}: "
+    stored = described.get("weights", PUBLISHED)
+    head = f"{key} {_mb_text(mb(size))}" + (f" (weights stored as {stored})" if stored != PUBLISHED else "") + ": "
     if not moves:
         return head + "in RAM (no GPU)"
     reason = f" ({PLAIN_REASONS.get(why, why)})" if why else ""
@@ -425,6 +438,7 @@ class MemoryReport:
                 "held_mb": mb(now.loaded_bytes),
                 "why": p.reason if on_device < p.size_bytes else None,
                 "held_why": held_reason(on_device, now),
+                "weights": now.weights,
             }
             entry["line"] = component_line(entry, where.moves)
             entries.append(entry)

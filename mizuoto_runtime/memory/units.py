@@ -23,7 +23,8 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.weight_norm import WeightNorm
 
 from ..errors import MizuotoError
-from .devices import DeviceService, absent_like
+from .devices import DeviceService, absent_like, device_anchors
+from .small_weights import compute_dtype, is_stored_small
 
 UNIT_MIN_CHILD_BYTES = 1 << 20  # M12: a list child of at least 1 MB is a unit
 UNIT_MIN_STREAM_BYTES = 64 << 10  # M14: units smaller than 64 KB stay fixed
@@ -255,12 +256,15 @@ def _subtree_ids(module: nn.Module) -> set[int]:
 
 
 def _module_bytes(module: nn.Module) -> int:
+    """Its weights' bytes, those stored small (`small_weights`) counted at the precision they
+    compute in: a weights choice changes what a unit holds, not which blocks are units."""
+    widths = {id(m.weight): compute_dtype(m).itemsize for m in module.modules() if is_stored_small(m)}
     seen: set[int] = set()
     total = 0
     for t in list(module.parameters()) + list(module.buffers()):
         if id(t) not in seen:
             seen.add(id(t))
-            total += tensor_bytes(t)
+            total += t.numel() * widths.get(id(t), t.element_size())
     return total
 
 
@@ -365,7 +369,7 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
     pinned_ids = _pinned_ids(root)
     candidates = candidate_units(root)
     inside_units = collections.Counter(i for _, module in candidates for i in _subtree_ids(module))
-    rules = _Rules(_marked_ids(fixed_marks), _device_anchors(root), _readers(root),
+    rules = _Rules(_marked_ids(fixed_marks), device_anchors(root), _readers(root),
                    {i for i, n in inside_units.items() if n > 1})
     pinned = [s for s in slots.values() if any(id(m) in pinned_ids for m, _ in s.owners)]
     taken = {id(s) for s in pinned}
@@ -401,17 +405,3 @@ def plan_units(root: nn.Module, fixed_marks: Iterable[nn.Module] = ()) -> UnitPl
     streamed = {id(m) for u in units for m in u.leaves} | pinned_ids
     derived = [(m, attr) for m in root.modules() if id(m) not in streamed for attr in _legacy_weight_norm(m)]
     return UnitPlan(units, fixed, pinned, derived)
-
-
-def _device_anchors(root: nn.Module) -> set[int]:
-    """M14: the model's first parameter stays fixed, since code finds the model's device and
-    dtype from it. The same holds for every submodule whose class looks them up the same way
-    (a `device` or `dtype` property, as Hugging Face models have), e.g. a code predictor
-    inside a talker."""
-    anchors: set[int] = set()
-    for module in root.modules():
-        if module is root or any(isinstance(getattr(type(module), a, None), property) for a in ("device", "dtype")):
-            first = next(iter(module.parameters()), None)
-            if first is not None:
-                anchors.add(id(first))
-    return anchors

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import logging
 import math
 import mmap
 import os
@@ -23,7 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, json_kind
+from ..errors import CheckpointError, MizuotoError, json_kind
+from ..memory.devices import device_anchors
+from ..memory.small_weights import FP8, can_store, choice_of, scale_for, store_layer
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -31,6 +34,13 @@ _DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 _PAGE = mmap.PAGESIZE
+log = logging.getLogger(__name__)
+# How fp8 checkpoints shared for ComfyUI scale a layer's weight: `<layer>.scale_weight` (ComfyUI's
+# scaled fp8) or `<layer>.weight_scale`. `scale_input` (for fp8 matmuls of the input) and the
+# `scaled_fp8` marker are not needed to compute in the model's dtype.
+SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
+UNUSED_KEYS = (".scale_input", ".input_scale")
+UNUSED_NAMES = ("scaled_fp8",)
 # The safetensors library's own bound on the JSON header (100 MB).
 MAX_HEADER_BYTES = 100_000_000
 # dtype, shape, begin and end of a tensor's bytes in the data section
@@ -262,17 +272,29 @@ def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path],
                 if key.startswith(prefix):
                     name = key[len(prefix):]
                     found[rename(name) if rename else name] = (f, key)
+        scales = _scales(found)
         targets = _targets(model)
         _check(model, targets, found, files, strict)
+        kept: dict[str, int] = {}
+        anchors = device_anchors(model)
         for name, (owners, tensor) in targets.items():
             source = next((n for n in [name, *owners[1:]] if n in found), None)
             if source is None:
                 continue
             f, key = found[source]
-            value = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
-            value.copy_(f.view(key))
+            scale = scales.get(source)
+            stored = _stored_layer(model, owners, f.entries[key][0], anchors)
+            if stored is not None:
+                weight = f.view(key).clone()
+                store_layer(stored, weight, None if scale is None else scale_for(stored, _read(scale), source))
+                kept[choice_of(weight.dtype)] = kept.get(choice_of(weight.dtype), 0) + 1
+            else:
+                value = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+                value.copy_(f.view(key) if scale is None else _dequantized(f.view(key), _read(scale), source))
+                _assign(model, owners, value, isinstance(tensor, nn.Parameter))
             f.release(key)
-            _assign(model, owners, value, isinstance(tensor, nn.Parameter))
+        for choice, count in kept.items():
+            log.info("%s: %d layers stored as %s in the checkpoint, kept so", type(model).__name__, count, choice)
     finally:
         for f in files:
             f.close()
@@ -280,6 +302,50 @@ def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path],
     if left:
         raise CheckpointError(f"tensors still on 'meta' after loading (not in the checkpoint): {', '.join(left)}")
     return model
+
+
+def _scales(found: dict[str, tuple[SafetensorsFile, str]]) -> dict[str, tuple[SafetensorsFile, str]]:
+    """Take the weight scales of an fp8 checkpoint out of `found` (they are no model tensors):
+    the weight's name -> where its scale is. The keys no computation in the model's dtype needs
+    are dropped too."""
+    scales = {}
+    for name in list(found):
+        suffix = next((s for s in SCALE_SUFFIXES if name.endswith(s)), None)
+        if suffix is not None:
+            scales[name[:-len(suffix)] + ".weight"] = found.pop(name)
+        elif name.endswith(UNUSED_KEYS) or name in UNUSED_NAMES:
+            found.pop(name)
+    for weight, (f, key) in scales.items():
+        if weight not in found:
+            raise CheckpointError(f"{f.path}: {key} scales {weight}, which the checkpoint does not hold")
+    return scales
+
+
+def _read(where: tuple[SafetensorsFile, str]) -> torch.Tensor:
+    f, key = where
+    return f.view(key).float()
+
+
+def _dequantized(weight: torch.Tensor, scale: torch.Tensor, name: str) -> torch.Tensor:
+    """A scaled checkpoint weight that the model keeps in its own dtype (its layer cannot store
+    it small): the weight times its scale, one number or one per output channel (dimension 0)."""
+    if scale.numel() == 1:
+        return weight.float() * scale.reshape(())
+    if weight.dim() and scale.numel() == weight.shape[0]:
+        return weight.float() * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+    raise MizuotoError(f"{name}: its scale has shape {tuple(scale.shape)}; a weight of shape "
+                       f"{tuple(weight.shape)} takes one number or {weight.shape[0] if weight.dim() else 1} "
+                       "(one per output channel)")
+
+
+def _stored_layer(model: nn.Module, owners: list[str], dtype: torch.dtype, anchors: set[int]) -> nn.Module | None:
+    """The layer that keeps an fp8 checkpoint weight as it is stored: a Linear or Conv's own
+    `weight`, read by no other module, and not one code finds the model's dtype from. None: the
+    weight is converted to the model's dtype."""
+    if dtype not in FP8.values() or len(owners) != 1 or not owners[0].endswith(".weight"):
+        return None
+    layer = model.get_submodule(owners[0].rpartition(".")[0])
+    return layer if can_store(layer) and id(layer.weight) not in anchors else None
 
 
 def _targets(model: nn.Module) -> dict[str, tuple[list[str], torch.Tensor]]:

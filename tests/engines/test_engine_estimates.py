@@ -1,8 +1,9 @@
 """M45: each engine phase's working-memory estimate, made from the request before the phase runs,
 fits what the phase really allocates: between 1.0x and 1.3x of its measured CPU peak, for every
 phase of every engine (Qwen3-TTS, F5-TTS, OmniVoice, VoxCPM 2, the demo, CosyVoice 2 / 3, Fish
-Speech S2-Pro / S1-mini, IndexTTS-2, GPT-SoVITS v2, Higgs Audio v2, VibeVoice, Dia, CSM), on the plain CPU
-with tiny checkpoints in the published layouts, at two request sizes each (issue 11, 12, 21, 22, 34).
+Speech S2-Pro / S1-mini, IndexTTS-2, GPT-SoVITS v2, Higgs Audio v2, VibeVoice, Dia, CSM,
+Chatterbox), on the plain CPU with tiny checkpoints in the published layouts, at two request sizes
+each (issue 11, 12, 21, 22, 34).
 
 Measured as `bench/engines.py --peaks` prints it (`phase_peaks`): the peak of CPU tensor storages
 created while the phase runs (`PeakTracker`), each counted until it is freed. On the plain CPU
@@ -48,8 +49,11 @@ PHASES = {  # the phases each engine must report (with components: where weights
     "vibevoice": {"voice prompt (acoustic_encoder)", "talker (talker+acoustic_decoder+semantic_encoder)"},
     "dia": {"voice prompt (dac_encoder+quantizer)", "talker (talker)", "decoder (quantizer+dac_decoder)"},
     "csm": {"voice prompt (mimi_encoder+quantizer)", "talker (talker)", "decoder (quantizer+mimi_decoder)"},
+    **{name: {"voice prompt (s3_tokenizer+speaker_encoder+voice_encoder)", "talker (talker)", "flow (flow)",
+              "vocoder (vocoder)"} for name in ("chatterbox", "chatterbox-mtl")},
 }
-NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits")  # engines whose folders bench/engines.py writes
+# engines whose folders bench/engines.py writes
+NATIVE = ("cosyvoice", "fishspeech", "indextts2", "gptsovits", "chatterbox")
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 #: Upstream packages of the engines, and the heavy libraries they bring (transformers alone
 #: imports torchvision and torch._dynamo where they are installed).
-UPSTREAM = ("qwen_tts", "f5_tts", "x_transformers", "vocos", "omnivoice", "voxcpm", "transformers", "librosa", "scipy",
-            "torchaudio", "torchvision", "diffusers")
+UPSTREAM = ("qwen_tts", "f5_tts", "x_transformers", "vocos", "omnivoice", "voxcpm", "chatterbox", "perth", "diffusers",
+            "transformers", "librosa", "scipy", "torchaudio", "torchvision")
 
 START_UP = '''
 import json, sys

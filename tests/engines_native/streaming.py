@@ -4,7 +4,9 @@ Placements (on the simulated strict device, M55–M56):
 - ``none``: every unit streamed (`compute.vram_mode = none`, budget = minimum working set);
 - ``half``: budget half-way between the minimum working set and the full size;
 - ``whole``: the whole component resident (no hooks, M17).
-Each output is compared with `torch.equal` to the plain CPU run: not close — identical.
+Each output is compared with `torch.equal` to the plain CPU run: not close — identical. With a
+smaller `weights` choice (issue 36: fp8 or int8 storage) each placement equals the plain run
+with the same choice, and the choice is said in `meta.applied.weights`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from mizuoto_runtime import DeviceService, ModelHandle, OomInjector, Runtime, Vr
 from mizuoto_runtime.audio import Audio
 from mizuoto_runtime.engines import Engine, Sampling
 from mizuoto_runtime.memory.pinning import PinnedBudget, Pinner, RecordingRegistrar
+from mizuoto_runtime.memory.small_weights import PUBLISHED, store_small
 from mizuoto_runtime.memory.streamer import Streamer
 from mizuoto_runtime.memory.transfer import BufferedCopyEngine, Lease, SimulatedStreams
 from mizuoto_runtime.memory.units import Unit
@@ -34,6 +37,9 @@ from support.models import (
 from support.oom import allocations_during
 
 PLACEMENTS = ("none", "half", "whole")
+# The weights choices every engine that takes them is run with (fp8_e5m2 takes fp8_e4m3fn's path;
+# the small models run it too).
+WEIGHTS = (PUBLISHED, "fp8_e4m3fn", "int8")
 MB = 1 << 20
 
 
@@ -93,11 +99,14 @@ def _twins(factory: Callable[[], nn.Module]) -> tuple[nn.Module, nn.Module]:
     return plain, placed
 
 
+@pytest.mark.parametrize("weights", [*WEIGHTS, "fp8_e5m2"])
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_streams_exactly(name: str, placement: str) -> None:
+def test_model_streams_exactly(name: str, placement: str, weights: str) -> None:
     factory, run, kind = MODELS[name]
     plain, placed = _twins(factory)
+    for model in (plain, placed):
+        store_small(model, weights)
     expected = run(plain)
 
     devices = DeviceService(simulate={"cpu": 256 * MB}, strict=True)
@@ -123,7 +132,7 @@ def test_model_streams_exactly(name: str, placement: str) -> None:
             assert torch.equal(hosts[key], value), f"buffer {key} was not copied back"
 
 
-def _placed(engine_id: str, placement: str, folder: object = None) -> tuple[Runtime, Engine]:
+def _placed(engine_id: str, placement: str, folder: object = None, weights: str = PUBLISHED) -> tuple[Runtime, Engine]:
     """A runtime for `placement` (plain CPU, or the strict 256 MB device streaming everything,
     half-way or nothing) and its engine."""
     settings: dict[str, object] = {}
@@ -131,7 +140,7 @@ def _placed(engine_id: str, placement: str, folder: object = None) -> tuple[Runt
         settings["compute.simulate_vram_mb"] = 256
         settings["compute.vram_mode"] = "none" if placement == "none" else "normal"
     rt = Runtime(settings)
-    engine = rt.engine(engine_id, folder)  # type: ignore[arg-type]
+    engine = rt.engine(engine_id, folder, weights=weights)  # type: ignore[arg-type]
     if placement == "half":
         # Cap each component half-way between its minimum working set and its size.
         for h in engine.handles():
@@ -139,10 +148,11 @@ def _placed(engine_id: str, placement: str, folder: object = None) -> tuple[Runt
     return rt, engine
 
 
-def _demo_say(placement: str) -> torch.Tensor:
-    rt, engine = _placed("demo", placement)
+def _demo_say(placement: str, weights: str = PUBLISHED) -> torch.Tensor:
+    rt, engine = _placed("demo", placement, weights=weights)
     reference = Audio(torch.sin(torch.arange(8000) / 7.0).unsqueeze(0) * 0.3, 16000)
     audio, meta = rt.say(engine, "streaming is exact", reference=reference, sampling=Sampling(seed=11))
+    assert_weights_said(meta, weights)
     if placement == "none":
         assert meta["memory"]["streamed_mb"] > 0
         assert set(meta["memory"]["partial"]) == {"demo:speaker_encoder", "demo:talker", "demo:decoder"}
@@ -151,9 +161,20 @@ def _demo_say(placement: str) -> torch.Tensor:
     return audio.waveform
 
 
+def assert_weights_said(meta: dict, weights: str) -> None:
+    """`meta.applied.weights`: absent as published; else the choice, for every phase that ran
+    and takes it (a phase that refuses it says it stayed as published)."""
+    said = meta["applied"].get("weights")
+    if weights == PUBLISHED:
+        assert said is None
+    else:
+        assert said and weights in said.values() and set(said.values()) <= {weights, PUBLISHED}, said
+
+
+@pytest.mark.parametrize("weights", [*WEIGHTS, "fp8_e5m2"])
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_demo_engine_streams_exactly(placement: str) -> None:
-    assert torch.equal(_demo_say(placement), _demo_say("plain"))
+def test_demo_engine_streams_exactly(placement: str, weights: str) -> None:
+    assert torch.equal(_demo_say(placement, weights), _demo_say("plain", weights))
 
 
 @pytest.mark.parametrize("host_copies", ["on", "off"])
@@ -209,11 +230,12 @@ QWEN_COMPONENTS = {
     "custom_voice": {"talker", "codec_decoder"},
     "voice_design": {"talker", "codec_decoder"},
 }
-_qwen_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_qwen_plain: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _qwen_say(folder: object, mode: str, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    rt, engine = _placed("qwen3tts", placement, folder)
+def _qwen_say(folder: object, mode: str, placement: str,
+              weights: str = PUBLISHED) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    rt, engine = _placed("qwen3tts", placement, folder, weights)
     ctx = rt.request(seed=11)
     voice = engine.voice_prompt(ctx, **QWEN_MODES[mode][1])  # type: ignore[arg-type]
     sampling = Sampling(seed=11, max_new_tokens=4, language="chinese" if mode == "custom_voice" else "english")
@@ -223,16 +245,19 @@ def _qwen_say(folder: object, mode: str, placement: str) -> tuple[torch.Tensor, 
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("mode", sorted(QWEN_MODES))
-def test_qwen3tts_streams_exactly(qwen3tts_checkpoint: Callable[[str], object], mode: str, placement: str) -> None:
+def test_qwen3tts_streams_exactly(qwen3tts_checkpoint: Callable[[str], object], mode: str, placement: str,
+                                  weights: str) -> None:
     """M57 (M1, M15, M20): none / half / whole on the strict device equal the plain CPU run."""
     folder = qwen3tts_checkpoint(QWEN_MODES[mode][0])
-    if mode not in _qwen_plain:
-        codes, wav, _ = _qwen_say(folder, mode, "plain")
-        _qwen_plain[mode] = (codes, wav)
-    expected_codes, expected_wav = _qwen_plain[mode]
-    codes, wav, meta = _qwen_say(folder, mode, placement)
+    if (mode, weights) not in _qwen_plain:
+        codes, wav, _ = _qwen_say(folder, mode, "plain", weights)
+        _qwen_plain[mode, weights] = (codes, wav)
+    expected_codes, expected_wav = _qwen_plain[mode, weights]
+    codes, wav, meta = _qwen_say(folder, mode, placement, weights)
+    assert_weights_said(meta, weights)
     assert codes.shape == (3, 16) and wav.shape[-1] == 3 * 1920  # max_new_tokens N gives N-1 frames
     assert torch.equal(codes, expected_codes), f"qwen3tts {mode} ({placement}): codes differ from the plain CPU run"
     assert torch.equal(wav, expected_wav), f"qwen3tts {mode} ({placement}): audio differs from the plain CPU run"
@@ -262,11 +287,12 @@ VOX_MODES: dict[str, dict[str, object]] = {
     "reference": {"reference": VOX_REFERENCE},
     "reference_continuation": {"reference": VOX_REFERENCE, "transcript": "a reference sentence"},
 }
-_vox_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_vox_plain: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _vox_say(folder: object, mode: str, placement: str, seed: int = 11) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    rt, engine = _placed("voxcpm2", placement, folder)
+def _vox_say(folder: object, mode: str, placement: str, seed: int = 11,
+             weights: str = PUBLISHED) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    rt, engine = _placed("voxcpm2", placement, folder, weights)
     ctx = rt.request(seed=seed)
     voice = engine.voice_prompt(ctx, **VOX_MODES[mode])  # type: ignore[arg-type]
     codes = engine.generate(ctx, VOX_TEXT, voice, Sampling(seed=seed, max_new_tokens=VOX_PATCHES))
@@ -275,16 +301,19 @@ def _vox_say(folder: object, mode: str, placement: str, seed: int = 11) -> tuple
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("mode", sorted(VOX_MODES))
-def test_voxcpm2_streams_exactly(voxcpm2_checkpoint: Callable[..., object], mode: str, placement: str) -> None:
+def test_voxcpm2_streams_exactly(voxcpm2_checkpoint: Callable[..., object], mode: str, placement: str,
+                                 weights: str) -> None:
     """M57 (M1, M15, M20): none / half / whole on the strict device equal the plain CPU run."""
     folder = voxcpm2_checkpoint()
-    if mode not in _vox_plain:
-        latents, wav, _ = _vox_say(folder, mode, "plain")
-        _vox_plain[mode] = (latents, wav)
-    expected_latents, expected_wav = _vox_plain[mode]
-    latents, wav, meta = _vox_say(folder, mode, placement)
+    if (mode, weights) not in _vox_plain:
+        latents, wav, _ = _vox_say(folder, mode, "plain", weights=weights)
+        _vox_plain[mode, weights] = (latents, wav)
+    expected_latents, expected_wav = _vox_plain[mode, weights]
+    latents, wav, meta = _vox_say(folder, mode, placement, weights=weights)
+    assert_weights_said(meta, weights)
     assert wav.shape[-1] == VOX_PATCHES * 4 * 1920
     assert torch.equal(latents, expected_latents), f"voxcpm2 {mode} ({placement}): latents differ from the plain run"
     assert torch.equal(wav, expected_wav), f"voxcpm2 {mode} ({placement}): audio differs from the plain CPU run"
@@ -315,7 +344,7 @@ def test_voxcpm2_oom_in_generate_reruns_exactly(voxcpm2_checkpoint: Callable[...
     """M40: an OOM mid-generation (a streamed copy) reruns the generate phase exactly, slower,
     and leaves no KV cache behind."""
     folder = voxcpm2_checkpoint()
-    expected = _vox_plain.get("reference") or _vox_say(folder, "reference", "plain")[:2]
+    expected = _vox_plain.get(("reference", PUBLISHED)) or _vox_say(folder, "reference", "plain")[:2]
     probe = Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none"})
     engine = probe.engine("voxcpm2", folder)  # type: ignore[arg-type]
     with allocations_during(probe, engine, "generate") as inside:
@@ -361,7 +390,7 @@ ONESHOT_COMPONENTS = {
     "omnivoice-design": {"quantizer", "llm", "audio_decoder"},
     "omnivoice-auto": {"quantizer", "llm", "audio_decoder"},
 }
-_oneshot_plain: dict[str, torch.Tensor] = {}
+_oneshot_plain: dict[tuple[str, str], torch.Tensor] = {}
 
 
 def oneshot_runtime(placement: str, **settings: object) -> Runtime:
@@ -372,9 +401,9 @@ def oneshot_runtime(placement: str, **settings: object) -> Runtime:
 
 
 def oneshot_say(rt: Runtime, folder: object, mode: str, placement: str = "plain",
-                seed: int = 11) -> tuple[torch.Tensor, dict]:
+                seed: int = 11, weights: str = PUBLISHED) -> tuple[torch.Tensor, dict]:
     engine_id, voice = ONESHOT_MODES[mode]
-    engine = rt.engine(engine_id, folder)  # type: ignore[arg-type]
+    engine = rt.engine(engine_id, folder, weights=weights)  # type: ignore[arg-type]
     engine.steps = ONESHOT_STEPS
     if placement == "half":
         for h in engine.handles():
@@ -387,26 +416,30 @@ def _oneshot_folder(request: pytest.FixtureRequest, mode: str) -> object:
     return request.getfixturevalue(f"{ONESHOT_MODES[mode][0]}_checkpoint")()
 
 
-def oneshot_plain(request: pytest.FixtureRequest, mode: str) -> torch.Tensor:
-    if mode not in _oneshot_plain:
-        _oneshot_plain[mode] = oneshot_say(Runtime(), _oneshot_folder(request, mode), mode)[0]
-    return _oneshot_plain[mode]
+def oneshot_plain(request: pytest.FixtureRequest, mode: str, weights: str = PUBLISHED) -> torch.Tensor:
+    if (mode, weights) not in _oneshot_plain:
+        _oneshot_plain[mode, weights] = oneshot_say(Runtime(), _oneshot_folder(request, mode), mode,
+                                                    weights=weights)[0]
+    return _oneshot_plain[mode, weights]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("mode", sorted(ONESHOT_MODES))
-def test_oneshot_engine_streams_exactly(request: pytest.FixtureRequest, mode: str, placement: str) -> None:
+def test_oneshot_engine_streams_exactly(request: pytest.FixtureRequest, mode: str, placement: str,
+                                        weights: str) -> None:
     """M57 (M1, M15, M18): none / half / whole on the strict device equal the plain CPU run."""
-    expected = oneshot_plain(request, mode)
+    expected = oneshot_plain(request, mode, weights)
     rt = oneshot_runtime(placement)
-    wav, meta = oneshot_say(rt, _oneshot_folder(request, mode), mode, placement)
+    wav, meta = oneshot_say(rt, _oneshot_folder(request, mode), mode, placement, weights=weights)
+    assert_weights_said(meta, weights)
     assert wav.shape[-1] > 0 and wav.abs().max() > 0
     assert torch.equal(wav, expected), f"{mode} ({placement}): audio differs from the plain CPU run"
     memory = meta["memory"]
     components = {key.split(":", 1)[1] for key in memory["components"]}
     assert components == ONESHOT_COMPONENTS[mode]  # M1: only each phase's components were placed
-    engine = rt.engine(ONESHOT_MODES[mode][0], _oneshot_folder(request, mode))  # type: ignore[arg-type]
+    engine = rt.engine(ONESHOT_MODES[mode][0], _oneshot_folder(request, mode), weights=weights)  # type: ignore[arg-type]
     # Streamable: has units; and for `half`, more than the minimum working set to leave out.
     streamable = {h.name for h in engine.handles() if h.units and h.name in components
                   and (placement == "none" or h.min_working_set < h.size_bytes)}
@@ -514,7 +547,7 @@ def test_on_cuda_voxcpm2s_generator_never_copies_ahead(voxcpm2_checkpoint: Calla
     """M20: the autoregressive generator is a `sequence` handle: one copy, nothing ahead (the
     design note's 29.0 s with side streams against 13.6 s without). The audio is the plain run's."""
     folder = voxcpm2_checkpoint()
-    expected = _vox_plain.get("reference") or _vox_say(folder, "reference", "plain")[:2]
+    expected = _vox_plain.get(("reference", PUBLISHED)) or _vox_say(folder, "reference", "plain")[:2]
     rt = Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none"})
     ahead = cuda_copies(rt)
     engine = rt.engine("voxcpm2", folder)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ M10_KEYS = [
     "vram_mode", "vram_reserve_mb", "vram_limit_mb", "gpu_jobs", "async_offload", "max_pinned_mb",
     "host_copies", "ram_reserve_mb", "max_resident_models", "unload_after_minutes", "oom_retry",
     "oom_fallback", "kv_cache", "cuda_allocator", "simulate_vram_mb", "cpu_allocator",
+    "weights",  # issue 36: how engines loaded without a choice store their weights
 ]
 
 

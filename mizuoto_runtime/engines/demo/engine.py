@@ -16,7 +16,7 @@ from ...memory.phases import RequestContext
 from ...memory.tiling import tiled_1d
 from ...nn.kv_cache import peak_bytes
 from ...nn.loading import build_on_meta, load_safetensors
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice
+from ..base import CheckpointInfo, Codes, Engine, Sampling, SmallWeights, Voice
 from .model import CODEBOOK, COMPONENTS, FRAMES_PER_TEXT_TOKEN, HOP, random_weights
 
 
@@ -28,6 +28,14 @@ class DemoEngine(Engine):
     PHASED = True
     BUILTIN = CheckpointInfo("built-in random weights")
     sample_rate = 16000
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("speaker_encoder",)),
+        "generate": SmallWeights(("talker",)),
+        # Its decoder's convolutions hold under 1 MB and its output is heard as it is: int8's
+        # rounding there saves nothing worth it (fp8 keeps its exponent, so its error stays relative).
+        "decode": SmallWeights(("decoder",), refuses=(("int8", "its decoder's layers are too small for int8 "
+                                                                "to save memory worth its rounding"),)),
+    }
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:

@@ -55,6 +55,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
 )
@@ -88,6 +89,7 @@ class F5TTSEngine(Engine):
     title = "F5-TTS"
     REQUIREMENTS = "f5tts"
     UPSTREAM = "f5_tts"
+    WEIGHTS = {"generate": SmallWeights(("flow",)), "decode": SmallWeights(("vocoder",))}
     PHASED = True
     sample_rate = SAMPLE_RATE
     PUBLISHED = "published"

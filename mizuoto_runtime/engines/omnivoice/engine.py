@@ -53,6 +53,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
     typical_tokens,
@@ -105,6 +106,11 @@ class OmniVoiceEngine(Engine):
     title = "OmniVoice"
     REQUIREMENTS = "omnivoice"
     UPSTREAM = "omnivoice"
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("audio_encoder",)),
+        "generate": SmallWeights(("llm",)),
+        "decode": SmallWeights(("audio_decoder",)),
+    }
     PHASED = True
     # Its voice prompt is upstream's VoiceClonePrompt object: kept in memory only, never
     # pickled to disk.

@@ -63,6 +63,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
     typical_tokens,
@@ -118,6 +119,11 @@ class Qwen3TTSEngine(Engine):
     VERSIONS = ("base", "custom_voice", "voice_design")  # its model types
     PUBLISHED = "published"
     LORA = LoraAdapter(component="talker", checkpoint="model.safetensors", prefix="talker.")
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("speaker_encoder", "codec_encoder")),
+        "generate": SmallWeights(("talker",)),
+        "decode": SmallWeights(("codec_decoder",)),
+    }
     PHASED = True
     sample_rate = SAMPLE_RATE
 

@@ -93,6 +93,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     typical_tokens,
 )
@@ -197,6 +198,11 @@ class VoxCPM2Engine(Engine):
     REQUIREMENTS = "voxcpm2"
     UPSTREAM = "voxcpm"
     PUBLISHED = "published"
+    WEIGHTS = {
+        "voice_prompt": SmallWeights(("vae_encoder",)),
+        "generate": SmallWeights(("generator",)),
+        "decode": SmallWeights(("vae_decoder",)),
+    }
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:
