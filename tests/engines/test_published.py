@@ -40,6 +40,10 @@ PARAMETERS_M: dict[str, tuple[tuple[tuple[str, ...] | None, float], ...]] = {
     "Dia-1.6B": ((("talker",), 1611), (("dac_encoder", "quantizer", "dac_decoder"), 76.6)),
     # CSM-1B with its Mimi codec: 1.63B (the 1B backbone, the depth decoder, Mimi's 79M).
     "CSM-1B": ((None, 1632),),
+    # The published files, float32: t3_cfg.safetensors 2.13 GB (T3: the 0.5B Llama backbone with its
+    # embeddings, heads and conditioning encoder), s3gen.safetensors 1.06 GB (S3 tokenizer, CAM++,
+    # flow, HiFT).
+    "Chatterbox": ((("talker",), 532), (("s3_tokenizer", "speaker_encoder", "flow", "vocoder"), 264)),
 }
 
 

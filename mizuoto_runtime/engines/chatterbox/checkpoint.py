@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors
+from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors, reading_weights
 from ..upstream import ImportNoise, WarningNoise, quiet_import
 
 log = logging.getLogger(__name__)
@@ -350,7 +350,8 @@ def load(folder: Path, dtype: torch.dtype, multilingual: bool = False) -> Models
         sizes = sizes_of(folder, True, {k: tuple(v.shape) for k, v in s3gen_state.items()})
         _fill(ve, read_pickled_state(folder / VE_PICKLE), folder / VE_PICKLE)
     else:
-        sizes = sizes_of(folder)
+        # A shapes-only build (engines.published) reads no header: the published sizes.
+        sizes = sizes_of(folder) if reading_weights() else PUBLISHED
         load_safetensors(ve, folder / VE_FILE)
     t3 = build_on_meta(lambda: build_t3(sizes, multilingual), dtype)
     load_safetensors(t3, folder / (MULTILINGUAL_T3 if multilingual else T3_FILE))
@@ -361,8 +362,10 @@ def load(folder: Path, dtype: torch.dtype, multilingual: bool = False) -> Models
     else:
         load_safetensors(s3gen, folder / S3GEN_FILE, strict=False)
     path = folder / (MULTILINGUAL_TOKENIZER if multilingual else TOKENIZER_FILE)
+    tokenizer = None  # a shapes-only build reads no tokenizer: it cannot run a request
     try:
-        tokenizer = mtl_tokenizer(folder) if multilingual else EnTokenizer(str(path))
+        if reading_weights():
+            tokenizer = mtl_tokenizer(folder) if multilingual else EnTokenizer(str(path))
     except (OSError, ValueError, AssertionError) as exc:
         raise CheckpointError(f"{path}: not Chatterbox's text tokenizer ({exc!r})") from exc
     for module in (t3, s3gen, ve):
