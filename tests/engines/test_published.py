@@ -44,6 +44,9 @@ PARAMETERS_M: dict[str, tuple[tuple[tuple[str, ...] | None, float], ...]] = {
     # embeddings, heads and conditioning encoder), s3gen.safetensors 1.06 GB (S3 tokenizer, CAM++,
     # flow, HiFT).
     "Chatterbox": ((("talker",), 532), (("s3_tokenizer", "speaker_encoder", "flow", "vocoder"), 264)),
+    # The same S3Gen; its T3 as upstream's T3Config.multilingual() builds it (a text vocabulary of
+    # 2454 for English's 704: 536M).
+    "Chatterbox Multilingual": ((("talker",), 536), (("s3_tokenizer", "speaker_encoder", "flow", "vocoder"), 264)),
 }
 
 

@@ -345,19 +345,21 @@ def load(folder: Path, dtype: torch.dtype, multilingual: bool = False) -> Models
     from chatterbox.models.voice_encoder import VoiceEncoder
 
     ve = build_on_meta(VoiceEncoder, torch.float32)
-    if multilingual:  # upstream's multilingual loader reads the pickled copies
+    s3gen_state: dict[str, torch.Tensor] | None = None
+    if not reading_weights():  # a shapes-only build (engines.published): the published sizes, no file read
+        sizes = PUBLISHED
+    elif multilingual:  # upstream's multilingual loader reads the pickled copies
         s3gen_state = read_pickled_state(folder / S3GEN_PICKLE)
         sizes = sizes_of(folder, True, {k: tuple(v.shape) for k, v in s3gen_state.items()})
         _fill(ve, read_pickled_state(folder / VE_PICKLE), folder / VE_PICKLE)
     else:
-        # A shapes-only build (engines.published) reads no header: the published sizes.
-        sizes = sizes_of(folder) if reading_weights() else PUBLISHED
+        sizes = sizes_of(folder)
         load_safetensors(ve, folder / VE_FILE)
     t3 = build_on_meta(lambda: build_t3(sizes, multilingual), dtype)
     load_safetensors(t3, folder / (MULTILINGUAL_T3 if multilingual else T3_FILE))
     s3gen = build_on_meta(lambda: build_s3gen(sizes), torch.float32)
     # As upstream's strict=False: the S3 tokenizer's mel filters and window are computed, not stored.
-    if multilingual:
+    if s3gen_state is not None:
         _fill(s3gen, s3gen_state, folder / S3GEN_PICKLE, strict=False)
     else:
         load_safetensors(s3gen, folder / S3GEN_FILE, strict=False)
