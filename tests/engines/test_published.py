@@ -30,8 +30,9 @@ PARAMETERS_M: dict[str, tuple[tuple[tuple[str, ...] | None, float], ...]] = {
     # tokenizers (5.4 GB and 18.7 GB in bfloat16).
     "VibeVoice-1.5B": ((None, 2704),),
     "VibeVoice-7B": ((None, 9343),),
-    # The generation model's card: 5.77B, of which the text head (128256 x 3072 = 394M) is
-    # training-only and not loaded (checkpoint.UNUSED_PREFIXES): Llama-3.2-3B with its audio FFNs.
+    # The generation model's card: 5.8B (the 3.6B Llama-3.2-3B backbone and 2.2B of DualFFN), of
+    # which the text head (128256 x 3072 = 394M) is training-only and not loaded
+    # (checkpoint.UNUSED_PREFIXES).
     # The audio tokenizer's card gives no count: 183M as its published config builds it, without
     # the semantic decoder that inference never runs (200M with it).
     "Higgs Audio v2 generation 3B base": ((("talker",), 5771 - 394),
@@ -40,13 +41,12 @@ PARAMETERS_M: dict[str, tuple[tuple[tuple[str, ...] | None, float], ...]] = {
     "Dia-1.6B": ((("talker",), 1611), (("dac_encoder", "quantizer", "dac_decoder"), 76.6)),
     # CSM-1B with its Mimi codec: 1.63B (the 1B backbone, the depth decoder, Mimi's 79M).
     "CSM-1B": ((None, 1632),),
-    # The published files, float32: t3_cfg.safetensors 2.13 GB (T3: the 0.5B Llama backbone with its
-    # embeddings, heads and conditioning encoder), s3gen.safetensors 1.06 GB (S3 tokenizer, CAM++,
-    # flow, HiFT).
-    "Chatterbox": ((("talker",), 532), (("s3_tokenizer", "speaker_encoder", "flow", "vocoder"), 264)),
-    # The same S3Gen; its T3 as upstream's T3Config.multilingual() builds it (a text vocabulary of
-    # 2454 for English's 704: 536M).
-    "Chatterbox Multilingual": ((("talker",), 536), (("s3_tokenizer", "speaker_encoder", "flow", "vocoder"), 264)),
+    # ResembleAI/chatterbox-hf's listing: 0.8B parameters, float32; of them T3 (the 0.5B Llama
+    # backbone with its embeddings, heads and conditioning encoder) 532M as upstream's T3() builds it.
+    "Chatterbox": ((None, 798), (("talker",), 532)),
+    # The same S3Gen and voice encoder; its T3 as upstream's T3Config.multilingual() builds it (a
+    # text vocabulary of 2454 for English's 704): 536M (no published count).
+    "Chatterbox Multilingual": ((None, 801), (("talker",), 536)),
 }
 
 
