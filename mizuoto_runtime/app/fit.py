@@ -9,7 +9,8 @@ choose (`ModelHandle.planned_units`, M15). A model is
 
 * ``whole`` when every phase's components are placed whole;
 * ``partial`` when some units stream: the table gives the resident share and the bytes
-  streamed per token or step (each forward of a streamed unit copies it once) of the phase
+  streamed per token or step (each forward of a streamed unit copies it once, and a phase
+  says how many forwards a step makes: `PhaseEstimate.forwards_per_step`) of the phase
   that streams the most, and the link-bound lower limit on its time per token or step at
   PCIe 4.0 x16 (25 GB/s) and 5.0 (55 GB/s);
 * ``refused`` when a phase's minimum working set (M16) and its working memory do not fit in
@@ -63,10 +64,12 @@ class PhaseFit:
     memory: int
     handles: tuple[HandleFit, ...]
     refused: bool
+    forwards_per_step: int = 1
 
     @property
     def streamed_bytes(self) -> int:
-        return sum(h.streamed_bytes for h in self.handles)
+        """Bytes copied per token or step: every streamed unit, once per forward."""
+        return self.forwards_per_step * sum(h.streamed_bytes for h in self.handles)
 
     @property
     def size_bytes(self) -> int:
@@ -131,7 +134,7 @@ def _link_ms(nbytes: int) -> str:
 
 
 def place_phase(manager: ModelManager, name: str, handles: Sequence[ModelHandle], memory: int,
-                free: int) -> PhaseFit:
+                free: int, forwards_per_step: int = 1) -> PhaseFit:
     """A phase's placement on a device with `free` bytes for it (weights, working memory and
     reserve), predicted with the manager's and the handles' own rules (places nothing)."""
     need = sum(h.min_working_set for h in handles) + memory + manager.reserve_bytes(handles[0].device)
@@ -143,13 +146,13 @@ def place_phase(manager: ModelManager, name: str, handles: Sequence[ModelHandle]
         streamed = sum(u.nbytes for u in h.units if u not in resident)
         fits.append(HandleFit(h.name, h.size_bytes, h.plan.fixed_bytes + sum(u.nbytes for u in resident), streamed,
                               h.min_working_set))
-    return PhaseFit(name, memory, tuple(fits), refused)
+    return PhaseFit(name, memory, tuple(fits), refused, forwards_per_step)
 
 
 def engine_fit(engine: Engine, model: str, card: int, beside: int, seconds: float = TABLE_SECONDS) -> ModelFit:
     """`engine`'s typical request of `seconds` placed on a card of `card` bytes beside `beside`
     bytes of another model."""
-    phases = tuple(place_phase(engine.manager, p.name, p.handles, p.memory, card - beside)
+    phases = tuple(place_phase(engine.manager, p.name, p.handles, p.memory, card - beside, p.forwards_per_step)
                    for p in engine.typical_phases(seconds))
     return ModelFit(model, card, beside, phases)
 
@@ -169,7 +172,7 @@ def engine_plan(engine: Engine, seconds: float = TABLE_SECONDS) -> dict[str, Any
     lines, out = [], []
     for p in phases:
         free = manager.available(p.handles)
-        placed = place_phase(manager, p.name, p.handles, p.memory, free)
+        placed = place_phase(manager, p.name, p.handles, p.memory, free, p.forwards_per_step)
         out.append({"phase": p.name, "free_mb": round(free / MB, 1), "working_mb": round(p.memory / MB, 1),
                     "refused": placed.refused, "components": [dataclasses.asdict(h) for h in placed.handles]})
         lines.append(_phase_line(placed, free))

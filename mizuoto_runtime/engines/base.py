@@ -194,6 +194,9 @@ class PhaseEstimate:
     name: str
     handles: tuple[ModelHandle, ...]
     memory: int
+    # Forwards of each streamed unit per token or step: 2 where guidance runs the model's two
+    # branches one after the other (VibeVoice's LM), so each streamed unit is copied twice.
+    forwards_per_step: int = 1
 
 
 PHASES: tuple[str, ...] = ("voice_prompt", "generate", "decode")  # the phases of every engine (M1)

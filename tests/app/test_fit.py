@@ -231,3 +231,15 @@ def test_the_readmes_fit_table_is_current() -> None:
     spec.loader.exec_module(tool)
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert tool.replaced(text, tool.section()) == text, "the README's fit table is stale: run python tools/fit_table.py"
+
+
+def test_vibevoice_7b_copies_each_streamed_lm_layer_twice_per_frame() -> None:
+    """VibeVoice runs its LM's two guidance branches one after the other: the table counts
+    every streamed unit twice per frame (`PhaseEstimate.forwards_per_step`)."""
+    model = require_model("VibeVoice-7B")
+    engine = fit.build(model, fit.fit_manager())
+    placed = fit.engine_fit(engine, model.name, 12 * GB, 5 * GB)
+    phase = placed.streaming_phase
+    assert phase is not None and phase.name == "talker" and phase.forwards_per_step == 2
+    once = sum(h.streamed_bytes for h in phase.handles)
+    assert once > 0 and phase.streamed_bytes == 2 * once

@@ -306,14 +306,15 @@ class VibeVoiceEngine(Engine):
     def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
         """One voice cloned from a 10 s reference (its latents in the prompt), the text's frames
         as `frames_for` estimates them from the prompt's text tokens; the talker phase decodes
-        as it goes (no decoder phase)."""
+        as it goes (no decoder phase). Upstream runs the LM's two guidance branches one after
+        the other, so a streamed LM layer is copied twice per frame."""
         samples = math.ceil(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE / self.hop) * self.hop
         latents = samples // self.hop
         text_tokens = PROMPT_OVERHEAD + typical_tokens(seconds)
         frames = self.frames_for(text_tokens, Sampling())
         return [PhaseEstimate("voice prompt", (self.acoustic_encoder,), self.voice_prompt_memory(samples)),
                 PhaseEstimate("talker", (self.talker, self.acoustic_decoder, self.semantic_encoder),
-                              self.talker_memory(text_tokens + latents, frames))]
+                              self.talker_memory(text_tokens + latents, frames), forwards_per_step=2)]
 
     # ---- decoder ---------------------------------------------------------------------------
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
