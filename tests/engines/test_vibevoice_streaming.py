@@ -41,16 +41,17 @@ _plain: dict[str, torch.Tensor] = {}
 
 
 def runtime(placement: str) -> Runtime:
+    """The plain CPU run, or the strict simulated device with every unit streamed or not."""
     if placement == "plain":
         return Runtime()
     return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
 
 
 def speak(rt: Runtime, folder: Path, case: str, placement: str = "plain", steps: int = STEPS,
-          seed: int = SEED) -> tuple[torch.Tensor, dict[str, Any], Any]:
+          seed: int = SEED, weights: str | None = None) -> tuple[torch.Tensor, dict[str, Any], Any]:
     """A voice prompt per reference, one talker pass, decode: (audio, the request's meta, engine)."""
     turns, references = CASES[case]
-    engine = rt.engine("vibevoice", folder)
+    engine = rt.engine("vibevoice", folder, weights=weights)
     engine.steps = steps
     if placement == "half":
         for h in engine.handles():
@@ -133,3 +134,20 @@ def test_the_diffusion_head_is_hot_and_cfg_halves_share_its_copies(vibevoice_che
         per_step = sum(u.nbytes for u in head_units)
         bytes_per_steps[steps] = talker.streamer.streamed_bytes_of(talker)
     assert bytes_per_steps[5] - bytes_per_steps[2] == 3 * FRAMES * per_step
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_talker_stored_small_streams_exactly(vibevoice_checkpoint: Checkpoint, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): the talker stored in fp8 / int8, every placement equals
+    the plain run with the same choice, streams the smaller bytes, and says the choice."""
+    folder = vibevoice_checkpoint()
+    expected, plain_meta, _ = speak(runtime("plain"), folder, "one voice", weights=weights)
+    assert not torch.equal(expected, plain(folder, "one voice"))  # the choice changes the numbers
+    assert plain_meta["applied"]["weights"] == {"generate": weights}
+    wav, meta, engine = speak(runtime(placement), folder, "one voice", placement, weights=weights)
+    assert torch.equal(wav, expected), f"{weights} ({placement}): audio differs from the plain run with it"
+    talker = next(h for h in engine.handles() if h.name == "talker")
+    assert talker.weights == weights
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0

@@ -72,6 +72,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Turn,
     Voice,
     element_size,
@@ -116,6 +117,9 @@ class VibeVoiceEngine(Engine):
     PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = 4
+    # fp8 / int8 storage for the talker (the LM, its connectors and the diffusion head: where 7B's
+    # bytes are); the acoustic and semantic tokenizers stay as published.
+    WEIGHTS = {"generate": SmallWeights(("talker",))}
     sample_rate = SAMPLE_RATE
     # Diffusion steps per frame; None: the checkpoint's generation config (upstream's 10).
     # Tests and benches set fewer.
