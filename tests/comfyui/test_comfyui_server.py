@@ -237,10 +237,11 @@ def test_the_deprecated_node_check_can_fail(comfy_server: ComfyServer) -> None:
 
 
 def test_the_template_check_can_fail(comfy_server: ComfyServer) -> None:
-    """An old layout (the loader before its device widget, a free-text speaker) is caught."""
+    """An old layout (the loader before its device and weights widgets, a free-text speaker) is caught."""
     info = comfy_server.get("/object_info")
     loader = {"inputs": [], "widgets_values": ["f5tts", "F5TTS_v1_Base", "float32"]}
-    assert widget_problems(loader, info["MizuotoEngineLoader"]) == ["no value for widget device"]
+    assert widget_problems(loader, info["MizuotoEngineLoader"]) == ["no value for widget device",
+                                                                    "no value for widget weights"]
     voice = {"inputs": [{"name": "engine", "link": 1}], "widgets_values": ["transcript", "", ""]}
     assert widget_problems(voice, info["MizuotoVoicePrompt"]) == ["speaker: '' is not one of the options"]
     talker = {"inputs": [{"name": "engine", "link": 1}],
