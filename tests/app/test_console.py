@@ -113,12 +113,13 @@ def _gptsovits(request: pytest.FixtureRequest, ref: Path) -> list[str]:
 ENGINES = {"demo": _demo, "qwen3tts": _qwen3tts, "f5tts": _clone("f5tts"), "omnivoice": _clone("omnivoice"),
            "voxcpm2": _clone("voxcpm2"), "cosyvoice": _cosyvoice, "fishspeech": _fishspeech, "gptsovits": _gptsovits,
            "indextts2": _indextts2, "higgsaudio": _clone("higgsaudio"), "vibevoice": _clone("vibevoice"),
-           "dia": _clone("dia"), "csm": _clone("csm")}
+           "dia": _clone("dia"), "csm": _clone("csm"), "chatterbox": _clone("chatterbox")}
 
 
 # Engines whose tiny checkpoint needs a larger simulated device than 16 MB (GPT-SoVITS: its voice
-# prompt places HuBERT and the SoVITS model, 42 MB at least, the quantizer being full size).
-SIMULATED_MB = {"gptsovits": 64}
+# prompt places HuBERT and the SoVITS model, 42 MB at least, the quantizer being full size;
+# Chatterbox's voice prompt places its three encoders, 26 MB at least).
+SIMULATED_MB = {"gptsovits": 64, "chatterbox": 64}
 
 
 def test_every_engine_is_checked() -> None:

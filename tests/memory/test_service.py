@@ -44,7 +44,7 @@ def test_idle_engines_unload_after_the_set_minutes() -> None:
     demo = rt.engine("demo")
     assert rt.service.unload_idle() == []
     gone = rt.service.unload_idle(now=time.monotonic() + 61)
-    assert gone == [("demo", "", "torch.float32", "cpu")] and all(h.unloaded for h in demo.handles())
+    assert gone == [("demo", "", "torch.float32", "cpu", "as published")] and all(h.unloaded for h in demo.handles())
 
 
 def test_low_ram_drops_host_copies_first_then_unloads_idle_engines() -> None:

@@ -145,10 +145,15 @@ def sizes_of(folder: Path, multilingual: bool = False,
     )
 
 
-#: What importing `chatterbox` says that users cannot act on: diffusers' deprecation of
-#: `LoRACompatibleLinear` (S3Gen's estimator subclasses it; no LoRA is ever loaded into it).
+#: What `chatterbox` says that users cannot act on: diffusers' deprecation of
+#: `LoRACompatibleLinear` (S3Gen's estimator subclasses it; no LoRA is ever loaded into it), and
+#: at each talker run torch's deprecation of `sdp_kernel` (T3's inference enters it) and
+#: transformers' of `past_key_values` (T3 passes its cache by that name).
 CHATTERBOX_NOISE = ImportNoise(warnings=(
-    WarningNoise(FutureWarning, "`LoRACompatibleLinear` is deprecated", "diffusers.models.lora"),))
+    WarningNoise(FutureWarning, "`LoRACompatibleLinear` is deprecated", "diffusers.models.lora"),
+    WarningNoise(FutureWarning, "`torch.backends.cuda.sdp_kernel()` is deprecated", "contextlib"),
+    WarningNoise(FutureWarning, "`past_key_values` is deprecated", "torch.nn.modules.module"),
+))
 
 
 def import_upstream() -> None:
