@@ -50,8 +50,9 @@ def runtime(placement: str = "plain") -> Runtime:
     return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
 
 
-def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 7, **voice: Any) -> tuple[torch.Tensor, dict]:
-    engine = rt.engine("chatterbox", folder)
+def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 7, weights: str | None = None,
+        **voice: Any) -> tuple[torch.Tensor, dict]:
+    engine = rt.engine("chatterbox", folder, weights=weights)
     if placement == "half":
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
@@ -145,6 +146,24 @@ def test_streams_exactly(chatterbox_checkpoint: Checkpoint, placement: str) -> N
         assert "chatterbox:talker" in memory["partial"] and memory["streamed_mb"] > 0
     talker = rt.engine("chatterbox", folder).talker
     assert talker.kind == "sequence" and len(talker.units) == 2  # the Llama layers
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_talker_stored_small_streams_exactly(chatterbox_checkpoint: Checkpoint, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): T3 stored in fp8 / int8, every placement equals the
+    plain run with the same choice, streams, and says the choice."""
+    folder = chatterbox_checkpoint()
+    if weights not in _plain:
+        _plain[weights] = say(runtime(), folder, weights=weights, reference=REFERENCE)[0]
+    expected = _plain[weights]
+    if weights.startswith("fp8"):  # int8's error is too small to change the tiny T3's 24 sampled tokens
+        assert not torch.equal(expected, plain(folder))  # the choice changes the audio
+    wav, meta = say(runtime(placement), folder, placement, weights=weights, reference=REFERENCE)
+    assert torch.equal(wav, expected), f"{weights} ({placement}): audio differs from the plain run with it"
+    assert meta["applied"]["weights"] == {"generate": weights}
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0
 
 
 def test_the_watermark_is_upstreams_and_on_every_output(chatterbox_checkpoint: Checkpoint) -> None:

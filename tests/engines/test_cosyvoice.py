@@ -50,9 +50,9 @@ def runtime(placement: str, **settings: object) -> Runtime:
     return Runtime(settings)
 
 
-def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 3,
+def say(rt: Runtime, folder: Path, placement: str = "plain", seed: int = 3, weights: str | None = None,
         **voice: object) -> tuple[torch.Tensor, dict]:
-    engine = rt.engine("cosyvoice", folder)
+    engine = rt.engine("cosyvoice", folder, weights=weights)
     if placement == "half":
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
@@ -106,6 +106,26 @@ def test_every_placement_is_exact(cosyvoice_checkpoint: Checkpoint, version: int
         assert memory["partial"] == {} and memory["streamed_mb"] == 0
     else:
         assert memory["streamed_mb"] > 0 and "cosyvoice:llm" in memory["partial"]
+
+
+_small: dict[str, torch.Tensor] = {}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_llm_stored_small_streams_exactly(cosyvoice_checkpoint: Checkpoint, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): CosyVoice 2's LM stored in fp8 / int8, every placement
+    equals the plain run with the same choice, streams, and says the choice."""
+    folder = cosyvoice_checkpoint(2)
+    if weights not in _small:
+        _small[weights] = say(Runtime(), folder, weights=weights)[0]
+    expected = _small[weights]
+    assert not torch.equal(expected, plain(folder, 2))  # the choice changes the audio
+    wav, meta = say(runtime(placement), folder, placement, weights=weights)
+    assert torch.equal(wav, expected), f"{weights} ({placement}): audio differs from the plain run with it"
+    assert meta["applied"]["weights"] == {"generate": weights}
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0
 
 
 @pytest.mark.parametrize("version", [2, 3])

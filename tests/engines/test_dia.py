@@ -24,6 +24,7 @@ from mizuoto_runtime.app.cli import main
 from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.base import Turn
+from mizuoto_runtime.memory.small_weights import PUBLISHED
 from mizuoto_runtime.nn.loading import build_on_meta
 
 from conftest import link_checkpoint, require_engine
@@ -69,8 +70,8 @@ def mono44(audio: Audio) -> np.ndarray:
 
 
 def ours(rt: Runtime, folder: Path, turns: list[Turn], refs: list[tuple[Audio, str] | None],
-         sampling: Sampling = SAMPLING) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    engine = rt.engine("dia", folder)
+         sampling: Sampling = SAMPLING, weights: str | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    engine = rt.engine("dia", folder, weights=weights)
     ctx = rt.request(seed=sampling.seed)
     voices = [engine.voice_prompt(ctx, *ref) if ref else engine.voice_prompt(ctx) for ref in refs]
     codes = (engine.generate(ctx, turns[0].text, voices[0], sampling) if len(refs) == 1 and len(turns) == 1
@@ -163,10 +164,12 @@ def test_a_cached_voice_is_not_encoded_again(dia_checkpoint: Checkpoint) -> None
     assert torch.equal(first, again)
 
 
-def _streamed(folder: Path, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict, set[str]]:
+def _streamed(folder: Path, placement: str,
+              weights: str = PUBLISHED) -> tuple[torch.Tensor, torch.Tensor, dict, set[str]]:
     """The dialogue on `placement`, and the talker's units that streamed."""
-    rt, engine = _placed("dia", placement, folder)
-    tokens, wav, meta = ours(rt, folder, [Turn(0, "Streaming."), Turn(1, "Is exact.")], [(REFERENCE, TRANSCRIPT), None])
+    rt, engine = _placed("dia", placement, folder, weights)
+    tokens, wav, meta = ours(rt, folder, [Turn(0, "Streaming."), Turn(1, "Is exact.")], [(REFERENCE, TRANSCRIPT), None],
+                             weights=weights)
     return tokens, wav, meta, {u.name for u in engine.talker.streamed_units}
 
 
@@ -191,6 +194,26 @@ def test_streams_exactly(dia_checkpoint: Checkpoint, placement: str) -> None:
         assert "talker" in partial and memory["streamed_mb"] > 0
     if placement == "half":  # the part marked hot (run at every step) is resident first
         assert "model.decoder.layers.0" not in streamed and "model.encoder.layers.1" in streamed
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_talker_stored_small_streams_exactly(dia_checkpoint: Checkpoint, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): the talker stored in fp8 / int8, every placement equals
+    the plain run with the same choice, streams, and says the choice."""
+    folder = dia_checkpoint()
+    if "plain" not in _plain:
+        _plain["plain"] = _streamed(folder, "plain")[:2]
+    if weights not in _plain:
+        _plain[weights] = _streamed(folder, "plain", weights)[:2]
+    expected_tokens, expected_wav = _plain[weights]
+    assert not torch.equal(expected_wav, _plain["plain"][1])  # the choice changes the audio
+    tokens, wav, meta, _ = _streamed(folder, placement, weights)
+    assert torch.equal(tokens, expected_tokens), f"{weights} ({placement}): codes differ from the plain run with it"
+    assert torch.equal(wav, expected_wav), f"{weights} ({placement}): audio differs from the plain run with it"
+    assert meta["applied"]["weights"] == {"generate": weights}
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0
 
 
 def test_oom_in_the_talker_reruns_exactly(dia_checkpoint: Checkpoint) -> None:

@@ -222,8 +222,8 @@ def _runtime(placement: str) -> Runtime:
     return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
 
 
-def _engine(rt: Runtime, path: Path, placement: str) -> FishSpeechEngine:
-    engine = rt.engine("fishspeech", path)
+def _engine(rt: Runtime, path: Path, placement: str, weights: str | None = None) -> FishSpeechEngine:
+    engine = rt.engine("fishspeech", path, weights=weights)
     assert isinstance(engine, FishSpeechEngine)
     if placement == "half":
         for h in engine.handles():
@@ -268,6 +268,25 @@ def test_every_placement_equals_the_plain_run(folder: Folder, version: str, plac
         assert {k.split(":", 1)[1] for k in memory["partial"]} == {"codec_encoder", "talker", "codec_decoder"}
         assert memory["streamed_mb"] > 0
     assert meta["applied"]["talker_loop"] == "lean"
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_talker_stored_small_streams_exactly(folder: Folder, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): the S2-Pro talker stored in fp8 / int8, every placement
+    equals the plain run with the same choice, streams, and says the choice."""
+    if weights not in _plain:
+        rt = _runtime("plain")
+        _plain[weights] = _say(rt, _engine(rt, folder("s2-pro"), "plain", weights))[:2]
+    expected_codes, expected_wav = _plain[weights]
+    assert not torch.equal(expected_wav, _plain_run(folder, "s2-pro")[1])  # the choice changes the audio
+    rt = _runtime(placement)
+    codes, wav, meta, _ = _say(rt, _engine(rt, folder("s2-pro"), placement, weights))
+    assert torch.equal(codes, expected_codes), f"{weights} ({placement}): codes differ from the plain run with it"
+    assert torch.equal(wav, expected_wav), f"{weights} ({placement}): audio differs from the plain run with it"
+    assert meta["applied"]["weights"] == {"generate": weights}
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0
 
 
 def test_with_the_fast_transformer_hot_each_frame_copies_the_streamed_slow_layers(folder: Folder) -> None:

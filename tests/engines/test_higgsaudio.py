@@ -103,8 +103,9 @@ def upstream_audio(folder: Path, tmp_path: Path, mode: str, greedy: bool = False
     return processor.decode(out)
 
 
-def ours(rt: Runtime, folder: Path, mode: str, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    engine = rt.engine("higgsaudio", folder)
+def ours(rt: Runtime, folder: Path, mode: str, greedy: bool = False,
+         weights: str | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    engine = rt.engine("higgsaudio", folder, weights=weights)
     ctx = rt.request(seed=SEED)
     sampling = Sampling(seed=SEED, max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=50, top_p=1.0,
                         do_sample=not greedy)
@@ -200,7 +201,7 @@ def test_the_talker_streams_its_dual_ffn_layers_as_units(higgsaudio_checkpoint: 
 
 # ---- M57: every placement equals the plain run ---------------------------------------------
 PLACEMENTS = ("none", "half", "whole")
-_plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_plain: dict[tuple[str, str | None], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def placed_runtime(placement: str) -> Runtime:
@@ -210,19 +211,20 @@ def placed_runtime(placement: str) -> Runtime:
     return Runtime(settings)
 
 
-def placed_say(folder: Path, mode: str, placement: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def placed_say(folder: Path, mode: str, placement: str, weights: str | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     rt = placed_runtime(placement)
-    engine = rt.engine("higgsaudio", folder)
+    engine = rt.engine("higgsaudio", folder, weights=weights)
     if placement == "half":
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
-    return ours(rt, folder, mode)
+    return ours(rt, folder, mode, weights=weights)
 
 
-def plain(folder: Path, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if mode not in _plain:
-        _plain[mode] = placed_say(folder, mode, "plain")[:2]
-    return _plain[mode]
+def plain(folder: Path, mode: str, weights: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if (mode, weights) not in _plain:
+        _plain[mode, weights] = placed_say(folder, mode, "plain", weights)[:2]
+    return _plain[mode, weights]
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -242,6 +244,23 @@ def test_streams_exactly(higgsaudio_checkpoint: Checkpoint, mode: str, placement
         assert memory["partial"] == {} and memory["streamed_mb"] == 0
     else:
         assert "higgsaudio:talker" in memory["partial"] and memory["streamed_mb"] > 0
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_talker_stored_small_streams_exactly(higgsaudio_checkpoint: Checkpoint, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): the talker stored in fp8 / int8, every placement equals
+    the plain run with the same choice, streams, and says the choice."""
+    folder = higgsaudio_checkpoint()
+    expected_codes, expected_wav = plain(folder, "clone", weights)
+    if weights.startswith("fp8"):  # int8's error is too small to change the tiny talker's 32 sampled codes
+        assert not torch.equal(expected_codes, plain(folder, "clone")[0])  # the choice changes the codes
+    codes, wav, meta = placed_say(folder, "clone", placement, weights)
+    assert meta["applied"]["weights"] == {"generate": weights}
+    assert torch.equal(codes, expected_codes), f"{weights} ({placement}): codes differ from the plain run with it"
+    assert torch.equal(wav, expected_wav), f"{weights} ({placement}): audio differs from the plain run with it"
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0
 
 
 def test_an_oom_in_the_talker_reruns_exactly(higgsaudio_checkpoint: Checkpoint) -> None:

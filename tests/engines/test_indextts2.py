@@ -50,8 +50,8 @@ def runtime(placement: str) -> Runtime:
 
 
 def say(rt: Runtime, folder: Path, placement: str = "plain", sampling: Sampling = SAMPLING, dtype: str = "float32",
-        **emotion: object) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    engine = rt.engine("indextts2", folder, dtype=dtype)
+        weights: str | None = None, **emotion: object) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    engine = rt.engine("indextts2", folder, dtype=dtype, weights=weights)
     if placement == "half":
         for h in engine.handles():
             h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
@@ -100,6 +100,23 @@ def test_bfloat16_placements_equal_the_plain_run(folder: Path, placement: str) -
     assert codes.shape[1] > 0 and wav.abs().max() > 0
     assert torch.equal(codes, expected_codes) and torch.equal(wav, expected_wav)
     assert (meta["memory"]["streamed_mb"] > 0) == (placement != "whole")
+
+
+@pytest.mark.parametrize("placement", ["none", "half", "whole"])
+@pytest.mark.parametrize("weights", ["fp8_e4m3fn", "int8"])
+def test_gpt_stored_small_streams_exactly(folder: Path, weights: str, placement: str) -> None:
+    """Issue 36 (M57 with the option on): the GPT talker (its `Conv1D` and Linear layers) stored in
+    fp8 / int8, every placement equals the plain run with the same choice, streams, and says it."""
+    if weights not in _plain:
+        _plain[weights] = say(Runtime(), folder, weights=weights)[:2]
+    expected_codes, expected_wav = _plain[weights]
+    assert not torch.equal(expected_wav, plain(folder)[1])  # the choice changes the audio
+    codes, wav, meta = say(runtime(placement), folder, placement, weights=weights)
+    assert torch.equal(codes, expected_codes), f"{weights} ({placement}): codes differ from the plain run with it"
+    assert torch.equal(wav, expected_wav), f"{weights} ({placement}): audio differs from the plain run with it"
+    assert meta["applied"]["weights"] == {"generate": weights}
+    if placement != "whole":
+        assert meta["memory"]["streamed_mb"] > 0
 
 
 def test_the_gpt_takes_the_engines_dtype(folder: Path) -> None:

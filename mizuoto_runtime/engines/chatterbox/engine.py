@@ -54,6 +54,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
     typical_tokens,
@@ -116,6 +117,9 @@ class ChatterboxEngine(Engine):
     VERSIONS = ("english", "multilingual")
     PUBLISHED = "published"
     VOICE_OPTIONS = ("exaggeration",)
+    # T3 (the Llama talker) is where the bytes are; the S3Gen flow and HiFT vocoder keep their
+    # weights as published (issue 36).
+    WEIGHTS = {"generate": SmallWeights(("talker",))}
     sample_rate = 24000
 
     @classmethod

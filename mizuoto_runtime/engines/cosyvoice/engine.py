@@ -68,6 +68,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     chunk_seed,
     element_size,
@@ -165,6 +166,9 @@ class CosyVoiceEngine(Engine):
     VERSIONS = ("2", "3")
     REFERENCE = "reference"
     PUBLISHED = "published"
+    # The LM (Qwen2) is where the bytes are; the flow and the HiFT vocoder (weight-normed) keep
+    # their weights as published (issue 36).
+    WEIGHTS = {"generate": SmallWeights(("llm",))}
     sample_rate = 24000
 
     @classmethod

@@ -59,6 +59,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Turn,
     Voice,
     chunk_seed,
@@ -101,6 +102,9 @@ class CsmEngine(Engine):
     PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = 2
+    # The talker (backbone and depth decoder) is where the bytes are; the Mimi codec keeps its
+    # weights as published (issue 36).
+    WEIGHTS = {"generate": SmallWeights(("talker",))}
     sample_rate = SAMPLE_RATE
 
     @classmethod

@@ -52,6 +52,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Turn,
     Voice,
     element_size,
@@ -98,6 +99,9 @@ class DiaEngine(Engine):
     PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = len(SPEAKER_TAGS)
+    # The encoder-decoder talker is where the bytes are; the DAC codec's layers are weight-normed
+    # and stay as published (issue 36).
+    WEIGHTS = {"generate": SmallWeights(("talker",))}
     sample_rate = SAMPLE_RATE
 
     @classmethod

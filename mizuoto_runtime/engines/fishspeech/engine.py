@@ -66,6 +66,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
     typical_tokens,
@@ -109,6 +110,9 @@ class FishSpeechEngine(Engine):
     PUBLISHED = "published"
     PHASED = True
     FAST_HOT: ClassVar[bool] = True  # the layout; `bench/engines.py` measures it against none
+    # The dual-AR talker is where the bytes are (issue 36); its slow head stays as published (the
+    # slow transformer reads `output.weight` outside its forward), and so does the codec.
+    WEIGHTS = {"generate": SmallWeights(("talker",), keep=("slow.output",))}
     sample_rate = SAMPLE_RATE
 
     @classmethod

@@ -60,6 +60,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
 )
@@ -130,6 +131,9 @@ class GptSovitsEngine(Engine):
     REFERENCE = "reference"
     PUBLISHED = "published"
     PHASED = True
+    # The GPT (t2s) is the talker (issue 36): its Linear layers are stored small, its attention's
+    # raw q/k/v weight stays as published; SoVITS (weight-normed), HuBERT, SV and BERT as well.
+    WEIGHTS = {"generate": SmallWeights(("t2s",))}
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:

@@ -61,6 +61,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Turn,
     Voice,
     element_size,
@@ -101,6 +102,9 @@ class HiggsAudioEngine(Engine):
     PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = 2
+    # The LLM is where the bytes are; the audio tokenizer's DAC layers are weight-normed and stay
+    # as published (issue 36).
+    WEIGHTS = {"generate": SmallWeights(("talker",))}
     sample_rate = 24000
 
     @classmethod

@@ -51,6 +51,7 @@ from ..base import (
     Engine,
     PhaseEstimate,
     Sampling,
+    SmallWeights,
     Voice,
     element_size,
     typical_tokens,
@@ -115,6 +116,9 @@ class IndexTTS2Engine(Engine):
     PUBLISHED = "published"
     sample_rate = SAMPLE_RATE
     VOICE_OPTIONS = ("emotion",)
+    # The GPT talker is where the bytes are (issue 36); the prompt encoders, the s2mel flow and
+    # BigVGAN (weight-normed) keep their weights as published.
+    WEIGHTS = {"generate": SmallWeights(("talker",))}
 
     @classmethod
     def describe_checkpoint(cls, folder: Path) -> CheckpointInfo | None:

@@ -24,10 +24,20 @@ def _streaming_conv1d() -> type[nn.Module]:
     table imports this engine (start-up stays free of engine packages)."""
     from transformers.pytorch_utils import Conv1D
 
-    class StreamingConv1D(Conv1D):  # type: ignore[misc]
-        """transformers' GPT-2 `Conv1D`, declared streamable (M13)."""
+    from ...memory.small_weights import CastWeights, is_stored_small
+
+    class StreamingConv1D(CastWeights, Conv1D):  # type: ignore[misc]
+        """transformers' GPT-2 `Conv1D`, declared streamable (M13), and able to store its weight
+        small (issue 36: `CastWeights`; its output channels are the weight's dimension 1)."""
 
         STREAMABLE = True
+        CHANNEL_DIM = 1
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not is_stored_small(self):
+                return super().forward(x)  # as published: transformers' own
+            out = torch.addmm(self.cast_bias(x), x.view(-1, x.size(-1)), self.cast_weight(x))
+            return out.view(*x.shape[:-1], self.nf)
 
     return StreamingConv1D
 
