@@ -1,8 +1,9 @@
 """Higgs Audio v2's audio tokenizer (transformers' `HiggsAudioV2TokenizerModel`), shared by the
 engines that run on it: Higgs Audio v2 itself and OmniVoice (its codec). Loading it from its
 folder, built on meta and filled from the memory-mapped safetensors in float32 as published
-(`load_codec`, M27), its parts as the components the phases place (`register_codec`, M1), and
-its DAC decoder's working memory (`decoder_memory`, M45)."""
+(`load_codec`, M27), its parts as the components the phases place (`register_codec`, M1), its
+DAC decoder's working memory (`decoder_memory`, M45), and its published config
+(``bosonai/higgs-audio-v2-tokenizer``'s, `TOKENIZER`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,36 @@ if TYPE_CHECKING:
 # residual units alive together (fitted to CPU peaks on the tiny checkpoints, bench/engines.py
 # --peaks: 1.0-1.3x).
 DECODER_COPIES_PER_SAMPLE = 5
+
+#: ``config.json`` of the audio tokenizer: 24 kHz, hop 960 (25 frames/s), 8 codebooks of 1024
+#: (2 kbps); a DAC acoustic branch and a HuBERT-base semantic branch (16 kHz). The class
+#: defaults differ: DAC ratios [8, 5, 4, 2] and a 4 kbps top bandwidth.
+TOKENIZER: dict[str, Any] = {
+    "architectures": ["HiggsAudioV2TokenizerModel"],
+    "model_type": "higgs_audio_v2_tokenizer",
+    "sample_rate": 24000,
+    "semantic_sample_rate": 16000,
+    "downsample_factor": 320,
+    "codebook_size": 1024,
+    "codebook_dim": 64,
+    "kernel_size": 3,
+    "unit_kernel_size": 3,
+    "strides": [1, 1],
+    "channel_ratios": [1, 1],
+    "block_dilations": [1, 1],
+    "target_bandwidths": [0.5, 1, 1.5, 2],
+    "dtype": "float32",
+    "acoustic_model_config": {
+        "model_type": "dac", "encoder_hidden_size": 64, "decoder_hidden_size": 1024, "hidden_size": 256,
+        "downsampling_ratios": [8, 5, 4, 2, 3], "upsampling_ratios": [8, 5, 4, 2, 3],
+        "n_codebooks": 9, "codebook_size": 1024, "codebook_dim": 8,
+    },
+    "semantic_model_config": {
+        "model_type": "hubert", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+        "num_attention_heads": 12, "conv_dim": [512] * 7, "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
+        "conv_stride": [5, 2, 2, 2, 2, 2, 2], "mask_time_prob": 0.0,
+    },
+}
 
 
 def load_codec(folder: Path) -> nn.Module:

@@ -20,7 +20,8 @@ The interface (stable; a new engine joins by adding one module and one class att
     written with the tensors' names and shapes and no data (``torch.zeros(()).expand(shape)``);
   - None: an empty file the loader only checks is there (weights, tokenizers).
 * `build(model, manager)` writes those files into a temporary folder and constructs the
-  engine class on it exactly as a user's load does (its ``__init__``: the same loader, the same
+  engine class on it (or on the file ``choice`` names in it, where a user picks a file, as
+  Chatterbox Multilingual's T3) exactly as a user's load does (its ``__init__``: the same loader, the same
   components, kinds and marks, registered with `manager`), inside `nn.loading.shapes_only`:
   every parameter is created on `meta` and no weight is read (`load_safetensors` and
   ``nn.Module.load_state_dict`` keep the meta tensors). Where a loader reads more than configs
@@ -93,6 +94,9 @@ class PublishedModel:
     files: Mapping[str, FileContent]  # path in the checkpoint folder -> its content (see the module docstring)
     dtype: torch.dtype = torch.bfloat16  # the precision it runs in by default
     version: str | None = None  # the engine's checkpoint version (its VERSIONS) this model is
+    # What the loader is given, where it is a file inside the folder rather than the folder
+    # (Chatterbox Multilingual: its T3 file in the shared repository); None: the folder.
+    choice: str | None = None
 
     def write(self, folder: Path) -> Path:
         """Its config files, and empty stand-ins for its weight files, in `folder`."""
@@ -150,7 +154,7 @@ def build(model: PublishedModel, manager: ModelManager, device: torch.device | N
 
     cls = engine_class(model.engine)
     with written(model) as folder, shapes_only():
-        engine = cls(manager, folder, model.dtype, device)
+        engine = cls(manager, folder / model.choice if model.choice else folder, model.dtype, device)
     engine.model_dir = None  # the folder is gone: nothing may read it again
     return engine
 

@@ -124,26 +124,32 @@ def test_an_engine_on_the_plain_cpu_plans_no_placement() -> None:
     assert plan["phases"] == [] and "nothing streams" in plan["lines"][0]
 
 
-FULL_SIZE = ("Qwen3-TTS-12Hz-1.7B-Base", "CosyVoice2-0.5B")
+# (published model, card GB, GB beside it): VibeVoice 7B (18.7 GB in bfloat16) needs 12 GB beside SDXL.
+FULL_SIZE = (("Qwen3-TTS-12Hz-1.7B-Base", 8, 5), ("CosyVoice2-0.5B", 8, 5), ("VibeVoice-7B", 12, 5))
 
 
-@pytest.mark.parametrize("name", FULL_SIZE)
-def test_doctor_fit_predicts_the_managers_placement_of_a_full_size_meta_build(
-        name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """`mizuoto doctor --fit --card 8GB --beside 5GB --model NAME` prints each phase's placement;
-    the model built on meta and loaded on a simulated 8 GB device holding 5 GB of another model
-    is placed exactly so, partially for the larger phases."""
+def require_model(name: str) -> fit.PublishedModel:
     model = fit.find(name)
     require_engine(model.engine)
     if model.engine == "qwen3tts":
         require_qwen_tts()
-    assert cli.main(["doctor", "--fit", "--card", "8GB", "--beside", "5GB", "--model", name]) == 0
+    return model
+
+
+@pytest.mark.parametrize(("name", "card_gb", "beside_gb"), FULL_SIZE)
+def test_doctor_fit_predicts_the_managers_placement_of_a_full_size_meta_build(
+        name: str, card_gb: int, beside_gb: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """`mizuoto doctor --fit --card 8GB --beside 5GB --model NAME` prints each phase's placement;
+    the model built on meta and loaded on a simulated device of that size holding that much of
+    another model is placed exactly so, partially for the larger phases."""
+    model = require_model(name)
+    assert cli.main(["doctor", "--fit", "--card", f"{card_gb}GB", "--beside", f"{beside_gb}GB", "--model", name]) == 0
     report = json.loads(capsys.readouterr().out)
     (row,) = report["fits"]
-    assert (row["model"], row["card_mb"], row["beside_mb"]) == (name, 8 * 1024, 5 * 1024)
+    assert (row["model"], row["card_mb"], row["beside_mb"]) == (name, card_gb * 1024, beside_gb * 1024)
     printed = [[(c["name"], c["resident_bytes"], c["streamed_bytes"]) for c in p["components"]] for p in row["phases"]]
 
-    card, beside = 8 * GB, 5 * GB
+    card, beside = card_gb * GB, beside_gb * GB
     manager = fit.fit_manager(card)
     engine = fit.build(model, manager)
     got = []
@@ -170,11 +176,13 @@ def test_doctor_fit_without_a_gpu_shows_the_standard_cards(capsys: pytest.Captur
     assert "| 6 GB | 8 GB | 12 GB | 16 GB | 24 GB |" in report["table"][2]
 
 
-def test_a_full_size_meta_build_streams_as_predicted_at_every_share() -> None:
-    """Qwen3-TTS 1.7B at full size on meta: partial and whole placements of every phase."""
-    require_qwen_tts()
+@pytest.mark.parametrize("name", ["Qwen3-TTS-12Hz-1.7B-Base", "VibeVoice-7B"])
+def test_a_full_size_meta_build_streams_as_predicted_at_every_share(name: str) -> None:
+    """Qwen3-TTS 1.7B and VibeVoice 7B at full size on meta: partial and whole placements of
+    every phase."""
+    model = require_model(name)
     manager = ModelManager(DeviceService(simulate={"cpu": CARD}), VramPolicy({"compute.vram_reserve_mb": 400}))
-    engine = fit.build(fit.find(FULL_SIZE[0]), manager)
+    engine = fit.build(model, manager)
     assert check_predictions(manager, engine) > 0
 
 

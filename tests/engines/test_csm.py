@@ -230,7 +230,7 @@ def test_published_shapes_build_on_meta() -> None:
     require_engine("csm")
     from transformers import CsmConfig, CsmForConditionalGeneration
 
-    from mizuoto_runtime.engines.csm.config import CSM_1B
+    from mizuoto_runtime.engines.csm.published import CSM_1B
 
     model = build_on_meta(lambda: CsmForConditionalGeneration(CsmConfig(**CSM_1B)), torch.bfloat16)
     count = sum(p.numel() for p in model.parameters())

@@ -215,7 +215,7 @@ def test_published_shapes_build_on_meta() -> None:
     require_engine("dia")
     from transformers import DacConfig, DacModel, DiaConfig, DiaForConditionalGeneration
 
-    from mizuoto_runtime.engines.dia.config import DAC_44KHZ, DIA_1_6B
+    from mizuoto_runtime.engines.dia.published import DAC_44KHZ, DIA_1_6B
 
     model = build_on_meta(lambda: DiaForConditionalGeneration(DiaConfig(**DIA_1_6B)), torch.bfloat16)
     count = sum(p.numel() for p in model.parameters())

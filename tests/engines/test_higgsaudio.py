@@ -323,7 +323,8 @@ def test_full_size_shapes_build_on_meta() -> None:
     dual-FFN layer each (0.34 GB in bfloat16), and the estimates at that size."""
     from transformers import HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
 
-    from mizuoto_runtime.engines.higgsaudio.config import GENERATION_3B, TOKENIZER
+    from mizuoto_runtime.engines.higgs_codec import TOKENIZER
+    from mizuoto_runtime.engines.higgsaudio.published import GENERATION_3B
     from mizuoto_runtime.memory.handle import ModelHandle
     from mizuoto_runtime.nn.loading import build_on_meta
 

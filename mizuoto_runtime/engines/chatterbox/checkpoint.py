@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors
+from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors, reading_weights
 from ..upstream import ImportNoise, WarningNoise, quiet_import
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,10 @@ def load(folder: Path, dtype: torch.dtype, multilingual: bool = False) -> Models
     from chatterbox.models.voice_encoder import VoiceEncoder
 
     ve = build_on_meta(VoiceEncoder, torch.float32)
-    if multilingual:  # upstream's multilingual loader reads the pickled copies
+    s3gen_state: dict[str, torch.Tensor] | None = None
+    if not reading_weights():  # a shapes-only build (engines.published): the published sizes, no file read
+        sizes = PUBLISHED
+    elif multilingual:  # upstream's multilingual loader reads the pickled copies
         s3gen_state = read_pickled_state(folder / S3GEN_PICKLE)
         sizes = sizes_of(folder, True, {k: tuple(v.shape) for k, v in s3gen_state.items()})
         _fill(ve, read_pickled_state(folder / VE_PICKLE), folder / VE_PICKLE)
@@ -356,13 +359,15 @@ def load(folder: Path, dtype: torch.dtype, multilingual: bool = False) -> Models
     load_safetensors(t3, folder / (MULTILINGUAL_T3 if multilingual else T3_FILE))
     s3gen = build_on_meta(lambda: build_s3gen(sizes), torch.float32)
     # As upstream's strict=False: the S3 tokenizer's mel filters and window are computed, not stored.
-    if multilingual:
+    if s3gen_state is not None:
         _fill(s3gen, s3gen_state, folder / S3GEN_PICKLE, strict=False)
     else:
         load_safetensors(s3gen, folder / S3GEN_FILE, strict=False)
     path = folder / (MULTILINGUAL_TOKENIZER if multilingual else TOKENIZER_FILE)
+    tokenizer = None  # a shapes-only build reads no tokenizer: it cannot run a request
     try:
-        tokenizer = mtl_tokenizer(folder) if multilingual else EnTokenizer(str(path))
+        if reading_weights():
+            tokenizer = mtl_tokenizer(folder) if multilingual else EnTokenizer(str(path))
     except (OSError, ValueError, AssertionError) as exc:
         raise CheckpointError(f"{path}: not Chatterbox's text tokenizer ({exc!r})") from exc
     for module in (t3, s3gen, ve):

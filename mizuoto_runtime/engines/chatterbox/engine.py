@@ -47,7 +47,17 @@ from ...audio import Audio
 from ...errors import ArgumentError, CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Voice, element_size
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from .checkpoint import CONDS_FILE, HEAD_DIM, MULTILINGUAL_FILES, MULTILINGUAL_T3, check_layout, load, split_choice
 from .conditioning import DEC_COND_SECONDS, at_24k, conditionals
 
@@ -104,6 +114,7 @@ class ChatterboxEngine(Engine):
     REQUIREMENTS = "chatterbox"
     UPSTREAM = "chatterbox"
     VERSIONS = ("english", "multilingual")
+    PUBLISHED = "published"
     VOICE_OPTIONS = ("exaggeration",)
     sample_rate = 24000
 
@@ -293,6 +304,23 @@ class ChatterboxEngine(Engine):
         speech = drop_invalid_tokens(speech)
         speech = speech[speech < SPEECH_VOCAB]
         return Codes(speech, self.id, {"gen": data["gen"], "rng_state": state})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A clone of a 10 s reference (its first 10 s are the flow's prompt tokens, 25 a
+        second), the line's text tokens with start and stop, T3's tokens as `generate` plans
+        them (capped at 1000: 40 s a line; a script is spoken line by line); the flow and the
+        vocoder over the speech of `seconds`, within that cap."""
+        samples = int(TYPICAL_REFERENCE_SECONDS * 24000)
+        text_tokens = typical_tokens(seconds) + 2
+        limit = self.max_tokens(Sampling())
+        speech = min(limit, math.ceil(seconds * 25))
+        prompt = DEC_COND_SECONDS * 25
+        return [PhaseEstimate("voice prompt", (self.s3_tokenizer, self.speaker_encoder, self.voice_encoder),
+                              self.voice_prompt_memory(samples)),
+                PhaseEstimate("talker", (self.talker,),
+                              self.talker_memory(text_tokens, min(limit, TOKENS_PER_TEXT_TOKEN * text_tokens))),
+                PhaseEstimate("flow", (self.flow,), self.flow_memory(prompt + speech)),
+                PhaseEstimate("vocoder", (self.vocoder,), self.vocoder_memory(MEL_PER_TOKEN * speech))]
 
     # ---- decoder ---------------------------------------------------------------------------
     def flow_memory(self, tokens: int) -> int:

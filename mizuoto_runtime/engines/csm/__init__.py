@@ -1,3 +1,4 @@
 """CSM (Sesame, 1B): the adapter over transformers' own CSM and Mimi code (`engine`), its folder
-layout (`checkpoint`), the published shapes (`config`) and the tiny-checkpoint writer (`tiny`).
-Nothing is imported here, so each part is imported only where it is used."""
+layout (`checkpoint`), its constants (`config`), the published shapes (`published`) and the
+tiny-checkpoint writer (`tiny`). Nothing is imported here, so each part is imported only where it
+is used."""

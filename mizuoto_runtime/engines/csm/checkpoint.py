@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import config_from, read_json, safetensors_files
 
 FEATURE_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -51,7 +51,7 @@ class CsmParts:
 
     model: nn.Module  # CsmForConditionalGeneration (backbone, depth decoder), in the run precision
     codec: nn.Module  # MimiModel, float32 as published
-    processor: Any  # CsmProcessor (feature extractor, tokenizer, chat template)
+    processor: Any  # CsmProcessor (feature extractor, tokenizer, chat template); None in a shapes-only build
 
 
 def load_model(folder: Path, dtype: torch.dtype) -> CsmParts:
@@ -72,7 +72,8 @@ def load_model(folder: Path, dtype: torch.dtype) -> CsmParts:
     try:
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(str(folder))
-        processor = CsmProcessor.from_pretrained(str(folder))
+        # A shapes-only build (engines.published) reads no tokenizer: it cannot run a request.
+        processor = CsmProcessor.from_pretrained(str(folder)) if reading_weights() else None
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer, feature extractor or generation config cannot be loaded "
                               f"({exc})") from exc

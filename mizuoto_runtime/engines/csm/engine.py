@@ -38,6 +38,7 @@ float32 as shipped.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,14 +52,18 @@ from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
 from ..base import (
+    TYPICAL_CHARS_PER_SECOND,
+    TYPICAL_REFERENCE_SECONDS,
     CheckpointInfo,
     Codes,
     Engine,
+    PhaseEstimate,
     Sampling,
     Turn,
     Voice,
     chunk_seed,
     element_size,
+    typical_tokens,
 )
 from .checkpoint import check_layout, load_model
 from .config import FRAME_SAMPLES, SAMPLE_RATE
@@ -74,6 +79,10 @@ LAYER_COPIES = 6
 # Mimi's full-rate stage (filters x samples, float32), counted this many times: the stage's
 # output, the ELU and residual convs' temporaries alive together.
 MIMI_STAGE_COPIES = 4
+# Prompt tokens of the chat template besides the turns' texts and the context audio's frames (a
+# typical request, `typical_phases`): begin of text, each turn's speaker id and end, the audio
+# begin and end tokens; rounded up.
+PROMPT_OVERHEAD = 12
 
 
 class _Context(threading.local):
@@ -89,6 +98,7 @@ class CsmEngine(Engine):
     title = "CSM"
     REQUIREMENTS = "csm"
     UPSTREAM = "transformers"
+    PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = 2
     sample_rate = SAMPLE_RATE
@@ -310,6 +320,21 @@ class CsmEngine(Engine):
         """Where an utterance ends: its first all-EOS frame (upstream's `output_audio` cut)."""
         ends = (frames == self.model.config.codebook_eos_token_id).all(dim=-1).nonzero()
         return int(ends.min()) if ends.numel() else int(frames.shape[0])
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """One turn in a voice cloned from a 10 s reference with its transcript (a context
+        turn: its text and its frames), the frames as `frames_for` estimates them from the
+        text's bytes; the decoder with the frames of `seconds`, at most max_new_tokens."""
+        samples = int(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE)
+        context = math.ceil(samples / FRAME_SAMPLES)
+        spoken = "a" * round(seconds * TYPICAL_CHARS_PER_SECOND)  # English: a byte a character
+        sampling = Sampling()
+        prompt = PROMPT_OVERHEAD + typical_tokens(TYPICAL_REFERENCE_SECONDS) + context + typical_tokens(seconds)
+        decoded = min(math.ceil(seconds * SAMPLE_RATE / FRAME_SAMPLES), sampling.max_new_tokens)
+        return [PhaseEstimate("voice prompt", (self.mimi_encoder, self.quantizer), self.mimi_encoder_memory(samples)),
+                PhaseEstimate("talker", (self.talker,),
+                              self.talker_memory(prompt, self.frames_for(spoken, sampling), context)),
+                PhaseEstimate("decoder", (self.quantizer, self.mimi_decoder), self.mimi_decoder_memory(decoded))]
 
     # ---- decoder ---------------------------------------------------------------------------
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import config_from, read_json, safetensors_files
 
 DAC_FOLDER = "dac_44khz"
@@ -64,7 +64,7 @@ class DiaParts:
 
     model: nn.Module  # DiaForConditionalGeneration, in the run precision
     dac: nn.Module  # DacModel, float32 as published
-    processor: Any  # DiaProcessor (feature extractor, tokenizer, the codec)
+    processor: Any  # DiaProcessor (feature extractor, tokenizer, the codec); None in a shapes-only build
 
 
 def load_model(folder: Path, dtype: torch.dtype) -> DiaParts:
@@ -92,8 +92,9 @@ def load_model(folder: Path, dtype: torch.dtype) -> DiaParts:
     try:
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(str(folder))
-        processor = DiaProcessor(DiaFeatureExtractor.from_pretrained(str(folder)),
-                                 DiaTokenizer.from_pretrained(str(folder)), dac)
+        # A shapes-only build (engines.published) reads no tokenizer: it cannot run a request.
+        processor = (DiaProcessor(DiaFeatureExtractor.from_pretrained(str(folder)),
+                                  DiaTokenizer.from_pretrained(str(folder)), dac) if reading_weights() else None)
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer, feature extractor or generation config cannot be loaded "
                               f"({exc})") from exc

@@ -44,9 +44,20 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element_size
+from ..base import (
+    TYPICAL_CHARS_PER_SECOND,
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Turn,
+    Voice,
+    element_size,
+)
 from .checkpoint import check_layout, load_model
-from .config import AUDIO_BOS, AUDIO_PAD, SAMPLE_RATE, SPEAKER_TAGS
+from .config import AUDIO_BOS, AUDIO_PAD, HOP, SAMPLE_RATE, SPEAKER_TAGS
 
 # M46: decoder frames estimated per byte of text (86 frames a second, ~14 characters a second
 # of speech), capped by max_new_tokens.
@@ -84,6 +95,7 @@ class DiaEngine(Engine):
     title = "Dia"
     REQUIREMENTS = "dia"
     UPSTREAM = "transformers"
+    PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = len(SPEAKER_TAGS)
     sample_rate = SAMPLE_RATE
@@ -253,6 +265,22 @@ class DiaEngine(Engine):
         tokens = ctx.run("talker", [self.talker], talk, memory)
         ctx.progress(total, total)
         return Codes(tokens, self.id, {"prompt_len": prompt_len})
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """One voice cloned from a 10 s reference with its transcript (its codes the audio
+        prompt, its transcript before the text, each with a speaker tag): the text's bytes (one
+        token each), the steps as `frames_for` estimates them; the decoder with the frames of
+        `seconds`, at most the request's max_new_tokens."""
+        samples = int(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE)
+        reference = samples // HOP
+        spoken = "a" * round(seconds * TYPICAL_CHARS_PER_SECOND)  # English: a byte a character
+        text_tokens = round(TYPICAL_REFERENCE_SECONDS * TYPICAL_CHARS_PER_SECOND) + len(spoken) + 2 * len("[S1] ")
+        sampling = Sampling()
+        frames = self.frames_for(spoken, sampling)
+        decoded = min(math.ceil(seconds * SAMPLE_RATE / HOP), sampling.max_new_tokens)
+        return [PhaseEstimate("voice prompt", (self.dac_encoder, self.quantizer), self.voice_prompt_memory(samples)),
+                PhaseEstimate("talker", (self.talker,), self.talker_memory(text_tokens, reference, frames)),
+                PhaseEstimate("decoder", (self.quantizer, self.dac_decoder), self.decoder_memory(decoded))]
 
     # ---- decoder ---------------------------------------------------------------------------
     def frames(self, codes: Codes) -> torch.Tensor:

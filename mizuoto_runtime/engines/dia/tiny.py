@@ -27,7 +27,8 @@ import torch
 from ...nn.dtypes import DTYPE_NAMES, parse_dtype
 from ..tiny import one_version, randomize_normed, save_shards, scale_output
 from .checkpoint import DAC_FOLDER
-from .config import DELAY_PATTERN, GENERATION, HOP, SAMPLE_RATE
+from .config import DELAY_PATTERN, HOP, SAMPLE_RATE
+from .published import GENERATION
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors
+from ...nn.loading import SafetensorsFile, build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import config_from, read_json
 from ..higgs_codec import load_codec
 
@@ -81,7 +81,7 @@ class Loaded:
 
     model: nn.Module
     codec: nn.Module
-    processor: Any
+    processor: Any  # None in a shapes-only build: it cannot run a request
     generation: Any  # the folder's GenerationConfig
 
 
@@ -115,12 +115,18 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
 
     config = config_from(HiggsAudioV2Config, folder)
     model = build_on_meta(lambda: HiggsAudioV2ForConditionalGeneration(config), dtype)
-    files = weight_files(folder)
-    _check_names(model, files)
-    load_safetensors(model, files, strict=False)  # a tensor left out is still refused: none stays on meta
+    reading = reading_weights()  # false: a shapes-only build (engines.published), configs alone
+    if reading:
+        files = weight_files(folder)
+        _check_names(model, files)
+        load_safetensors(model, files, strict=False)  # a tensor left out is still refused: none stays on meta
     codec = load_codec(folder / AUDIO_TOKENIZER_FOLDER)
     model.eval()
     try:
+        generation = (GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").is_file()
+                      else GenerationConfig.from_model_config(config))
+        if not reading:
+            return Loaded(model, codec, None, generation)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         settings = read_json(folder / "processor_config.json") if (folder / "processor_config.json").is_file() else {}
         features = _feature_extractor(DacFeatureExtractor, folder, settings)
@@ -128,8 +134,6 @@ def load_models(folder: Path, dtype: torch.dtype) -> Loaded:
             features, tokenizer, codec, chat_template=_chat_template(folder, tokenizer),
             audio_stream_bos_id=settings.get("audio_stream_bos_id", config.audio_stream_bos_id),
             audio_stream_eos_id=settings.get("audio_stream_eos_id", config.audio_stream_eos_id))
-        generation = (GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").is_file()
-                      else GenerationConfig.from_model_config(config))
     except (OSError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{folder}: tokenizer, feature extractor or generation files cannot be read ({exc})") \
             from exc

@@ -42,6 +42,7 @@ float32 as published.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,7 +54,18 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element_size
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Turn,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from ..higgs_codec import decoder_memory, register_codec
 from .checkpoint import check_layout, load_models
 from .config import SCENE, SYSTEM_PROMPT
@@ -69,6 +81,10 @@ LAYER_COPIES = 4
 MLP_COPIES = 3  # gate, up and their product, intermediate-wide
 # Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate stage.
 ENCODER_BYTES_PER_SAMPLE = 48
+# Prompt tokens of the chat format besides the texts and the reference's audio tokens (a typical
+# request, `typical_phases`): the system prompt, the scene, the turns' headers, the audio stream's
+# begin and end tokens; rounded up.
+PROMPT_OVERHEAD = 48
 
 
 def _speaker(index: int) -> str:
@@ -82,6 +98,7 @@ class HiggsAudioEngine(Engine):
     title = "Higgs Audio v2"
     REQUIREMENTS = "higgsaudio"
     UPSTREAM = "transformers.models.higgs_audio_v2"
+    PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = 2
     sample_rate = 24000
@@ -279,6 +296,20 @@ class HiggsAudioEngine(Engine):
         tokens = ctx.run("talker", [self.talker], talk, memory)
         ctx.progress(total, total)
         return Codes(tokens, self.id)
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """A zero-shot clone of a 10 s reference with its transcript (its codes in the prompt,
+        framed by the stream's BOS and EOS in the delay pattern), the frames as `frames_for`
+        estimates them from the text tokens; the decoder with the frames of `seconds`."""
+        config = self.codec.config
+        samples = int(TYPICAL_REFERENCE_SECONDS * self.sample_rate)
+        reference = samples // config.hop_length + 1 + 2 + self.model.config.num_codebooks - 1
+        text_tokens = PROMPT_OVERHEAD + typical_tokens(TYPICAL_REFERENCE_SECONDS) + typical_tokens(seconds)
+        frames = self.frames_for(text_tokens, Sampling())
+        return [PhaseEstimate("voice prompt", (self.audio_encoder, self.quantizer), self.voice_prompt_memory(samples)),
+                PhaseEstimate("talker", (self.talker,), self.talker_memory(text_tokens + reference, frames)),
+                PhaseEstimate("decoder", (self.quantizer, self.audio_decoder),
+                              decoder_memory(self.codec, math.ceil(seconds * config.frame_rate)))]
 
     # ---- decoder ---------------------------------------------------------------------------
     def audio_frames(self, tokens: torch.Tensor) -> int:

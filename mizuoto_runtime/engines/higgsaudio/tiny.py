@@ -43,7 +43,7 @@ SPECIAL_TOKENS = (
     "<|audio_out_bos|>", "<|AUDIO_OUT|>", "<|audio_eos|>", "<|reserved_special_token_6|>",
     "<|scene_desc_start|>", "<|scene_desc_end|>",
 )
-LLM: dict[str, Any] = {  # real: config.GENERATION_3B (3072 wide, 28 layers)
+LLM: dict[str, Any] = {  # real: published.GENERATION_3B (3072 wide, 28 layers)
     "vocab_size": 288, "hidden_size": 128, "intermediate_size": 768, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 2048,
     "num_codebooks": 8, "codebook_size": CODEBOOK + 2, "audio_stream_bos_id": CODEBOOK,
@@ -145,7 +145,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
         HiggsAudioV2Processor,
     )
 
-    from .config import GENERATION_CONFIG
+    from .published import GENERATION_CONFIG
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
-from ...nn.loading import build_on_meta, load_safetensors
+from ...nn.loading import build_on_meta, load_safetensors, reading_weights
 from ..checkpoint_files import read_json
 
 MODEL_TYPE = "vibevoice"
@@ -99,7 +99,8 @@ def load_model(folder: Path, dtype: torch.dtype) -> nn.Module:
 
     config = model_config(folder)
     model = build_on_meta(lambda: VibeVoiceForConditionalGeneration(config), dtype)
-    load_safetensors(model, shards(folder))
+    if reading_weights():  # a shapes-only build (engines.published) reads no index or shard
+        load_safetensors(model, shards(folder))
     tower = model.model.audio_tower._modules
     tower["encoder"] = tower.pop("encoder")  # after the decoder, in the module order
     model.eval()

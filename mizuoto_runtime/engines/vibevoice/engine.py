@@ -64,7 +64,19 @@ from ...audio import Audio
 from ...errors import CheckpointError, MizuotoError
 from ...memory.phases import RequestContext
 from ...nn.kv_cache import peak_bytes
-from ..base import CheckpointInfo, Codes, Engine, Sampling, Turn, Voice, element_size
+from ...nn.loading import reading_weights
+from ..base import (
+    TYPICAL_REFERENCE_SECONDS,
+    CheckpointInfo,
+    Codes,
+    Engine,
+    PhaseEstimate,
+    Sampling,
+    Turn,
+    Voice,
+    element_size,
+    typical_tokens,
+)
 from .checkpoint import check_layout, load_model, load_processor
 from .published import label_of
 
@@ -87,6 +99,10 @@ LM_INTERMEDIATE_COPIES = 4
 # A ConvNeXt stage's live tensors per channel and sample besides its feed-forward expansion: its
 # input (kept for the residual), the norm and its transposes, the depthwise conv.
 CONVNEXT_COPIES = 9
+# Prompt tokens of the chat template besides the script's text and the references' latents (a
+# typical request, `typical_phases`): the system line, "Voice input:", a speaker's voice line
+# with its audio begin and end, "Text input:", "Speaker 0:", "Speech output:"; rounded up.
+PROMPT_OVERHEAD = 48
 
 
 class VibeVoiceEngine(Engine):
@@ -97,6 +113,7 @@ class VibeVoiceEngine(Engine):
     REQUIREMENTS = "vibevoice"
     UPSTREAM = "diffusers"  # transformers' VibeVoice builds its noise scheduler from diffusers
     VERSIONS = ("1.5b", "7b")
+    PUBLISHED = "published"
     PHASED = True
     VOICES_PER_PASS = 4
     sample_rate = SAMPLE_RATE
@@ -120,7 +137,8 @@ class VibeVoiceEngine(Engine):
         if self.model_dir is None:
             raise CheckpointError("vibevoice needs a checkpoint folder (vibevoice/VibeVoice-1.5B-hf or -7B-hf)")
         self.model = load_model(self.model_dir, dtype)
-        self.processor = load_processor(self.model_dir)
+        # A shapes-only build (engines.published) reads no tokenizer: it cannot run a request.
+        self.processor = load_processor(self.model_dir) if reading_weights() else None
         inner = self.model.model
         for tokenizer in (inner.audio_tower.encoder, inner.audio_tower.decoder, inner.semantic_tokenizer_encoder):
             name_block_units(tokenizer)
@@ -284,6 +302,18 @@ class VibeVoiceEngine(Engine):
         wav = ctx.run("talker", [self.talker, self.acoustic_decoder, self.semantic_encoder], talk, memory)
         ctx.progress(total, total)
         return Codes(wav, self.id)
+
+    def typical_phases(self, seconds: float) -> list[PhaseEstimate]:
+        """One voice cloned from a 10 s reference (its latents in the prompt), the text's frames
+        as `frames_for` estimates them from the prompt's text tokens; the talker phase decodes
+        as it goes (no decoder phase)."""
+        samples = math.ceil(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE / self.hop) * self.hop
+        latents = samples // self.hop
+        text_tokens = PROMPT_OVERHEAD + typical_tokens(seconds)
+        frames = self.frames_for(text_tokens, Sampling())
+        return [PhaseEstimate("voice prompt", (self.acoustic_encoder,), self.voice_prompt_memory(samples)),
+                PhaseEstimate("talker", (self.talker, self.acoustic_decoder, self.semantic_encoder),
+                              self.talker_memory(text_tokens + latents, frames))]
 
     # ---- decoder ---------------------------------------------------------------------------
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:

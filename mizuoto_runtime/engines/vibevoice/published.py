@@ -1,7 +1,8 @@
 """The published VibeVoice configurations, as data: the ``config.json`` of
 ``vibevoice/VibeVoice-1.5B-hf`` and the shapes of ``vibevoice/VibeVoice-7B-hf``, for naming a
-folder by its size (`label_of`) and for building either model on the meta device (tests, and the
-full-size measurement that writes random weights shard by shard).
+folder by its size (`label_of`), for building either model on the meta device (tests, and the
+full-size measurement that writes random weights shard by shard) and as the engine's published
+models (`MODELS`, issue 35, `engines.published`).
 
 1.5B: the converted checkpoint's config.json (transformers 5.13's conversion of
 microsoft/VibeVoice-1.5B). 7B: the same conversion applied to microsoft/VibeVoice-7B's
@@ -14,6 +15,9 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+
+from ..published import FileContent, PublishedModel
+from .checkpoint import PROCESSOR_FILES, REQUIRED_FILES
 
 TOKENIZER: dict[str, Any] = {
     "channels": 1, "depths": [3, 3, 3, 3, 3, 3, 8], "downsampling_ratios": [2, 2, 4, 5, 5, 8], "ffn_expansion": 4,
@@ -75,3 +79,14 @@ def published_config(name: str) -> Any:
     data = copy.deepcopy(PUBLISHED[name])
     data.pop("model_type")
     return VibeVoiceConfig(**data)
+
+
+def _model(name: str, version: str) -> PublishedModel:
+    """The ``-hf`` folder of a published size: its config.json; the index, tokenizer and
+    processor files, which a shapes-only build does not read, empty."""
+    files: dict[str, FileContent] = {path: None for path in (*REQUIRED_FILES, PROCESSOR_FILES[0])}
+    files["config.json"] = PUBLISHED[name]
+    return PublishedModel("vibevoice", name, f"vibevoice/{name}-hf", files, version=version)
+
+
+MODELS = (_model("VibeVoice-1.5B", "1.5b"), _model("VibeVoice-7B", "7b"))
