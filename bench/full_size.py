@@ -78,13 +78,21 @@ _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"
 
 
 # ---- writing ----------------------------------------------------------------------------------
+SHARD_BYTES = 4 * GB  # a sharded checkpoint's files: at most this much each (one tensor may be more)
+
+
 @dataclasses.dataclass(frozen=True)
 class WeightFile:
-    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`."""
+    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`.
+    With `shard_bytes`: the layout ``save_pretrained`` writes instead (a transformers model's
+    ``-hf`` folder): each tied tensor once, under its first name, in files of at most
+    `shard_bytes` named ``<stem>-0000i-of-0000N.safetensors`` after `path`, and
+    ``<path>.index.json`` mapping each key to its file."""
 
     path: str  # relative to the checkpoint folder
     module: nn.Module
     key: Callable[[str], str] = str
+    shard_bytes: int | None = None
 
 
 def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -153,6 +161,9 @@ class Writer:
     weights: Callable[[PublishedModel, Path], list[WeightFile]]
     request: Callable[[PublishedModel], Request]
     token_phase: str = "talker"
+    # What the written values need besides `random_tensor` (an LM that speaks rather than stops
+    # at once): given the folder's configs, a function (key, made tensor) -> the tensor written.
+    values: Callable[[Path], Callable[[str, torch.Tensor], torch.Tensor]] | None = None
 
 
 QWEN3TTS_SPEAKER = "full_size"  # CustomVoice's one speaker (`_qwen3tts_run_files`)
@@ -232,9 +243,67 @@ def _f5tts_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{VOCODER_FOLDER}/pytorch_model.bin", vocos)]
 
 
+def _vibevoice_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's processor files (generation config, feature extractor, a byte-level
+    tokenizer with the published config's special ids, the chat template)."""
+    from mizuoto_runtime.engines.vibevoice import checkpoint, tiny
+
+    tiny.write_processor(folder, checkpoint.model_config(folder))
+
+
+def _vibevoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' `VibeVoiceForConditionalGeneration` on meta, as the engine's loader builds
+    it; its state-dict keys are the ``-hf`` checkpoint's."""
+    from mizuoto_runtime.engines.vibevoice import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        built = checkpoint.load_model(folder, model.dtype)
+    return [WeightFile(checkpoint.INDEX.removesuffix(".index.json"), built, shard_bytes=SHARD_BYTES)]
+
+
+VIBEVOICE_STRENGTH = 1000.0  # the audio direction's size in the last layer's output (the residual stream's is ~10-100)
+
+
+def _vibevoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The LM favours the audio token, so a request speaks all its frames (`vibevoice.tiny`'s
+    `favour_audio_token`, without the model in memory): the last layer's value bias is a fixed
+    vector, which attention passes through whole; its output projection gains a rank-one term
+    that turns that vector into `VIBEVOICE_STRENGTH` along a unit direction u; the audio
+    token's head row (the embedding's where the head is tied) is 4 u."""
+    from mizuoto_runtime.engines.vibevoice import tiny
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    text = config["text_config"]
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    gen = torch.Generator().manual_seed(1)
+    u = torch.randn(text["hidden_size"], generator=gen)
+    u /= u.norm()
+    bias = torch.randn(text["num_key_value_heads"] * head_dim, generator=gen)
+    bias *= tiny.AUDIO_TOKEN_BIAS / bias.norm()
+    groups = text["num_attention_heads"] // text["num_key_value_heads"]
+    per_head = bias.view(-1, head_dim).repeat_interleave(groups, dim=0).flatten()
+    last = f"model.language_model.layers.{text['num_hidden_layers'] - 1}.self_attn."
+    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    head = "model.language_model.embed_tokens.weight" if tied else "lm_head.weight"
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == last + "v_proj.bias":
+            return bias.to(made.dtype)
+        if key == last + "o_proj.weight":
+            rank_one = torch.outer(u, per_head) * (VIBEVOICE_STRENGTH / per_head.dot(per_head))
+            return (made.float() + rank_one).to(made.dtype)
+        if key == head:
+            made[config["audio_token_id"]] = (4.0 * u).to(made.dtype)
+        return made
+
+    return values
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
+    "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
 }
 
 
@@ -246,19 +315,72 @@ def writer(model: PublishedModel) -> Writer:
     return found
 
 
-def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0) -> int:
-    """`model` in `folder`: its configs, its run files, random weights file by file. Returns the
-    weight files' bytes."""
+def checkpoint_tensors(weight_file: WeightFile) -> dict[str, torch.Tensor]:
+    """The weight file's tensors under their checkpoint keys; a sharded (``save_pretrained``)
+    layout keeps a tied tensor once, under the name the state dict gives it first (a tied LM
+    head is stored as the embedding)."""
+    named: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in weight_file.module.state_dict(keep_vars=True).items():
+        if weight_file.shard_bytes is not None:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+        named[weight_file.key(name)] = tensor
+    return named
+
+
+def shard(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+    """`tensors` in order, cut into groups of at most `limit` bytes (a larger tensor alone)."""
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if groups[-1] and size + nbytes > limit:
+            groups.append({})
+            size = 0
+        groups[-1][name] = t
+        size += nbytes
+    return groups
+
+
+def write_shards(path: Path, tensors: dict[str, torch.Tensor], limit: int,
+                 make: Callable[[str, torch.Tensor], torch.Tensor]) -> int:
+    """`tensors` as ``save_pretrained`` shards them (`WeightFile`), each file streamed by
+    `write_safetensors`, and the index beside them. Returns the shards' bytes."""
+    groups = shard(tensors, limit)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, group in enumerate(groups, 1):
+        name = f"{path.stem}-{i:05d}-of-{len(groups):05d}{path.suffix}"
+        total += write_safetensors(path.with_name(name), group, make)
+        weight_map.update(dict.fromkeys(group, name))
+        log.info("wrote %s (%.2f GB)", name, path.with_name(name).stat().st_size / GB)
+    data_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": data_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    path.with_name(path.name + ".index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+    return total
+
+
+def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_bytes: int | None = None) -> int:
+    """`model` in `folder`: its configs, its run files, random weights file by file (a sharded
+    one in shards of `shard_bytes`, default its writer's). Returns the weight files' bytes."""
     w = writer(model)
     if folder.exists():
         shutil.rmtree(folder)
     model.write(folder)
     w.run_files(model, folder)
     gen = torch.Generator().manual_seed(seed)
+    values = w.values(folder) if w.values is not None else (lambda key, made: made)
     total = 0
     for weight_file in w.weights(model, folder):
-        named = {weight_file.key(k): v for k, v in weight_file.module.state_dict(keep_vars=True).items()}
+        named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
+        if weight_file.shard_bytes is not None:
+            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
+                                  lambda key, like: values(key, random_tensor(key, like, gen)))
+            del named
+            continue
         if path.suffix == ".safetensors":
             total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
         else:  # a torch file (a small vocoder's): written whole, its tensors held once
