@@ -392,6 +392,42 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
     return total
 
 
+def check_written(model: PublishedModel, folder: Path) -> int:
+    """Every weight file in `folder` holds exactly the tensors (names, dtypes, shapes) the
+    writer's meta build of `model` has, as the loader's strict check asks; a sharded one, those
+    its index names, in the files it names. Returns the number of tensors; raises ValueError
+    naming the first difference."""
+    from mizuoto_runtime.nn.loading import SafetensorsFile
+
+    count = 0
+    for weight_file in writer(model).weights(model, folder):
+        want = {k: (t.dtype, tuple(t.shape)) for k, t in checkpoint_tensors(weight_file).items()}
+        path = folder / weight_file.path
+        if weight_file.shard_bytes is not None:
+            index = json.loads(path.with_name(path.name + ".index.json").read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(index.values()))
+        else:
+            index, files = None, [weight_file.path]
+        found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        for name in files:
+            f = SafetensorsFile(path.with_name(Path(name).name))
+            try:
+                for key, (dtype, shape, _, _) in f.entries.items():
+                    if index is not None and index.get(key) != name:
+                        raise ValueError(f"{name}: {key} is not where the index says ({index.get(key)})")
+                    found[key] = (dtype, tuple(shape))
+            finally:
+                f.close()
+        if index is not None and index.keys() != found.keys():
+            raise ValueError(f"{weight_file.path}: the index names tensors no shard holds: "
+                             f"{sorted(index.keys() - found.keys())[:3]}")
+        if found != want:
+            diff = sorted(set(found.items()) ^ set(want.items()))[:3]
+            raise ValueError(f"{weight_file.path}: written tensors differ from the meta build: {diff}")
+        count += len(found)
+    return count
+
+
 # ---- what fits ---------------------------------------------------------------------------------
 def available_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -483,8 +519,12 @@ def _token_phase_ms(rt: Any, engine: Any, req: Request, tokens: int, phase: str,
     seconds = sum(r.seconds for r in loop)
     made = max(1, sum(1 for t in ticks for r in loop if r.started <= t <= r.started + r.seconds))
     streamed = meta["memory"].get("streamed_mb", 0.0)
+    components = meta["memory"].get("request", {}).get("components", [])
     return {"ms_per_token": round(seconds / made * 1e3, 1), "tokens": made,
-            "streamed_mb_per_token": round(streamed / made, 1), "audio_s": round(audio.seconds, 2)}
+            "streamed_mb_per_token": round(streamed / made, 1), "audio_s": round(audio.seconds, 2),
+            "streamed_mb": streamed,
+            "resident_mb": round(sum(c.get("on_device_mb", 0.0) for c in components), 1),
+            "from_ram_mb": round(sum(c.get("from_ram_mb", 0.0) for c in components), 1)}
 
 
 def steps(engine: Any, req: Request) -> None:
@@ -624,9 +664,11 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
     """Write `model`, measure it in a fresh process, delete it (unless --keep)."""
     from mizuoto_runtime.engines import engine_class
 
+    if args.write_only:
+        return written_only(model, args)
     plan = smallest_card(model)
     need = plan["size_bytes"] * LOAD_OVERHEAD + HOST_HEADROOM
-    if not args.dry_run and need > available_bytes():
+    if not args.dry_run and not args.force and need > available_bytes():
         return {"model": model.name, "skipped": f"needs ~{need / GB:.1f} GB of host memory, "
                                                 f"{available_bytes() / GB:.1f} GB available"}
     folder = args.root / model.name.replace("/", "_")
@@ -639,7 +681,7 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
         write_checkpoint(model, folder)
     written_s = time.perf_counter() - start
     cmd = [sys.executable, __file__, "--measure", "--model", model.name, "--folder", str(folder),
-           "--device", args.device, "--tokens", str(args.tokens), "--card-gb", str(plan["card_gb"] or 0),
+           "--device", args.device, "--tokens", str(args.tokens), "--card-gb", str(args.card or plan["card_gb"] or 0),
            "--t0", repr(time.time())] + (["--dry-run"] if args.dry_run else [])
     try:
         error, text = watched(cmd, args.timeout)
@@ -654,6 +696,24 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
     if plan["fit"] is not None:
         row["link_bound_ms"] = plan["fit"].get("link_bound_ms")
         row["fit_status"] = plan["fit"]["status"]
+    return row
+
+
+def written_only(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
+    """``--write-only``: write `model` (one tensor in memory at a time, whatever its size), check
+    its files against the loader's meta build (`check_written`), delete it (unless --keep)."""
+    folder = args.root / model.name.replace("/", "_")
+    start = time.perf_counter()
+    written = write_checkpoint(model, folder)
+    row: dict[str, Any] = {"model": model.name, "checkpoint_gb": round(written / GB, 2),
+                           "write_s": round(time.perf_counter() - start, 1),
+                           "write_peak_rss_gb": round(peak_rss_bytes() / GB, 2)}
+    try:
+        row["checked_tensors"] = check_written(model, folder)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    row["skipped"] = f"written and checked ({row['checked_tensors']} tensors), not measured"
     return row
 
 
@@ -731,6 +791,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     parser.add_argument("--dry-run", action="store_true", help="tiny checkpoints: the code path, not the numbers")
+    parser.add_argument("--card", type=int, default=0,
+                        help="the device's size in GB for the streamed run (default: the fit table's smallest card "
+                             "that holds the model's minimum working set)")
+    parser.add_argument("--force", action="store_true",
+                        help="measure a model whose estimated host memory exceeds what is available (the run "
+                             "is still stopped when available memory falls under 4 GB)")
+    parser.add_argument("--write-only", action="store_true",
+                        help="write each checkpoint and check its files against the loader's shapes, "
+                             "measure nothing (a model larger than this machine's memory)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one model's measurement")
     parser.add_argument("--g2pw", action="store_true",
                         help="instead: a GPT-SoVITS load beside a published-size g2pW, converted and kept")

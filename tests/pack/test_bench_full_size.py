@@ -122,8 +122,13 @@ def test_a_sharded_transformers_checkpoint_is_what_the_loader_reads(bench: Modul
         with safe_open(str(shard), "pt") as f:
             assert set(f.keys()) == {k for k, v in index["weight_map"].items() if v == shard.name}
             assert all(f.get_slice(k).get_dtype() == "F32" for k in f.keys())
+    assert bench.check_written(small, folder) == len(expected)
     rt = Runtime()
     engine = rt.engine("vibevoice", folder)
     voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
     audio, _ = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=2))
+    moved = {**index, "weight_map": {**index["weight_map"], "lm_head.weight": shards[0].name}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(moved))
+    with pytest.raises(ValueError, match="lm_head.weight"):  # a key the index names but no shard holds
+        bench.check_written(small, folder)
     assert audio.waveform.numel() == 2 * engine.hop and torch.isfinite(audio.waveform).all()  # it spoke every frame
