@@ -300,9 +300,32 @@ def _vibevoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tenso
     return values
 
 
+def _dia_run_files(model: PublishedModel, folder: Path) -> None:
+    """Dia's tokenizer (bytes) and feature extractor, as the tiny writer saves them."""
+    from transformers import DiaFeatureExtractor, DiaTokenizer
+
+    from mizuoto_runtime.engines.dia.config import HOP, SAMPLE_RATE
+
+    DiaTokenizer().save_pretrained(str(folder))
+    DiaFeatureExtractor(sampling_rate=SAMPLE_RATE, hop_length=HOP).save_pretrained(str(folder))
+
+
+def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' Dia and DAC on meta, as the engine's loader builds them (one file each, as
+    published)."""
+    from mizuoto_runtime.engines.dia import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        parts = checkpoint.load_model(folder, model.dtype)
+    return [WeightFile("model.safetensors", parts.model),
+            WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
+    "dia": Writer(_dia_run_files, _dia_weights, lambda model: Request()),
     "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
 }
 

@@ -132,3 +132,34 @@ def test_a_sharded_transformers_checkpoint_is_what_the_loader_reads(bench: Modul
     with pytest.raises(ValueError, match="lm_head.weight"):  # a key the index names but no shard holds
         bench.check_written(small, folder)
     assert audio.waveform.numel() == 2 * engine.hop and torch.isfinite(audio.waveform).all()  # it spoke every frame
+
+
+def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """Dia's writer on the tiny configs: one safetensors file each for Dia and its DAC codec (as
+    published), exactly the tensors the loader's meta build has, and the engine speaks from them."""
+    from transformers import DiaConfig
+
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.dia import tiny
+    from mizuoto_runtime.engines.dia.checkpoint import DAC_FOLDER
+    from mizuoto_runtime.engines.published import find
+
+    published = find("Dia-1.6B")
+    config = DiaConfig(encoder_config=dict(tiny.ENCODER), decoder_config=dict(tiny.DECODER),
+                       delay_pattern=list(tiny.DELAY_PATTERN)).to_dict()
+    small = dataclasses.replace(published, files={**published.files, "config.json": config,
+                                                  f"{DAC_FOLDER}/config.json": {"model_type": "dac", **tiny.DAC}})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")) == [
+        f"{DAC_FOLDER}/model.safetensors", "model.safetensors"]
+    assert written == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    assert bench.check_written(small, folder) > 0
+    rt = Runtime()
+    engine = rt.engine("dia", folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
+                      sampling=Sampling(seed=1, max_new_tokens=24))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
