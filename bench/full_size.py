@@ -103,7 +103,7 @@ def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.
         return like.detach()
     if like.dim() >= 2:
         fan_in = like[0].numel()
-        out = torch.randn(like.shape, generator=gen) * fan_in ** -0.5
+        out = torch.randn(like.shape, generator=gen).mul_(fan_in ** -0.5)  # in place: one float32 copy
     elif name.endswith("bias"):
         out = torch.zeros(like.shape)
     else:
