@@ -78,13 +78,21 @@ _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"
 
 
 # ---- writing ----------------------------------------------------------------------------------
+SHARD_BYTES = 4 * GB  # a sharded checkpoint's files: at most this much each (one tensor may be more)
+
+
 @dataclasses.dataclass(frozen=True)
 class WeightFile:
-    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`."""
+    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`.
+    With `shard_bytes`: the layout ``save_pretrained`` writes instead (a transformers model's
+    ``-hf`` folder): each tied tensor once, under its first name, in files of at most
+    `shard_bytes` named ``<stem>-0000i-of-0000N.safetensors`` after `path`, and
+    ``<path>.index.json`` mapping each key to its file."""
 
     path: str  # relative to the checkpoint folder
     module: nn.Module
     key: Callable[[str], str] = str
+    shard_bytes: int | None = None
 
 
 def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -95,7 +103,7 @@ def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.
         return like.detach()
     if like.dim() >= 2:
         fan_in = like[0].numel()
-        out = torch.randn(like.shape, generator=gen) * fan_in ** -0.5
+        out = torch.randn(like.shape, generator=gen).mul_(fan_in ** -0.5)  # in place: one float32 copy
     elif name.endswith("bias"):
         out = torch.zeros(like.shape)
     else:
@@ -153,6 +161,9 @@ class Writer:
     weights: Callable[[PublishedModel, Path], list[WeightFile]]
     request: Callable[[PublishedModel], Request]
     token_phase: str = "talker"
+    # What the written values need besides `random_tensor` (an LM that speaks rather than stops
+    # at once): given the folder's configs, a function (key, made tensor) -> the tensor written.
+    values: Callable[[Path], Callable[[str, torch.Tensor], torch.Tensor]] | None = None
 
 
 QWEN3TTS_SPEAKER = "full_size"  # CustomVoice's one speaker (`_qwen3tts_run_files`)
@@ -232,9 +243,90 @@ def _f5tts_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{VOCODER_FOLDER}/pytorch_model.bin", vocos)]
 
 
+def _vibevoice_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's processor files (generation config, feature extractor, a byte-level
+    tokenizer with the published config's special ids, the chat template)."""
+    from mizuoto_runtime.engines.vibevoice import checkpoint, tiny
+
+    tiny.write_processor(folder, checkpoint.model_config(folder))
+
+
+def _vibevoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' `VibeVoiceForConditionalGeneration` on meta, as the engine's loader builds
+    it; its state-dict keys are the ``-hf`` checkpoint's."""
+    from mizuoto_runtime.engines.vibevoice import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        built = checkpoint.load_model(folder, model.dtype)
+    return [WeightFile(checkpoint.INDEX.removesuffix(".index.json"), built, shard_bytes=SHARD_BYTES)]
+
+
+VIBEVOICE_STRENGTH = 1000.0  # the audio direction's size in the last layer's output (the residual stream's is ~10-100)
+
+
+def _vibevoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The LM favours the audio token, so a request speaks all its frames (`vibevoice.tiny`'s
+    `favour_audio_token`, without the model in memory): the last layer's value bias is a fixed
+    vector, which attention passes through whole; its output projection gains a rank-one term
+    that turns that vector into `VIBEVOICE_STRENGTH` along a unit direction u; the audio
+    token's head row (the embedding's where the head is tied) is 4 u."""
+    from mizuoto_runtime.engines.vibevoice import tiny
+
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    text = config["text_config"]
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    gen = torch.Generator().manual_seed(1)
+    u = torch.randn(text["hidden_size"], generator=gen)
+    u /= u.norm()
+    bias = torch.randn(text["num_key_value_heads"] * head_dim, generator=gen)
+    bias *= tiny.AUDIO_TOKEN_BIAS / bias.norm()
+    groups = text["num_attention_heads"] // text["num_key_value_heads"]
+    per_head = bias.view(-1, head_dim).repeat_interleave(groups, dim=0).flatten()
+    last = f"model.language_model.layers.{text['num_hidden_layers'] - 1}.self_attn."
+    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    head = "model.language_model.embed_tokens.weight" if tied else "lm_head.weight"
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == last + "v_proj.bias":
+            return bias.to(made.dtype)
+        if key == last + "o_proj.weight":
+            rank_one = torch.outer(u, per_head) * (VIBEVOICE_STRENGTH / per_head.dot(per_head))
+            return (made.float() + rank_one).to(made.dtype)
+        if key == head:
+            made[config["audio_token_id"]] = (4.0 * u).to(made.dtype)
+        return made
+
+    return values
+
+
+def _dia_run_files(model: PublishedModel, folder: Path) -> None:
+    """Dia's tokenizer (bytes) and feature extractor, as the tiny writer saves them."""
+    from transformers import DiaFeatureExtractor, DiaTokenizer
+
+    from mizuoto_runtime.engines.dia.config import HOP, SAMPLE_RATE
+
+    DiaTokenizer().save_pretrained(str(folder))
+    DiaFeatureExtractor(sampling_rate=SAMPLE_RATE, hop_length=HOP).save_pretrained(str(folder))
+
+
+def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' Dia and DAC on meta, as the engine's loader builds them (one file each, as
+    published)."""
+    from mizuoto_runtime.engines.dia import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        parts = checkpoint.load_model(folder, model.dtype)
+    return [WeightFile("model.safetensors", parts.model),
+            WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
+    "dia": Writer(_dia_run_files, _dia_weights, lambda model: Request()),
+    "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
 }
 
 
@@ -246,19 +338,72 @@ def writer(model: PublishedModel) -> Writer:
     return found
 
 
-def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0) -> int:
-    """`model` in `folder`: its configs, its run files, random weights file by file. Returns the
-    weight files' bytes."""
+def checkpoint_tensors(weight_file: WeightFile) -> dict[str, torch.Tensor]:
+    """The weight file's tensors under their checkpoint keys; a sharded (``save_pretrained``)
+    layout keeps a tied tensor once, under the name the state dict gives it first (a tied LM
+    head is stored as the embedding)."""
+    named: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in weight_file.module.state_dict(keep_vars=True).items():
+        if weight_file.shard_bytes is not None:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+        named[weight_file.key(name)] = tensor
+    return named
+
+
+def shard(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+    """`tensors` in order, cut into groups of at most `limit` bytes (a larger tensor alone)."""
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if groups[-1] and size + nbytes > limit:
+            groups.append({})
+            size = 0
+        groups[-1][name] = t
+        size += nbytes
+    return groups
+
+
+def write_shards(path: Path, tensors: dict[str, torch.Tensor], limit: int,
+                 make: Callable[[str, torch.Tensor], torch.Tensor]) -> int:
+    """`tensors` as ``save_pretrained`` shards them (`WeightFile`), each file streamed by
+    `write_safetensors`, and the index beside them. Returns the shards' bytes."""
+    groups = shard(tensors, limit)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, group in enumerate(groups, 1):
+        name = f"{path.stem}-{i:05d}-of-{len(groups):05d}{path.suffix}"
+        total += write_safetensors(path.with_name(name), group, make)
+        weight_map.update(dict.fromkeys(group, name))
+        log.info("wrote %s (%.2f GB)", name, path.with_name(name).stat().st_size / GB)
+    data_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": data_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    path.with_name(path.name + ".index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
+    return total
+
+
+def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_bytes: int | None = None) -> int:
+    """`model` in `folder`: its configs, its run files, random weights file by file (a sharded
+    one in shards of `shard_bytes`, default its writer's). Returns the weight files' bytes."""
     w = writer(model)
     if folder.exists():
         shutil.rmtree(folder)
     model.write(folder)
     w.run_files(model, folder)
     gen = torch.Generator().manual_seed(seed)
+    values = w.values(folder) if w.values is not None else (lambda key, made: made)
     total = 0
     for weight_file in w.weights(model, folder):
-        named = {weight_file.key(k): v for k, v in weight_file.module.state_dict(keep_vars=True).items()}
+        named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
+        if weight_file.shard_bytes is not None:
+            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
+                                  lambda key, like: values(key, random_tensor(key, like, gen)))
+            del named
+            continue
         if path.suffix == ".safetensors":
             total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
         else:  # a torch file (a small vocoder's): written whole, its tensors held once
@@ -268,6 +413,42 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0) -> int:
         del named
         gc.collect()
     return total
+
+
+def check_written(model: PublishedModel, folder: Path) -> int:
+    """Every weight file in `folder` holds exactly the tensors (names, dtypes, shapes) the
+    writer's meta build of `model` has, as the loader's strict check asks; a sharded one, those
+    its index names, in the files it names. Returns the number of tensors; raises ValueError
+    naming the first difference."""
+    from mizuoto_runtime.nn.loading import SafetensorsFile
+
+    count = 0
+    for weight_file in writer(model).weights(model, folder):
+        want = {k: (t.dtype, tuple(t.shape)) for k, t in checkpoint_tensors(weight_file).items()}
+        path = folder / weight_file.path
+        if weight_file.shard_bytes is not None:
+            index = json.loads(path.with_name(path.name + ".index.json").read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(index.values()))
+        else:
+            index, files = None, [weight_file.path]
+        found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        for name in files:
+            f = SafetensorsFile(path.with_name(Path(name).name))
+            try:
+                for key, (dtype, shape, _, _) in f.entries.items():
+                    if index is not None and index.get(key) != name:
+                        raise ValueError(f"{name}: {key} is not where the index says ({index.get(key)})")
+                    found[key] = (dtype, tuple(shape))
+            finally:
+                f.close()
+        if index is not None and index.keys() != found.keys():
+            raise ValueError(f"{weight_file.path}: the index names tensors no shard holds: "
+                             f"{sorted(index.keys() - found.keys())[:3]}")
+        if found != want:
+            diff = sorted(set(found.items()) ^ set(want.items()))[:3]
+            raise ValueError(f"{weight_file.path}: written tensors differ from the meta build: {diff}")
+        count += len(found)
+    return count
 
 
 # ---- what fits ---------------------------------------------------------------------------------
@@ -361,8 +542,12 @@ def _token_phase_ms(rt: Any, engine: Any, req: Request, tokens: int, phase: str,
     seconds = sum(r.seconds for r in loop)
     made = max(1, sum(1 for t in ticks for r in loop if r.started <= t <= r.started + r.seconds))
     streamed = meta["memory"].get("streamed_mb", 0.0)
+    components = meta["memory"].get("request", {}).get("components", [])
     return {"ms_per_token": round(seconds / made * 1e3, 1), "tokens": made,
-            "streamed_mb_per_token": round(streamed / made, 1), "audio_s": round(audio.seconds, 2)}
+            "streamed_mb_per_token": round(streamed / made, 1), "audio_s": round(audio.seconds, 2),
+            "streamed_mb": streamed,
+            "resident_mb": round(sum(c.get("on_device_mb", 0.0) for c in components), 1),
+            "from_ram_mb": round(sum(c.get("from_ram_mb", 0.0) for c in components), 1)}
 
 
 def steps(engine: Any, req: Request) -> None:
@@ -502,9 +687,11 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
     """Write `model`, measure it in a fresh process, delete it (unless --keep)."""
     from mizuoto_runtime.engines import engine_class
 
+    if args.write_only:
+        return written_only(model, args)
     plan = smallest_card(model)
     need = plan["size_bytes"] * LOAD_OVERHEAD + HOST_HEADROOM
-    if not args.dry_run and need > available_bytes():
+    if not args.dry_run and not args.force and need > available_bytes():
         return {"model": model.name, "skipped": f"needs ~{need / GB:.1f} GB of host memory, "
                                                 f"{available_bytes() / GB:.1f} GB available"}
     folder = args.root / model.name.replace("/", "_")
@@ -517,7 +704,7 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
         write_checkpoint(model, folder)
     written_s = time.perf_counter() - start
     cmd = [sys.executable, __file__, "--measure", "--model", model.name, "--folder", str(folder),
-           "--device", args.device, "--tokens", str(args.tokens), "--card-gb", str(plan["card_gb"] or 0),
+           "--device", args.device, "--tokens", str(args.tokens), "--card-gb", str(args.card or plan["card_gb"] or 0),
            "--t0", repr(time.time())] + (["--dry-run"] if args.dry_run else [])
     try:
         error, text = watched(cmd, args.timeout)
@@ -532,6 +719,24 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
     if plan["fit"] is not None:
         row["link_bound_ms"] = plan["fit"].get("link_bound_ms")
         row["fit_status"] = plan["fit"]["status"]
+    return row
+
+
+def written_only(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
+    """``--write-only``: write `model` (one tensor in memory at a time, whatever its size), check
+    its files against the loader's meta build (`check_written`), delete it (unless --keep)."""
+    folder = args.root / model.name.replace("/", "_")
+    start = time.perf_counter()
+    written = write_checkpoint(model, folder)
+    row: dict[str, Any] = {"model": model.name, "checkpoint_gb": round(written / GB, 2),
+                           "write_s": round(time.perf_counter() - start, 1),
+                           "write_peak_rss_gb": round(peak_rss_bytes() / GB, 2)}
+    try:
+        row["checked_tensors"] = check_written(model, folder)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    row["skipped"] = f"written and checked ({row['checked_tensors']} tensors), not measured"
     return row
 
 
@@ -609,6 +814,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoint")
     parser.add_argument("--dry-run", action="store_true", help="tiny checkpoints: the code path, not the numbers")
+    parser.add_argument("--card", type=int, default=0,
+                        help="the device's size in GB for the streamed run (default: the fit table's smallest card "
+                             "that holds the model's minimum working set)")
+    parser.add_argument("--force", action="store_true",
+                        help="measure a model whose estimated host memory exceeds what is available (the run "
+                             "is still stopped when available memory falls under 4 GB)")
+    parser.add_argument("--write-only", action="store_true",
+                        help="write each checkpoint and check its files against the loader's shapes, "
+                             "measure nothing (a model larger than this machine's memory)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one model's measurement")
     parser.add_argument("--g2pw", action="store_true",
                         help="instead: a GPT-SoVITS load beside a published-size g2pW, converted and kept")

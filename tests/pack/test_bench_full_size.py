@@ -92,3 +92,74 @@ def test_the_dry_run_measures_every_column(bench: ModuleType, tmp_path: Path,
                                                    "talker (talker)", "codec decoder (codec_decoder)"}
     assert row["plain"]["tokens"] >= 1 and row["all_streamed"]["streamed_mb_per_token"] > 0
     assert not (tmp_path / "root" / "Qwen3-TTS-12Hz-0.6B-Base").exists()
+
+
+def test_a_sharded_transformers_checkpoint_is_what_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """The transformers-format writer (VibeVoice's ``-hf`` layout) on the tiny config, in shards
+    small enough to make several: the index names exactly the keys the engine's own tiny
+    ``save_pretrained``-layout writer stores (the tied LM head once, as the embedding), every
+    shard holds what the index says, and the engine loads and speaks from it."""
+    from safetensors import safe_open
+
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.published import find
+    from mizuoto_runtime.engines.vibevoice import tiny
+
+    published = find("VibeVoice-1.5B")
+    small = dataclasses.replace(published, dtype=torch.float32, files={
+        **published.files, "config.json": tiny.model_config("1.5b", torch.float32).to_dict()})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder, shard_bytes=8 << 20)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 2 and written == sum(p.stat().st_size for p in shards)
+    reference = tiny.write(tmp_path / "tiny", version="1.5b")
+    expected = json.loads((reference / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index["weight_map"].keys() == expected.keys() and "lm_head.weight" not in index["weight_map"]
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            assert set(f.keys()) == {k for k, v in index["weight_map"].items() if v == shard.name}
+            assert all(f.get_slice(k).get_dtype() == "F32" for k in f.keys())
+    assert bench.check_written(small, folder) == len(expected)
+    rt = Runtime()
+    engine = rt.engine("vibevoice", folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=2))
+    moved = {**index, "weight_map": {**index["weight_map"], "lm_head.weight": shards[0].name}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(moved))
+    with pytest.raises(ValueError, match="lm_head.weight"):  # a key the index names but no shard holds
+        bench.check_written(small, folder)
+    assert audio.waveform.numel() == 2 * engine.hop and torch.isfinite(audio.waveform).all()  # it spoke every frame
+
+
+def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """Dia's writer on the tiny configs: one safetensors file each for Dia and its DAC codec (as
+    published), exactly the tensors the loader's meta build has, and the engine speaks from them."""
+    from transformers import DiaConfig
+
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.dia import tiny
+    from mizuoto_runtime.engines.dia.checkpoint import DAC_FOLDER
+    from mizuoto_runtime.engines.published import find
+
+    published = find("Dia-1.6B")
+    config = DiaConfig(encoder_config=dict(tiny.ENCODER), decoder_config=dict(tiny.DECODER),
+                       delay_pattern=list(tiny.DELAY_PATTERN)).to_dict()
+    small = dataclasses.replace(published, files={**published.files, "config.json": config,
+                                                  f"{DAC_FOLDER}/config.json": {"model_type": "dac", **tiny.DAC}})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")) == [
+        f"{DAC_FOLDER}/model.safetensors", "model.safetensors"]
+    assert written == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    assert bench.check_written(small, folder) > 0
+    rt = Runtime()
+    engine = rt.engine("dia", folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
+                      sampling=Sampling(seed=1, max_new_tokens=24))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()

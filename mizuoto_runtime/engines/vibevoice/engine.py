@@ -97,6 +97,13 @@ FRAMES_PER_TEXT_TOKEN = 4
 # their product, the activation).
 LM_HIDDEN_COPIES = 6
 LM_INTERMEDIATE_COPIES = 4
+# Measured at full size in bfloat16 (bench/full_size.py: VibeVoice-1.5B, prompts of 268-660
+# positions, the peak 0.91-0.93x the estimate without these): the RMSNorms compute in float32
+# whatever the run precision (the upcast input and its square, hidden-wide), and the last
+# position's logits over the 152k-token vocabulary are float32 (the head's output and the
+# processed copy generate samples from).
+LM_FLOAT32_HIDDEN_COPIES = 2
+LOGIT_FLOAT32_COPIES = 2
 # A ConvNeXt stage's live tensors per channel and sample besides its feed-forward expansion: its
 # input (kept for the residual), the norm and its transposes, the depthwise conv.
 CONVNEXT_COPIES = 9
@@ -257,9 +264,9 @@ class VibeVoiceEngine(Engine):
         return max(1, min(FRAMES_PER_TEXT_TOKEN * text_tokens, sampling.max_new_tokens))
 
     def talker_memory(self, prompt: int, frames: int) -> int:
-        """M45/M46: the talker phase's working memory, from the request: the larger of the
-        prefill (one Qwen2 layer's activations over the prompt, and one head's attention
-        scores) and the generation — the prompt branch's KV cache over prompt and frames and
+        """M45/M46: the talker phase's working memory, from the request: the last position's
+        logits, and the larger of the prefill (one Qwen2 layer's activations over the prompt,
+        and one head's attention scores) and the generation — the prompt branch's KV cache over prompt and frames and
         the negative branch's over the frames, both dynamic (M46), with one frame's acoustic
         decoding and semantic encoding (`frame_memory`)."""
         tc = self.model.config.text_config
@@ -268,9 +275,11 @@ class VibeVoiceEngine(Engine):
         position = 2 * tc.num_key_value_heads * head_dim * elem
         caches = (peak_bytes(position, tc.num_hidden_layers, prompt + frames)
                   + peak_bytes(position, tc.num_hidden_layers, frames + 1))
-        layer = prompt * elem * (LM_HIDDEN_COPIES * tc.hidden_size + LM_INTERMEDIATE_COPIES * tc.intermediate_size)
+        layer = prompt * (elem * (LM_HIDDEN_COPIES * tc.hidden_size + LM_INTERMEDIATE_COPIES * tc.intermediate_size)
+                          + 4 * LM_FLOAT32_HIDDEN_COPIES * tc.hidden_size)
         scores = prompt * prompt * 4
-        return max(layer + scores, caches + self.frame_memory())
+        logits = 4 * LOGIT_FLOAT32_COPIES * tc.vocab_size
+        return max(layer + scores, caches + self.frame_memory()) + logits
 
     def frame_memory(self) -> int:
         """One frame's acoustic decoding and semantic encoding: the widest ConvNeXt stage of each
