@@ -28,7 +28,8 @@ and, with the talker capped half-way between its minimum working set and its siz
 frame with the fast transformer marked hot (the engine's layout) and without the mark.
 
 ``--weights`` (issue 36) compares the engines that take a `weights` choice (demo, Qwen3-TTS,
-VoxCPM 2, F5-TTS, OmniVoice; bfloat16 tiny checkpoints) stored fp8 and int8 with as published:
+VoxCPM 2, F5-TTS, OmniVoice, VibeVoice, Higgs Audio v2, Dia, CSM, Chatterbox; bfloat16 tiny
+checkpoints; bytes and time per step for the first five) stored fp8 and int8 with as published:
 per engine, the output's log-mel L1 distance from the published precision's, and for a talker
 the share of its tokens that agree; for scale, the same distance for the published weights
 computed in float32 instead. The checkpoints' weights are random: the numbers show that
@@ -422,9 +423,11 @@ def print_peaks(rows: list[PhasePeak]) -> None:
 
 # ---- smaller stored weights (issue 36) -------------------------------------------------------------
 SMALL = ("fp8_e4m3fn", "fp8_e5m2", "int8")
-WEIGHT_ENGINES = ("demo", "qwen3tts", "voxcpm2", "f5tts", "omnivoice")
+WEIGHT_ENGINES = ("demo", "qwen3tts", "voxcpm2", "f5tts", "omnivoice", "vibevoice", "higgsaudio", "dia", "csm",
+                  "chatterbox")
+TRANSCRIBED = ("f5tts", "omnivoice", "dia", "csm")  # their voice prompt reads the reference's transcript
 TALKERS = ("demo", "qwen3tts")  # their talker's tokens: agreement
-BYTES = WEIGHT_ENGINES  # their generate phase per step (token, patch, ODE step): bytes and time
+BYTES = WEIGHT_ENGINES[:5]  # their generate phase per step (token, patch, ODE step): bytes and time
 WEIGHT_TOKENS = 24
 
 
@@ -447,7 +450,7 @@ def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: s
     engine.voices.clear()
     done: list[int] = []
     ctx = rt.request(seed=1, on_progress=lambda step, _total: done.append(step))
-    voice = engine.voice_prompt(ctx, REFERENCE, TRANSCRIPT if engine_id in ("f5tts", "omnivoice") else None)
+    voice = engine.voice_prompt(ctx, REFERENCE, TRANSCRIPT if engine_id in TRANSCRIBED else None)
     talkers = [h for h in engine.handles() if h.name in engine.WEIGHTS["generate"].components]
 
     def streamed_now() -> int:

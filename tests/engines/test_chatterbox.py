@@ -257,6 +257,9 @@ def test_bf16_talker_loads_in_place(chatterbox_checkpoint: Checkpoint) -> None:
     assert {p.dtype for p in half.models.s3gen.parameters()} == {torch.float32}
     saved = rt.engine("chatterbox", chatterbox_checkpoint("bfloat16"), "bfloat16")
     assert all(torch.equal(v, saved.models.t3.state_dict()[k]) for k, v in ours.items())
+    # It speaks in bfloat16 (the voice's float32 conditionals go to T3 in its precision).
+    audio, _ = rt.say(half, TEXT, sampling=sampling(), reference=REFERENCE)
+    assert audio.waveform.abs().max() > 0
 
 
 def test_sizes_are_read_back_from_the_headers(chatterbox_checkpoint: Checkpoint) -> None:

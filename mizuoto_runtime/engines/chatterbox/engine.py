@@ -291,7 +291,9 @@ class ChatterboxEngine(Engine):
 
         @torch.inference_mode()
         def talk() -> tuple[torch.Tensor, torch.Tensor]:
-            cond = T3Cond(**data["t3"], emotion_adv=data["exaggeration"] * torch.ones(1, 1, 1)).to(device=self.device)
+            # In T3's precision: upstream casts the conditionals to its device only (bfloat16 fails there).
+            cond = T3Cond(**data["t3"], emotion_adv=data["exaggeration"] * torch.ones(1, 1, 1)).to(
+                device=self.device, dtype=self.dtype)
             with self.progress_per_call(ctx, t3.tfmr, limit + 1), self.seeded(sampling.seed):
                 speech = t3.inference(t3_cond=cond, text_tokens=tokens.to(self.device), max_new_tokens=limit,
                                       temperature=sampling.temperature, cfg_weight=CFG_WEIGHT,
