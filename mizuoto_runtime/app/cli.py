@@ -313,12 +313,21 @@ def cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
         except MizuotoError as exc:
             engines[engine_id] = f"missing ({exc})"
             continue
-        ok = cls.UPSTREAM is None or importlib.util.find_spec(cls.UPSTREAM) is not None
+        ok = cls.UPSTREAM is None or _installed(cls.UPSTREAM)
         engines[engine_id] = "ok" if ok else f"missing ({install_hint(cls.REQUIREMENTS or engine_id)})"
     allocator = {"applied": cuda_allocator.state(rt.policy.cuda_allocator),
                  "backend": torch.cuda.get_allocator_backend() if torch.cuda.is_available() else None}
     return {"memory": {**rt.policy.describe(), **rt.devices.describe()}, "cuda_allocator": allocator,
             "engines": engines}
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported; a dotted name whose parent package is missing is not
+    (find_spec raises there: Higgs Audio's ``transformers.models.higgs_audio_v2``)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _check_version(engine: type[Engine], version: str | None) -> None:

@@ -26,7 +26,7 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.engines import Sampling, engine_class
 from mizuoto_runtime.errors import ArgumentError
 
-from conftest import link_checkpoint
+from conftest import link_checkpoint, require_engine
 from support.oom import allocations_during
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -334,6 +334,7 @@ def test_a_script_speaks_line_by_line_in_each_characters_voice_and_exaggeration(
 def multilingual(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny folder with both models, as the published repository has them; the loader's choice
     of the multilingual model is its T3 file."""
+    require_engine("chatterbox")
     from mizuoto_runtime.engines.chatterbox import tiny
 
     folder = tiny.write(tmp_path_factory.mktemp("chatterbox-mtl"), version="multilingual")
@@ -450,6 +451,7 @@ print(json.dumps(perth.PerthImplicitWatermarker().apply_watermark(x, sample_rate
 def test_the_watermark_works_where_setuptools_has_no_pkg_resources() -> None:
     """resemble-perth finds its model with pkg_resources, which setuptools >= 81 no longer has:
     Chatterbox's import gives it a stand-in, and the watermark is the one it gives with it."""
+    require_engine("chatterbox")
     import os
     import subprocess
     import sys

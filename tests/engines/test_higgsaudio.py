@@ -26,7 +26,7 @@ from mizuoto_runtime.engines import Sampling
 from mizuoto_runtime.engines.base import Turn
 from mizuoto_runtime.errors import ArgumentError
 
-from conftest import link_checkpoint
+from conftest import link_checkpoint, require_engine
 from support.oom import allocations_during
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -340,6 +340,7 @@ def test_loading_errors_name_what_is_wrong(higgsaudio_checkpoint: Checkpoint, tm
 def test_full_size_shapes_build_on_meta() -> None:
     """The published 3B config and audio tokenizer build on meta (no memory): 28 units of one
     dual-FFN layer each (0.34 GB in bfloat16), and the estimates at that size."""
+    require_engine("higgsaudio")
     from transformers import HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
 
     from mizuoto_runtime.engines.higgs_codec import TOKENIZER

@@ -24,7 +24,7 @@ from mizuoto_runtime.audio import Audio, write_wav
 from mizuoto_runtime.engines import Sampling, engine_class
 from mizuoto_runtime.engines.base import Turn
 
-from conftest import link_checkpoint
+from conftest import link_checkpoint, require_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -269,6 +269,7 @@ def test_published_configs_build_on_meta(name: str, parameters: int, lm_layers: 
     """The published shapes, on meta (no memory): their parameter counts (1.5B: 5.4 GB in
     bfloat16, as published; 7B: 18.7 GB) and the talker's units, one per LM decoder layer and
     one per diffusion-head layer; the tokenizers' units are their blocks (`block_units`)."""
+    require_engine("vibevoice")
     from transformers import VibeVoiceForConditionalGeneration
 
     from mizuoto_runtime.engines.vibevoice.engine import name_block_units, talker_modules
@@ -329,6 +330,7 @@ def test_cli_say_and_tiny_checkpoint(vibevoice_checkpoint: Checkpoint, tmp_path:
 def test_a_published_configs_processor_files_use_its_token_ids(tmp_path: Path) -> None:
     """`tiny.write_processor` for a published config (a full-size folder of random weights): the
     processor it writes finds the special tokens at the config's ids."""
+    require_engine("vibevoice")
     from transformers import VibeVoiceProcessor
 
     from mizuoto_runtime.engines.vibevoice.published import published_config
