@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from conftest import require_qwen_tts
+from conftest import require_engine, require_qwen_tts
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "full_size.py"
 
@@ -99,6 +99,7 @@ def test_a_sharded_transformers_checkpoint_is_what_the_loader_reads(bench: Modul
     small enough to make several: the index names exactly the keys the engine's own tiny
     ``save_pretrained``-layout writer stores (the tied LM head once, as the embedding), every
     shard holds what the index says, and the engine loads and speaks from it."""
+    require_engine("vibevoice")
     from safetensors import safe_open
 
     from mizuoto_runtime import Runtime
@@ -137,6 +138,7 @@ def test_a_sharded_transformers_checkpoint_is_what_the_loader_reads(bench: Modul
 def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
     """Dia's writer on the tiny configs: one safetensors file each for Dia and its DAC codec (as
     published), exactly the tensors the loader's meta build has, and the engine speaks from them."""
+    require_engine("dia")
     from transformers import DiaConfig
 
     from mizuoto_runtime import Runtime
