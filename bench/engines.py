@@ -28,8 +28,10 @@ and, with the talker capped half-way between its minimum working set and its siz
 frame with the fast transformer marked hot (the engine's layout) and without the mark.
 
 ``--weights`` (issue 36) compares the engines that take a `weights` choice (demo, Qwen3-TTS,
-VoxCPM 2, F5-TTS, OmniVoice, VibeVoice, Higgs Audio v2, Dia, CSM, Chatterbox; bfloat16 tiny
-checkpoints; bytes and time per step for the first five) stored fp8 and int8 with as published:
+VoxCPM 2, F5-TTS, OmniVoice, VibeVoice, Higgs Audio v2, Dia, CSM, Chatterbox in bfloat16; with
+``--engines cosyvoice2,fishspeech,indextts2,gptsovits`` those too, CosyVoice, IndexTTS-2 and
+GPT-SoVITS in float32; tiny checkpoints; bytes and time per step for the first five) stored fp8
+and int8 with as published:
 per engine, the output's log-mel L1 distance from the published precision's, and for a talker
 the share of its tokens that agree; for scale, the same distance for the published weights
 computed in float32 instead. The checkpoints' weights are random: the numbers show that
@@ -425,7 +427,11 @@ def print_peaks(rows: list[PhasePeak]) -> None:
 SMALL = ("fp8_e4m3fn", "fp8_e5m2", "int8")
 WEIGHT_ENGINES = ("demo", "qwen3tts", "voxcpm2", "f5tts", "omnivoice", "vibevoice", "higgsaudio", "dia", "csm",
                   "chatterbox")
-TRANSCRIBED = ("f5tts", "omnivoice", "dia", "csm")  # their voice prompt reads the reference's transcript
+TRANSCRIBED = ("f5tts", "omnivoice", "dia", "csm", "cosyvoice2", "indextts2", "gptsovits", "fishspeech")
+# Written in bfloat16 for the weights comparison; the others' writers take only their published
+# precision, and they run in float32 (CosyVoice's vocoder does not run in bfloat16).
+WRITTEN_BF16 = {name: torch.bfloat16 for name in WEIGHT_ENGINES if name != "demo"}
+FLOAT32_ONLY = ("cosyvoice2", "indextts2", "gptsovits")  # their voice prompt reads the reference's transcript
 TALKERS = ("demo", "qwen3tts")  # their talker's tokens: agreement
 BYTES = WEIGHT_ENGINES[:5]  # their generate phase per step (token, patch, ODE step): bytes and time
 WEIGHT_TOKENS = 24
@@ -442,9 +448,11 @@ class WeightsRun:
 
 
 def weights_request(rt: Runtime, engine_id: str, folder: Path | None, weights: str, steps: int,
-                    dtype: str = "bfloat16") -> WeightsRun:
-    """One request phase by phase (so the generate phase's own time, steps and bytes are seen)."""
-    engine = rt.engine(engine_id, folder, dtype, weights=weights)
+                    dtype: str | None = None) -> WeightsRun:
+    """One request phase by phase (so the generate phase's own time, steps and bytes are seen),
+    in bfloat16, or in float32 for the engines that run only in their published float32."""
+    dtype = dtype or ("float32" if engine_id in FLOAT32_ONLY else "bfloat16")
+    engine = rt.engine(RUNTIME_IDS.get(engine_id, engine_id), folder, dtype, weights=weights)
     if hasattr(engine, "steps"):
         engine.steps = steps
     engine.voices.clear()
@@ -595,7 +603,7 @@ def main() -> None:
         chosen = (args.engines or ",".join(WEIGHT_ENGINES)).split(",")
         with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
             folders = {name: None if name == "demo" else engine_class(TINY[name][0]).tiny_writer()(
-                Path(tmp) / name, version=TINY[name][1], dtype=torch.bfloat16) for name in chosen}
+                Path(tmp) / name, version=TINY[name][1], dtype=TINY[name][2] or WRITTEN_BF16.get(name)) for name in chosen}
             print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps per request, "
                   f"{WEIGHT_TOKENS} tokens at most")
             time_weights(folders, args.steps, args.repeat)
