@@ -603,7 +603,8 @@ def main() -> None:
         chosen = (args.engines or ",".join(WEIGHT_ENGINES)).split(",")
         with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
             folders = {name: None if name == "demo" else engine_class(TINY[name][0]).tiny_writer()(
-                Path(tmp) / name, version=TINY[name][1], dtype=TINY[name][2] or WRITTEN_BF16.get(name)) for name in chosen}
+                Path(tmp) / name, version=TINY[name][1], dtype=TINY[name][2] or WRITTEN_BF16.get(name))
+                for name in chosen}
             print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps per request, "
                   f"{WEIGHT_TOKENS} tokens at most")
             time_weights(folders, args.steps, args.repeat)
