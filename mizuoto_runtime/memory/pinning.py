@@ -9,8 +9,10 @@ accounting has left, `share_budget`), which host tensors become pinned and how:
 * ``register`` (NVIDIA): whole storages of at least 1 MB are registered in place with
   `cudaHostRegister` — no data copied (~14 GB/s against ~1.5 GB/s for `Tensor.pin_memory()`).
   Smaller storages share pages with their neighbours and registrations cannot overlap, so
-  small *streamed* tensors are copied into pinned memory instead. Host copies kept for
-  whole-loaded components (`keep_host`) are registered the same way, never copied.
+  small *streamed* tensors are copied into pinned memory instead, and so are streamed tensors
+  that are a checkpoint file's pages (`memory.mapped`: neighbours share pages there). Host
+  copies kept for whole-loaded components (`keep_host`) are registered the same way, never
+  copied (file pages stay pageable).
 * ``copy`` (ROCm and other CUDA-like devices): streamed tensors are copied into pinned
   memory; kept host copies stay pageable. Such memory comes from torch's caching host
   allocator, which locks each block rounded up to a power of two (`host_block_bytes`) and
@@ -54,6 +56,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 import torch
+
+from .mapped import file_backed
 
 log = logging.getLogger(__name__)
 
@@ -321,15 +325,15 @@ class Pinner:
         Returns one tensor per input, in order: the same tensor where nothing changed, else a
         view of re-homed (pinned) memory with the same values, dtype, shape and strides.
         """
-        return self._pin(hosts, copy_small=True)
+        return self._pin(hosts, copy_rest=True)
 
     def pin_kept(self, hosts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Host copies kept for whole-loaded components: registered in place on NVIDIA only."""
         if self.mode != "register":
             return list(hosts)
-        return self._pin(hosts, copy_small=False)
+        return self._pin(hosts, copy_rest=False)
 
-    def _pin(self, hosts: Sequence[torch.Tensor], copy_small: bool) -> list[torch.Tensor]:
+    def _pin(self, hosts: Sequence[torch.Tensor], copy_rest: bool) -> list[torch.Tensor]:
         out = list(hosts)
         if self.mode == "off":
             return out
@@ -340,7 +344,7 @@ class Pinner:
                 groups.setdefault(t.untyped_storage().data_ptr(), []).append(i)
         with self._lock:
             for ptr, indices in groups.items():
-                self._pin_storage(ptr, [hosts[i] for i in indices], copy_small, out, indices)
+                self._pin_storage(ptr, [hosts[i] for i in indices], copy_rest, out, indices)
         return out
 
     def _foreign(self, tensor: torch.Tensor) -> bool:
@@ -348,7 +352,7 @@ class Pinner:
         assert self.registrar is not None
         return tensor.untyped_storage().data_ptr() not in self._pinned and self.registrar.is_pinned(tensor)
 
-    def _pin_storage(self, ptr: int, tensors: list[torch.Tensor], copy_small: bool,
+    def _pin_storage(self, ptr: int, tensors: list[torch.Tensor], copy_rest: bool,
                      out: list[torch.Tensor], indices: list[int]) -> None:
         nbytes = tensors[0].untyped_storage().nbytes()
         record = self._pinned.get(ptr)
@@ -358,13 +362,13 @@ class Pinner:
                 for i, t in zip(indices, tensors):
                     out[i] = _rehome(t, anchor)
             return  # a region being released stays pageable until its finalizer has run
-        if self.mode == "register" and nbytes >= REGISTER_MIN_BYTES:
+        if self.mode == "register" and nbytes >= REGISTER_MIN_BYTES and not file_backed(tensors[0]):
             anchor = self._register(tensors[0], ptr, nbytes)
             if anchor is not None:
                 for i, t in zip(indices, tensors):
                     out[i] = _rehome(t, anchor)
             return  # beyond the budget or refused: pageable, copied synchronously (M21)
-        if copy_small:
+        if copy_rest:  # what is not registered: copied
             for i, t in zip(indices, tensors):
                 out[i] = self._copy(t)
 

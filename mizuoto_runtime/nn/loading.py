@@ -5,6 +5,11 @@ A model run in half precision never holds a float32 copy: it is built on the `me
 memory-mapped file straight into its final buffer, converting one tensor at a time. The
 file's pages are released after each tensor, so peak RSS stays near the model's size. The
 result equals loading in float32 and converting (the same `Tensor.copy_` rounding).
+
+A tensor stored in the model's dtype whose bytes are aligned as a fresh allocation's
+(`memory.mapped.ALIGNMENT`) is not copied: the model keeps a view of the file's pages (a
+private mapping; see `memory.mapped`), read when first used and reclaimable by the kernel, so a
+model larger than free RAM loads and streams (issue 34).
 """
 from __future__ import annotations
 
@@ -16,7 +21,6 @@ import math
 import mmap
 import os
 import struct
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from torch import nn
 
 from ..errors import CheckpointError, MizuotoError, json_kind
 from ..memory.devices import device_anchors
+from ..memory.mapped import ALIGNMENT, track
 from ..memory.small_weights import FP8, can_store, choice_of, scale_for, store_layer
 
 _DTYPES = {
@@ -73,7 +78,10 @@ class SafetensorsFile:
         try:
             self.entries, self.data_start, data_bytes = self._read_header()
             length = self.data_start + data_bytes
-            self._map = mmap.mmap(self._file.fileno(), length, access=mmap.ACCESS_READ) if length else None
+            # Private and writable: a tensor kept as a view may be written in place (a private
+            # copy of that page); the file never changes.
+            self._map = mmap.mmap(self._file.fileno(), length, access=mmap.ACCESS_COPY) if length else None
+            self._address = track(self._map) if self._map is not None else 0
         except OSError as exc:
             self._file.close()
             raise CheckpointError(f"{self.path}: cannot be read ({exc})") from exc
@@ -144,23 +152,30 @@ class SafetensorsFile:
         return end
 
     def view(self, name: str) -> torch.Tensor:
-        """A read-only tensor viewing the mapped bytes (no copy)."""
+        """A tensor viewing the mapped bytes (no copy). Writing to it changes this process's
+        private copy of the page, never the file."""
         dtype, shape, start, end = self.entries[name]
         if end == start:
             return torch.empty(shape, dtype=dtype)
         assert self._map is not None
         buf = memoryview(self._map)[self.data_start + start:self.data_start + end]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we only copy out of it
-            return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def aligned(self, name: str) -> bool:
+        """Whether the tensor's bytes start where a fresh allocation's would (`ALIGNMENT`), so a
+        view of them can be kept and computed on as a copy would be."""
+        _, _, start, end = self.entries[name]
+        return end > start and (self._address + self.data_start + start) % ALIGNMENT == 0
 
     def release(self, name: str) -> None:
-        """Drop the mapped pages of one tensor from this process (keeps RSS near the model size)."""
+        """Drop the mapped pages of one copied-out tensor from this process (keeps RSS near the
+        model size). Only pages wholly inside it: a page it shares with a neighbour may hold
+        that neighbour's kept (and perhaps written) bytes."""
         if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
         _, _, start, end = self.entries[name]
-        lo = (self.data_start + start) // _PAGE * _PAGE
-        hi = self.data_start + end
+        lo = -(-(self.data_start + start) // _PAGE) * _PAGE
+        hi = (self.data_start + end) // _PAGE * _PAGE
         if hi > lo:
             self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
@@ -288,6 +303,9 @@ def load_safetensors(model: nn.Module, paths: str | Path | Iterable[str | Path],
                 weight = f.view(key).clone()
                 store_layer(stored, weight, None if scale is None else scale_for(stored, _read(scale), source))
                 kept[choice_of(weight.dtype)] = kept.get(choice_of(weight.dtype), 0) + 1
+            elif scale is None and f.entries[key][0] == tensor.dtype and f.aligned(key):
+                _assign(model, owners, f.view(key), isinstance(tensor, nn.Parameter))  # the file's pages
+                continue
             else:
                 value = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
                 value.copy_(f.view(key) if scale is None else _dequantized(f.view(key), _read(scale), source))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -327,3 +328,22 @@ def test_dropping_host_copies_waits_for_the_device_once() -> None:
     assert ops(p).count("unregister") == 6 and ops(p).count("synchronize") == 1
     assert p.pinned_bytes == 0
 
+
+
+def test_a_checkpoint_files_pages_are_copied_not_registered(tmp_path: Path) -> None:
+    """M22 with tensors kept as a checkpoint's pages (`memory.mapped`): neighbours share pages,
+    so a streamed one is copied into pinned memory, and a kept host copy stays pageable."""
+    from safetensors.torch import save_file
+
+    from mizuoto_runtime.memory.mapped import file_backed
+    from mizuoto_runtime.nn.loading import SafetensorsFile
+
+    save_file({"w": torch.randn(REGISTER_MIN_BYTES // 2)}, str(tmp_path / "w.safetensors"))
+    with SafetensorsFile(tmp_path / "w.safetensors") as f:
+        host = f.view("w")
+    assert file_backed(host) and host.numel() * 4 >= REGISTER_MIN_BYTES
+    p = pinner()
+    (kept,) = p.pin_kept([host])
+    assert kept is host and ops(p) == []
+    (pinned,) = p.pin_streamed([host])
+    assert ops(p) == ["pinned_empty"] and pinned.data_ptr() != host.data_ptr() and torch.equal(pinned, host)

@@ -249,3 +249,84 @@ def test_fuzz_every_mutated_file_loads_or_is_a_checkpoint_error(tmp_path: Path) 
         except Exception as exc:  # noqa: BLE001 — the test's point: any other type is a failure
             pytest.fail(f"case {case}: {type(exc).__name__}: {exc}\nfile: {blob!r}")
     assert outcomes["loaded"] > 100 and outcomes["CheckpointError"] > 1000, outcomes
+
+
+# ---- tensors kept as the file's pages (issue 34) ----------------------------------------------------
+
+def write_aligned(path: Path, state: dict[str, torch.Tensor], lead: int = 0) -> Path:
+    """A safetensors file whose data starts 64-byte aligned (its header padded with spaces, as the
+    format allows), after `lead` bytes of a uint8 tensor that shift everything behind it."""
+    tensors = ({"lead": torch.zeros(lead, dtype=torch.uint8)} if lead else {}) | state
+    header, offset = {}, 0
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": {torch.float32: "F32", torch.bfloat16: "BF16", torch.uint8: "U8"}[t.dtype],
+                        "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-(8 + len(raw)) % 64)
+    data = b"".join(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors.values())
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def tiny_lm_state(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {k: v for k, v in TinyLM(layers=2).to(dtype).state_dict().items() if k != "head.weight"}
+
+
+def test_an_aligned_tensor_in_the_models_dtype_is_kept_as_the_files_pages(tmp_path: Path) -> None:
+    """No copy: the parameters lie in the file's mapping and equal what was saved. A write to one
+    changes only this process's copy of the page, never the file."""
+    from mizuoto_runtime.memory.mapped import file_backed
+
+    state = tiny_lm_state(torch.bfloat16)
+    path = write_aligned(tmp_path / "aligned.safetensors", state)
+    before = path.read_bytes()
+    model = load_safetensors(build_on_meta(lambda: TinyLM(layers=2), torch.bfloat16), path)
+    for name, tensor in model.state_dict().items():
+        assert file_backed(tensor), name
+        assert torch.equal(tensor, state.get(name, state["embed.weight"])), name
+    assert model.head.weight is model.embed.weight
+    with torch.no_grad():
+        model.layers[0].qkv.weight.add_(1)
+    assert path.read_bytes() == before
+    assert torch.equal(model.layers[0].qkv.weight, state["layers.0.qkv.weight"] + 1)
+
+
+def test_converted_or_misaligned_tensors_are_copied(tmp_path: Path) -> None:
+    """A tensor converted to the model's dtype, or one whose bytes a fresh allocation would align
+    differently, is an ordinary copy of the same values."""
+    from mizuoto_runtime.memory.mapped import file_backed
+
+    state = tiny_lm_state(torch.bfloat16)
+    converted = load_safetensors(build_on_meta(lambda: TinyLM(layers=2), torch.float32),
+                                 write_aligned(tmp_path / "a.safetensors", state))
+    shifted = load_safetensors(build_on_meta(lambda: TinyLM(layers=2), torch.bfloat16),
+                               write_aligned(tmp_path / "b.safetensors", state, lead=8), strict=False)
+    for name, tensor in converted.state_dict().items():
+        assert not file_backed(tensor) and torch.equal(tensor, state.get(name, state["embed.weight"]).float()), name
+    for name, tensor in shifted.state_dict().items():
+        assert not file_backed(tensor) and torch.equal(tensor, state.get(name, state["embed.weight"])), name
+
+
+def test_a_model_on_its_files_pages_streams_exactly(tmp_path: Path) -> None:
+    """M57: every placement of a model whose weights are the file's pages equals the plain run."""
+    from mizuoto_runtime.memory.mapped import file_backed
+
+    from support.placement import check_three_sizes
+
+    torch.manual_seed(0)
+    state = {k: v for k, v in TinyLM(layers=4).state_dict().items() if k != "head.weight"}
+    path = write_aligned(tmp_path / "aligned.safetensors", state)
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def factory() -> torch.nn.Module:
+        model = load_safetensors(build_on_meta(lambda: TinyLM(layers=4), torch.float32), path)
+        assert all(file_backed(t) for t in model.state_dict().values())
+        return model
+
+    def call(model: torch.nn.Module) -> torch.Tensor:
+        return model.generate(prompt, 4, torch.Generator().manual_seed(0))
+
+    check_three_sizes(factory, call, "sequence")
