@@ -72,6 +72,10 @@ ROOT = Path(os.environ.get("MIZUOTO_FULL_SIZE_ROOT", "/work/fullsize"))
 OUT = Path(__file__).resolve().parent / "out" / "full_size.json"
 HOST_HEADROOM = 4 * GB  # a model is built only where its checkpoint leaves this much memory free
 LOAD_OVERHEAD = 1.6  # host memory while loading and running, x the checkpoint's bytes (to decide it fits)
+# Where the safetensors library starts a file's data: a multiple of 8 bytes (its header padded so).
+# The loader keeps a tensor as the file's pages only where a fresh allocation would be aligned
+# the same (`memory.mapped.ALIGNMENT`, 64): ``--align 64`` writes files it can.
+PUBLISHED_ALIGN = 8
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx")  # what counts as checkpoint bytes
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
               torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL", torch.float64: "F64"}
@@ -112,10 +116,11 @@ def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor],
-                      make: Callable[[str, torch.Tensor], torch.Tensor]) -> int:
+                      make: Callable[[str, torch.Tensor], torch.Tensor], align: int = PUBLISHED_ALIGN) -> int:
     """A safetensors file of `tensors`' names, shapes and dtypes (meta is enough), each value
     made by `make(name, like)` when its turn comes and written at once: the header first, then
-    one tensor at a time, so at most one is in memory. Returns the file's bytes."""
+    one tensor at a time, so at most one is in memory. The header is padded with spaces so the
+    data starts at a multiple of `align` bytes. Returns the file's bytes."""
     header: dict[str, Any] = {}
     offset = 0
     for name, t in tensors.items():
@@ -124,7 +129,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor],
         offset += size
     header["__metadata__"] = {"format": "pt"}
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw += b" " * (-(8 + len(raw)) % align)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)))
@@ -368,7 +373,7 @@ def shard(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.
 
 
 def write_shards(path: Path, tensors: dict[str, torch.Tensor], limit: int,
-                 make: Callable[[str, torch.Tensor], torch.Tensor]) -> int:
+                 make: Callable[[str, torch.Tensor], torch.Tensor], align: int = PUBLISHED_ALIGN) -> int:
     """`tensors` as ``save_pretrained`` shards them (`WeightFile`), each file streamed by
     `write_safetensors`, and the index beside them. Returns the shards' bytes."""
     groups = shard(tensors, limit)
@@ -376,7 +381,7 @@ def write_shards(path: Path, tensors: dict[str, torch.Tensor], limit: int,
     total = 0
     for i, group in enumerate(groups, 1):
         name = f"{path.stem}-{i:05d}-of-{len(groups):05d}{path.suffix}"
-        total += write_safetensors(path.with_name(name), group, make)
+        total += write_safetensors(path.with_name(name), group, make, align)
         weight_map.update(dict.fromkeys(group, name))
         log.info("wrote %s (%.2f GB)", name, path.with_name(name).stat().st_size / GB)
     data_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -385,9 +390,11 @@ def write_shards(path: Path, tensors: dict[str, torch.Tensor], limit: int,
     return total
 
 
-def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_bytes: int | None = None) -> int:
+def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_bytes: int | None = None,
+                     align: int = PUBLISHED_ALIGN) -> int:
     """`model` in `folder`: its configs, its run files, random weights file by file (a sharded
-    one in shards of `shard_bytes`, default its writer's). Returns the weight files' bytes."""
+    one in shards of `shard_bytes`, default its writer's; safetensors data aligned to `align`
+    bytes). Returns the weight files' bytes."""
     w = writer(model)
     if folder.exists():
         shutil.rmtree(folder)
@@ -401,11 +408,11 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
         path = folder / weight_file.path
         if weight_file.shard_bytes is not None:
             total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
-                                  lambda key, like: values(key, random_tensor(key, like, gen)))
+                                  lambda key, like: values(key, random_tensor(key, like, gen)), align)
             del named
             continue
         if path.suffix == ".safetensors":
-            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
+            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen), align)
         else:  # a torch file (a small vocoder's): written whole, its tensors held once
             torch.save({k: random_tensor(k, v, gen).contiguous() for k, v in named.items()}, path)
             total += path.stat().st_size
@@ -604,9 +611,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out["card_gb"] = card
     if card:
         # On the CPU the simulated device's memory is host memory: a model placed whole there is
-        # held twice, so only the all-streamed run (its minimum working set there) runs here.
+        # held twice, so only the all-streamed run (its minimum working set there) runs here,
+        # unless asked (`--placed`: with `--align 64` the host copies are the file's pages).
         runs = [("all_streamed", {"compute.vram_mode": "none"})]
-        if args.device != "cpu":
+        if args.device != "cpu" or args.placed:
             runs.insert(0, ("placed", {}))
         for label, settings in runs:
             if args.device == "cpu":
@@ -701,11 +709,11 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(folder)
         engine_class(model.engine).tiny_writer()(folder, version=model.version)
     else:
-        write_checkpoint(model, folder)
+        write_checkpoint(model, folder, align=args.align)
     written_s = time.perf_counter() - start
     cmd = [sys.executable, __file__, "--measure", "--model", model.name, "--folder", str(folder),
            "--device", args.device, "--tokens", str(args.tokens), "--card-gb", str(args.card or plan["card_gb"] or 0),
-           "--t0", repr(time.time())] + (["--dry-run"] if args.dry_run else [])
+           "--t0", repr(time.time())] + (["--dry-run"] if args.dry_run else []) + (["--placed"] if args.placed else [])
     try:
         error, text = watched(cmd, args.timeout)
         lines = [line for line in text.splitlines() if line.startswith("{")]
@@ -823,6 +831,13 @@ def main() -> None:
     parser.add_argument("--write-only", action="store_true",
                         help="write each checkpoint and check its files against the loader's shapes, "
                              "measure nothing (a model larger than this machine's memory)")
+    parser.add_argument("--align", type=int, default=PUBLISHED_ALIGN, choices=(PUBLISHED_ALIGN, 64),
+                        help="where written safetensors files start their data: 8 bytes as the safetensors library "
+                             "writes them, or 64, where the loader keeps weights as the file's pages instead of "
+                             "copying them")
+    parser.add_argument("--placed", action="store_true",
+                        help="on the CPU, also run the model as the runtime places it on the card (the simulated "
+                             "device's copy is host memory too: with --align 64 the host copies are file pages)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one model's measurement")
     parser.add_argument("--g2pw", action="store_true",
                         help="instead: a GPT-SoVITS load beside a published-size g2pW, converted and kept")

@@ -53,6 +53,26 @@ def test_a_streamed_safetensors_file_reads_back_tensor_for_tensor(bench: ModuleT
         bench.write_safetensors(tmp_path / "bad.safetensors", shapes, lambda n, like: torch.zeros(like.shape))
 
 
+def test_aligned_files_load_as_the_files_pages(bench: ModuleType, tmp_path: Path) -> None:
+    """``--align 64``: the data starts where a fresh allocation would, so the loader keeps the
+    weights as the file's pages; at the library's 8 bytes (most published files) it copies them
+    unless the header happens to end aligned."""
+    import struct
+
+    from mizuoto_runtime.memory.mapped import file_backed
+    from mizuoto_runtime.nn.loading import load_safetensors
+
+    shapes = {"weight": torch.empty(8, 16, device="meta"), "bias": torch.empty(8, device="meta")}
+    for align in (8, 64):
+        path = tmp_path / f"a{align}.safetensors"
+        bench.write_safetensors(path, shapes, lambda n, like: torch.ones(like.shape), align=align)
+        start = 8 + struct.unpack("<Q", path.read_bytes()[:8])[0]
+        assert start % align == 0
+        model = load_safetensors(torch.nn.Linear(16, 8), path)
+        assert file_backed(model.weight) == (start % 64 == 0) and torch.equal(model.weight, torch.ones(8, 16))
+    assert file_backed(model.weight)
+
+
 def test_a_written_checkpoint_is_what_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
     """Qwen3-TTS's writer on the tiny configs (the published ones take 4 GB): every weight file
     has exactly the tensors the engine's loader asks for, and the engine speaks from it."""
