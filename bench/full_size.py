@@ -482,9 +482,11 @@ def smallest_card(model: PublishedModel) -> dict[str, Any]:
 
 
 # ---- measuring (in a fresh process) -----------------------------------------------------------
-def rss_bytes() -> int:
+def rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory (``VmRSS``), or another ``/proc/self/status`` field of it
+    (``RssAnon``: its own memory; ``RssFile``: mapped file pages, which the kernel can reclaim)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -626,9 +628,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             steps(engine, req)
             _say(rt, engine, req, 2)  # warm: the first request places the components
             out[label] = _token_phase_ms(rt, engine, req, args.tokens, w.token_phase, NoPeak)
+            out[label]["rss_gb"] = {f: round(rss_bytes(f) / GB, 2) for f in ("RssAnon", "RssFile")}
             report(out)
             del engine, rt
             gc.collect()
+    out["peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
     return out
 
 
