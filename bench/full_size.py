@@ -575,7 +575,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """The measurements of one written checkpoint (this process started for it)."""
     import engines as bench_engines
 
-    from mizuoto_runtime import Runtime
 
     model = find(args.model) if not args.dry_run else _dry_model(args.model)
     w = writer(model)
@@ -585,6 +584,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(args.folder)
     ckpt = sum(p.stat().st_size for p in folder.rglob("*") if p.suffix in WEIGHT_SUFFIXES)
     out: dict[str, Any] = {"model": model.name, "device": args.device, "checkpoint_gb": round(ckpt / GB, 2)}
+
+    if not args.card_only:
+        plain_runs(args, model, w, req, folder, ckpt, out, device, tracker)
+    card_runs(args, model, w, req, folder, out, device)
+    out["peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
+    return out
+
+
+def plain_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: Request, folder: Path, ckpt: int,
+               out: dict[str, Any], device: str | None, tracker: Any) -> None:
+    """The load, the cold request, each phase's estimate / peak and ms per token, all on the
+    plain device."""
+    import engines as bench_engines
+
+    from mizuoto_runtime import Runtime
 
     rss0, peak0 = rss_bytes(), peak_rss_bytes()
     start = time.perf_counter()
@@ -609,15 +623,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     del engine, rt
     gc.collect()
 
+
+def card_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: Request, folder: Path,
+              out: dict[str, Any], device: str | None) -> None:
+    """ms per token on a device of the card's size: all streamed, and (on CUDA, or `--placed`)
+    as the runtime places the model there."""
+    from mizuoto_runtime import Runtime
+
     card = args.card_gb
     out["card_gb"] = card
     if card:
         # On the CPU the simulated device's memory is host memory: a model placed whole there is
         # held twice, so only the all-streamed run (its minimum working set there) runs here,
         # unless asked (`--placed`: with `--align 64` the host copies are the file's pages).
+        # All streamed first: it needs the least host memory, so its row is kept if the placed
+        # run is stopped for want of memory.
         runs = [("all_streamed", {"compute.vram_mode": "none"})]
         if args.device != "cpu" or args.placed:
-            runs.insert(0, ("placed", {}))
+            runs.append(("placed", {}))
         for label, settings in runs:
             if args.device == "cpu":
                 settings = {**settings, "compute.simulate_vram_mb": card * 1024}
@@ -632,8 +655,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             report(out)
             del engine, rt
             gc.collect()
-    out["peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
-    return out
 
 
 # ---- g2pW (GPT-SoVITS's Chinese polyphones) ------------------------------------------------------
@@ -717,7 +738,8 @@ def run_one(model: PublishedModel, args: argparse.Namespace) -> dict[str, Any]:
     written_s = time.perf_counter() - start
     cmd = [sys.executable, __file__, "--measure", "--model", model.name, "--folder", str(folder),
            "--device", args.device, "--tokens", str(args.tokens), "--card-gb", str(args.card or plan["card_gb"] or 0),
-           "--t0", repr(time.time())] + (["--dry-run"] if args.dry_run else []) + (["--placed"] if args.placed else [])
+           "--t0", repr(time.time())] + [flag for flag, on in (("--dry-run", args.dry_run), ("--placed", args.placed),
+                                                               ("--card-only", args.card_only)) if on]
     try:
         error, text = watched(cmd, args.timeout)
         lines = [line for line in text.splitlines() if line.startswith("{")]
@@ -842,6 +864,9 @@ def main() -> None:
     parser.add_argument("--placed", action="store_true",
                         help="on the CPU, also run the model as the runtime places it on the card (the simulated "
                              "device's copy is host memory too: with --align 64 the host copies are file pages)")
+    parser.add_argument("--card-only", action="store_true",
+                        help="only the runs on the card (merged into the model's earlier row): no plain load, "
+                             "cold request, phases or plain timing")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for one model's measurement")
     parser.add_argument("--g2pw", action="store_true",
                         help="instead: a GPT-SoVITS load beside a published-size g2pW, converted and kept")
@@ -865,8 +890,9 @@ def main() -> None:
         for model in _models(args):
             log.info("%s: writing and measuring", model.name)
             row = run_one(model, args)
-            data["rows"][row["model"] + (f" [{args.device}]" if args.device != "cpu" else "")] = row
-            rows.append(row)
+            key = row["model"] + (f" [{args.device}]" if args.device != "cpu" else "")
+            data["rows"][key] = {**data["rows"].get(key, {}), **row} if args.card_only else row
+            rows.append(data["rows"][key])
             log.info("%s: %s", model.name, json.dumps(row))
     print(json.dumps(data["machine"]))
     print_table(rows)
