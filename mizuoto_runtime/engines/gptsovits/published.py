@@ -38,6 +38,14 @@ S2_DATA: dict[str, Any] = {"max_wav_value": 32768.0, "sampling_rate": 32000, "fi
 HUBERT: dict[str, Any] = {"model_type": "hubert", "architectures": ["HubertModel"], "hidden_size": 768,
                           "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
                           "feat_extract_norm": "group", "conv_bias": False}
+# chinese-roberta-wwm-ext-large's config.json (hfl; lj1995/GPT-SoVITS ships it in float16): the
+# Chinese BERT, not in this build (it runs for Chinese text only) but written beside the voice by
+# bench/full_size.py, as users have it.
+BERT: dict[str, Any] = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 1024,
+                        "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
+                        "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
+                        "vocab_size": 21128, "layer_norm_eps": 1e-12, "pad_token_id": 0, "initializer_range": 0.02,
+                        "attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1}
 PHONEMES, TEXT_WIDTH = 732, 192  # enc_p.text_embedding: v2's phoneme table
 
 
