@@ -216,7 +216,8 @@ def test_gptsovits_writer_gives_the_published_files_the_loader_reads(bench: Modu
     from mizuoto_runtime import Runtime
     from mizuoto_runtime.audio import Audio
     from mizuoto_runtime.engines import Sampling
-    from mizuoto_runtime.engines.gptsovits import published as gsv, tiny
+    from mizuoto_runtime.engines.gptsovits import published as gsv
+    from mizuoto_runtime.engines.gptsovits import tiny
     from mizuoto_runtime.engines.gptsovits.bert import BERT_FOLDER
     from mizuoto_runtime.engines.gptsovits.checkpoint import HUBERT_FOLDER
     from mizuoto_runtime.engines.published import find
