@@ -435,6 +435,8 @@ def _gptsovits_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
     from mizuoto_runtime.engines.gptsovits.bert import BERT_FOLDER
     from mizuoto_runtime.nn.loading import build_on_meta, shapes_only
 
+    if model.choice is not None:  # v2Pro's files: the SoVITS file's version tag and the speaker model
+        raise SystemExit(f"{model.name}: the full-size writer writes GPT-SoVITS v2 voices only")
     pair = checkpoint.require_pair(folder)
     gpt, sovits = checkpoint.read_gpt(pair.gpt), checkpoint.read_sovits(pair.sovits)
     with shapes_only():
