@@ -179,7 +179,7 @@ def test_indextts2s_writer_gives_the_published_files_the_loader_reads(bench: Mod
     where the published model has content, empty where it has none): every torch and
     safetensors file holds exactly the tensors the loaders' meta builds have, at their places
     (s2mel's ``net`` parts, BigVGAN's ``generator``), w2v-BERT whole, and the engine speaks
-    every token it is given from it."""
+    from it."""
     require_engine("indextts2")
     from mizuoto_runtime import Runtime
     from mizuoto_runtime.audio import Audio
@@ -203,7 +203,7 @@ def test_indextts2s_writer_gives_the_published_files_the_loader_reads(bench: Mod
     rt = Runtime()
     engine = rt.engine("indextts2", folder)
     voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
-    audio, meta = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=6))
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=6))
     assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
 
 
