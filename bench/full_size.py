@@ -97,6 +97,12 @@ class WeightFile:
     module: nn.Module
     key: Callable[[str], str] = str
     shard_bytes: int | None = None
+    # A torch file's object around its tensors (``{"generator": tensors}``, a dict with the
+    # file's config beside them); None: the dict of tensors itself.
+    wrap: Callable[[dict[str, torch.Tensor]], Any] | None = None
+
+    def wrapped(self, tensors: dict[str, torch.Tensor]) -> Any:
+        return tensors if self.wrap is None else self.wrap(tensors)
 
 
 def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -327,11 +333,139 @@ def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
 
 
+INDEXTTS2_TOKENIZER_VOCAB = 100  # the tiny writer's bpe.model (its ids are under the published 12000 text tokens)
+
+
+def _indextts2_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's ``bpe.model`` and w2v-BERT's feature extractor; the speaker and emotion
+    tables (``feat1.pt``, ``feat2.pt``) and w2v-BERT's statistics as random values of the
+    published stand-ins' shapes (the stand-ins hold shapes, and the engine reads these values)."""
+    from transformers import SeamlessM4TFeatureExtractor
+
+    from mizuoto_runtime.engines.indextts2 import tiny
+    from mizuoto_runtime.engines.indextts2.checkpoint import Layout, load_torch
+
+    layout = Layout.open(folder)
+    tiny.write_tokenizer(folder, INDEXTTS2_TOKENIZER_VOCAB)
+    SeamlessM4TFeatureExtractor().save_pretrained(str(layout.aux("w2v_bert")))
+    gen = torch.Generator().manual_seed(2)
+    for key, default in (("spk_matrix", "feat1.pt"), ("emo_matrix", "feat2.pt")):
+        path = layout.file(key, default)
+        torch.save(torch.randn(load_torch(path).shape, generator=gen), path)
+    stats = layout.file("w2v_stat", "wav2vec2bert_stats.pt")
+    width = load_torch(stats)["mean"].shape
+    torch.save({"mean": torch.randn(width, generator=gen) * 0.1, "var": torch.rand(width, generator=gen) + 0.5}, stats)
+
+
+def _s2mel_net(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """``s2mel.pth``'s object: ``{"net": {part: its tensors}}`` for cfm, length_regulator, gpt_layer."""
+    net: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        part, _, rest = key.partition(".")
+        net.setdefault(part, {})[rest] = tensor
+    return {"net": net}
+
+
+def _indextts2_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """The engine's loaders on meta (`checkpoint`: GPT, s2mel, semantic codec, CAM++, BigVGAN),
+    and w2v-BERT 2.0 whole as published (24 layers; the engine keeps 17). Weights are float32,
+    as published (the engine halves the GPT when it runs in float16). The torch files are
+    written whole (`write_checkpoint`): the largest, ``gpt.pth``, is ~2 GB."""
+    from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
+
+    from mizuoto_runtime.engines.indextts2 import checkpoint
+    from mizuoto_runtime.engines.indextts2.checkpoint import AUX, AUX_FILES
+    from mizuoto_runtime.nn.loading import build_on_meta, shapes_only
+
+    layout = checkpoint.Layout.open(folder)
+    with shapes_only():
+        gpt, s2mel = checkpoint.load_gpt(layout), checkpoint.load_s2mel(layout)
+        codec, campplus = checkpoint.load_codec(layout), checkpoint.load_campplus(layout)
+        bigvgan = checkpoint.load_bigvgan(layout)
+    w2v_config = Wav2Vec2BertConfig.from_pretrained(str(layout.aux("w2v_bert")))
+    w2v = build_on_meta(lambda: Wav2Vec2BertModel(w2v_config), torch.float32)
+    return [WeightFile(layout.file("gpt_checkpoint", "gpt.pth").name, gpt),
+            WeightFile(layout.file("s2mel_checkpoint", "s2mel.pth").name, s2mel, wrap=_s2mel_net),
+            WeightFile(f"{AUX}/{AUX_FILES['codec']}", codec),
+            WeightFile(f"{AUX}/{AUX_FILES['campplus']}", campplus),
+            WeightFile(f"{AUX}/{AUX_FILES['bigvgan']}/bigvgan_generator.pt", bigvgan,
+                       wrap=lambda tensors: {"generator": tensors}),
+            WeightFile(f"{AUX}/{AUX_FILES['w2v_bert']}/model.safetensors", w2v)]
+
+
+INDEXTTS2_NEVER = -30.0  # the mel head's bias for codes a trained model never predicts here
+
+
+def _indextts2_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The GPT neither starts again nor stops (a request speaks all its tokens), as the tiny
+    writer's; BigVGAN's resampling filters are its low-pass, as built."""
+    from mizuoto_runtime.engines.indextts2 import tiny
+    from mizuoto_runtime.engines.indextts2.checkpoint import Layout
+
+    gpt = Layout.open(folder).config["gpt"]
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == "mel_head.bias":
+            made[[gpt["start_mel_token"], gpt["stop_mel_token"]]] = INDEXTTS2_NEVER
+        elif key.endswith("filter"):
+            return tiny.lowpass().to(made.dtype).expand(made.shape).contiguous()
+        return made
+
+    return values
+
+
+def _gptsovits_run_files(model: PublishedModel, folder: Path) -> None:
+    """The Chinese BERT folder: its config (the published one, `gptsovits.published.BERT`, where
+    the model's files give none) and the tiny writer's tokenizer."""
+    from mizuoto_runtime.engines.gptsovits import published, tiny
+    from mizuoto_runtime.engines.gptsovits.bert import BERT_FOLDER
+    from mizuoto_runtime.engines.tiny import write_json
+
+    bert = folder / BERT_FOLDER
+    tiny.write_bert_tokenizer(bert)
+    if not (bert / "config.json").is_file():
+        write_json(bert / "config.json", published.BERT)
+
+
+def _gptsovits_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """The voice pair as the engine's loader builds it on meta (its configs read from the
+    stand-ins), in half precision as published: the GPT ``.ckpt`` (``{"weight": {"model.<name>"},
+    "config", "info"}``) and the SoVITS ``.pth`` (``{"weight", "config": {"model", "data"},
+    "info"}``, the config as plain dicts); HuBERT (float32) and the Chinese BERT (a
+    ``BertForMaskedLM``, float16) as ``pytorch_model.bin``, as lj1995/GPT-SoVITS ships them.
+    Each torch file is written whole (`write_checkpoint`): the largest, BERT's, is ~0.7 GB."""
+    from transformers import BertConfig, BertForMaskedLM, HubertConfig, HubertModel
+
+    from mizuoto_runtime.engines.gptsovits import checkpoint
+    from mizuoto_runtime.engines.gptsovits.bert import BERT_FOLDER
+    from mizuoto_runtime.nn.loading import build_on_meta, shapes_only
+
+    if model.choice is not None:  # v2Pro's files: the SoVITS file's version tag and the speaker model
+        raise SystemExit(f"{model.name}: the full-size writer writes GPT-SoVITS v2 voices only")
+    pair = checkpoint.require_pair(folder)
+    gpt, sovits = checkpoint.read_gpt(pair.gpt), checkpoint.read_sovits(pair.sovits)
+    with shapes_only():
+        t2s, vits = checkpoint.build_t2s(gpt, model.dtype), checkpoint.build_vits(sovits, model.dtype)
+    hubert_config = HubertConfig.from_pretrained(str(folder / checkpoint.HUBERT_FOLDER))
+    bert_config = BertConfig.from_pretrained(str(folder / BERT_FOLDER))
+    return [WeightFile(pair.gpt.name, t2s, lambda k: "model." + k,
+                       wrap=lambda tensors: {"weight": tensors, "config": gpt.config, "info": gpt.info}),
+            WeightFile(pair.sovits.name, vits,
+                       wrap=lambda tensors: {"weight": tensors, "config": {"model": sovits.model, "data": sovits.data},
+                                             "info": sovits.info}),
+            WeightFile(f"{checkpoint.HUBERT_FOLDER}/pytorch_model.bin",
+                       build_on_meta(lambda: HubertModel(hubert_config), torch.float32)),
+            WeightFile(f"{BERT_FOLDER}/pytorch_model.bin",
+                       build_on_meta(lambda: BertForMaskedLM(bert_config), torch.float16))]
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
     "dia": Writer(_dia_run_files, _dia_weights, lambda model: Request()),
     "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
+    "indextts2": Writer(_indextts2_run_files, _indextts2_weights, lambda model: Request(), values=_indextts2_speaks),
+    "gptsovits": Writer(_gptsovits_run_files, _gptsovits_weights, lambda model: Request()),
 }
 
 
@@ -402,19 +536,22 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
     w.run_files(model, folder)
     gen = torch.Generator().manual_seed(seed)
     values = w.values(folder) if w.values is not None else (lambda key, made: made)
+
+    def make(key: str, like: torch.Tensor) -> torch.Tensor:
+        return values(key, random_tensor(key, like, gen))
+
     total = 0
     for weight_file in w.weights(model, folder):
         named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
         if weight_file.shard_bytes is not None:
-            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
-                                  lambda key, like: values(key, random_tensor(key, like, gen)), align)
+            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes, make, align)
             del named
             continue
         if path.suffix == ".safetensors":
-            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen), align)
-        else:  # a torch file (a small vocoder's): written whole, its tensors held once
-            torch.save({k: random_tensor(k, v, gen).contiguous() for k, v in named.items()}, path)
+            total += write_safetensors(path, named, make, align)
+        else:  # a torch file (.pt / .pth / .ckpt / .bin, under 4 GB each): written whole, its tensors held once
+            torch.save(weight_file.wrapped({k: make(k, v).contiguous() for k, v in named.items()}), path)
             total += path.stat().st_size
         log.info("wrote %s (%.2f GB)", weight_file.path, (folder / weight_file.path).stat().st_size / GB)
         del named
@@ -422,40 +559,62 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
     return total
 
 
+def tensors_in(obj: Any, prefix: str = "") -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The dtype and shape of every tensor in a torch file's object, by its path through the
+    nested dicts (``generator.conv_pre.weight``); what is not a tensor (a config) left out."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: (obj.dtype, tuple(obj.shape))}
+    if not isinstance(obj, dict):
+        return {}
+    return {k: v for name, value in obj.items()
+            for k, v in tensors_in(value, f"{prefix}.{name}" if prefix else str(name)).items()}
+
+
 def check_written(model: PublishedModel, folder: Path) -> int:
     """Every weight file in `folder` holds exactly the tensors (names, dtypes, shapes) the
     writer's meta build of `model` has, as the loader's strict check asks; a sharded one, those
-    its index names, in the files it names. Returns the number of tensors; raises ValueError
-    naming the first difference."""
-    from mizuoto_runtime.nn.loading import SafetensorsFile
-
+    its index names, in the files it names; a torch file, at their places in its object.
+    Returns the number of tensors; raises ValueError naming the first difference."""
     count = 0
     for weight_file in writer(model).weights(model, folder):
-        want = {k: (t.dtype, tuple(t.shape)) for k, t in checkpoint_tensors(weight_file).items()}
         path = folder / weight_file.path
-        if weight_file.shard_bytes is not None:
-            index = json.loads(path.with_name(path.name + ".index.json").read_text(encoding="utf-8"))["weight_map"]
-            files = sorted(set(index.values()))
+        if path.suffix != ".safetensors" and weight_file.shard_bytes is None:
+            want = tensors_in(weight_file.wrapped(checkpoint_tensors(weight_file)))
+            found = tensors_in(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
         else:
-            index, files = None, [weight_file.path]
-        found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
-        for name in files:
-            f = SafetensorsFile(path.with_name(Path(name).name))
-            try:
-                for key, (dtype, shape, _, _) in f.entries.items():
-                    if index is not None and index.get(key) != name:
-                        raise ValueError(f"{name}: {key} is not where the index says ({index.get(key)})")
-                    found[key] = (dtype, tuple(shape))
-            finally:
-                f.close()
-        if index is not None and index.keys() != found.keys():
-            raise ValueError(f"{weight_file.path}: the index names tensors no shard holds: "
-                             f"{sorted(index.keys() - found.keys())[:3]}")
+            want = {k: (t.dtype, tuple(t.shape)) for k, t in checkpoint_tensors(weight_file).items()}
+            found = _safetensors_written(weight_file, path)
         if found != want:
             diff = sorted(set(found.items()) ^ set(want.items()))[:3]
             raise ValueError(f"{weight_file.path}: written tensors differ from the meta build: {diff}")
         count += len(found)
     return count
+
+
+def _safetensors_written(weight_file: WeightFile, path: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The tensors of a safetensors weight file, or of the shards its index names (each where
+    the index says)."""
+    from mizuoto_runtime.nn.loading import SafetensorsFile
+
+    if weight_file.shard_bytes is not None:
+        index = json.loads(path.with_name(path.name + ".index.json").read_text(encoding="utf-8"))["weight_map"]
+        files = sorted(set(index.values()))
+    else:
+        index, files = None, [weight_file.path]
+    found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    for name in files:
+        f = SafetensorsFile(path.with_name(Path(name).name))
+        try:
+            for key, (dtype, shape, _, _) in f.entries.items():
+                if index is not None and index.get(key) != name:
+                    raise ValueError(f"{name}: {key} is not where the index says ({index.get(key)})")
+                found[key] = (dtype, tuple(shape))
+        finally:
+            f.close()
+    if index is not None and index.keys() != found.keys():
+        raise ValueError(f"{weight_file.path}: the index names tensors no shard holds: "
+                         f"{sorted(index.keys() - found.keys())[:3]}")
+    return found
 
 
 # ---- what fits ---------------------------------------------------------------------------------

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import require_engine, require_qwen_tts
 
@@ -184,4 +187,79 @@ def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleTyp
     voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
     audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
                       sampling=Sampling(seed=1, max_new_tokens=24))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+
+
+def _copied(source: Path) -> Callable[[Path], None]:
+    return lambda path: shutil.copyfile(source, path)
+
+
+def test_indextts2s_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """IndexTTS-2's writer on the tiny checkpoint's configs and stand-ins (its published files
+    where the published model has content, empty where it has none): every torch and
+    safetensors file holds exactly the tensors the loaders' meta builds have, at their places
+    (s2mel's ``net`` parts, BigVGAN's ``generator``), w2v-BERT whole, and the engine speaks
+    from it."""
+    require_engine("indextts2")
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.indextts2 import tiny
+    from mizuoto_runtime.engines.published import find
+
+    reference = tiny.write(tmp_path / "tiny")
+    published = find("IndexTTS-2")
+    small = dataclasses.replace(published, dtype=torch.float32, files={
+        name: None if content is None else _copied(reference / name) for name, content in published.files.items()})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert written == sum(p.stat().st_size for p in folder.rglob("*") if p.suffix in (".pth", ".pt", ".bin",
+                                                                                   ".safetensors")
+                          and p.name not in ("feat1.pt", "feat2.pt", "wav2vec2bert_stats.pt"))
+    assert bench.check_written(small, folder) > 0
+    w2v = json.loads((folder / "hf_cache" / "w2v-bert-2.0" / "config.json").read_text())["num_hidden_layers"]
+    assert f"encoder.layers.{w2v - 1}.ffn1.intermediate_dense.weight" in load_file(
+        folder / "hf_cache" / "w2v-bert-2.0" / "model.safetensors")
+    rt = Runtime()
+    engine = rt.engine("indextts2", folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=6))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+
+
+def test_gptsovits_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """GPT-SoVITS's writer on the tiny voice's configs (its GPT and SoVITS files as stand-ins,
+    its HuBERT and BERT configs): the pair's ``weight`` dicts, HuBERT's and BERT's
+    ``pytorch_model.bin`` hold exactly the tensors the loader's meta builds have, the pair in
+    float16 with the configs beside them, and the engine loads all four and speaks from them."""
+    require_engine("gptsovits")
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.gptsovits import published as gsv
+    from mizuoto_runtime.engines.gptsovits import tiny
+    from mizuoto_runtime.engines.gptsovits.bert import BERT_FOLDER
+    from mizuoto_runtime.engines.gptsovits.checkpoint import HUBERT_FOLDER
+    from mizuoto_runtime.engines.published import find
+
+    reference = tiny.write(tmp_path / "tiny")
+    small = dataclasses.replace(find("GPT-SoVITS v2 (pretrained)"), files={
+        gsv.GPT_FILE: _copied(reference / "tiny-e15.ckpt"), gsv.SOVITS_FILE: _copied(reference / "tiny_e8_s16.pth"),
+        f"{HUBERT_FOLDER}/config.json": _copied(reference / HUBERT_FOLDER / "config.json"),
+        f"{BERT_FOLDER}/config.json": _copied(reference / BERT_FOLDER / "config.json")})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.suffix in (".ckpt", ".pth", ".bin")
+                  ) == sorted([gsv.GPT_FILE, gsv.SOVITS_FILE, f"{HUBERT_FOLDER}/pytorch_model.bin",
+                               f"{BERT_FOLDER}/pytorch_model.bin"])
+    assert written == sum(p.stat().st_size for p in folder.rglob("*") if p.suffix in (".ckpt", ".pth", ".bin"))
+    assert bench.check_written(small, folder) > 0
+    gpt = torch.load(folder / gsv.GPT_FILE, weights_only=True)
+    assert gpt["config"]["model"] == tiny.T2S_MODEL and all(v.dtype == torch.float16 for v in gpt["weight"].values())
+    rt = Runtime()
+    engine = rt.engine("gptsovits", folder)
+    assert {h.name for h in engine.handles()} == {"t2s", "vits", "hubert", "bert"}
+    voice = Audio(0.3 * torch.sin(torch.arange(32000) / 6.0).unsqueeze(0), 32000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
+                      sampling=Sampling(seed=1, max_new_tokens=6))
     assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()

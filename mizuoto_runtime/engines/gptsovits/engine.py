@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,12 @@ POSITIONS_PER_PHONEME = 16  # M46
 EARLY_STOP_PER_SECOND = 50  # upstream stops after 50 Hz x max_sec tokens
 # Working-memory constants (M45), fitted on the tiny voice's CPU peaks (`bench/engines.py
 # --peaks`, 1.0-1.3x); each multiplies the dimension its term scales with.
-# HuBERT's first conv (channels / stride per input sample; its group norm and GELU copies) is the
-# voice prompt's peak; the transformer after it, 768 wide at 50 Hz, holds far less per sample.
-SSL_CONV_COPIES = 3.5
+# HuBERT's first conv (channels / stride per input sample: its output and its group norm's) is the
+# voice prompt's peak at the published 512 channels (measured 2.0 copies); the transformer after
+# it, 768 wide at 50 Hz, holds `SSL_HIDDEN_COPIES` hidden states (what the tiny model's 32
+# channels leave as its peak).
+SSL_CONV_COPIES = 2
+SSL_HIDDEN_COPIES = 4
 # The VITS generator's widest upsampling stage per mel frame (its input kept, the resblocks'
 # outputs summed): real voices (512 initial channels) and the tiny one alike.
 DECODER_STAGE_COPIES = 5
@@ -303,10 +307,13 @@ class GptSovitsEngine(Engine):
         return ctx.run("voice prompt", handles, encode, memory)
 
     def voice_prompt_memory(self, samples: int) -> int:
-        """M45: the SSL encoder's first conv feature maps over the 16 kHz samples."""
+        """M45: the SSL encoder's first conv feature maps over the 16 kHz samples, and its
+        transformer's hidden states over its frames (one per `conv_stride`'s product of samples)."""
         assert self.hubert is not None
         cfg = self.hubert.module.config
-        return int(SSL_CONV_COPIES * cfg.conv_dim[0] / cfg.conv_stride[0] * samples) * element_size(self.dtype)
+        conv = SSL_CONV_COPIES * cfg.conv_dim[0] * samples // cfg.conv_stride[0]
+        hidden = SSL_HIDDEN_COPIES * cfg.hidden_size * (samples // math.prod(cfg.conv_stride))
+        return (conv + hidden) * element_size(self.dtype)
 
     # ---- talker ------------------------------------------------------------------------------
     def text_features(self, ctx: Any, texts: list[list[Run]]) -> list[PhonemeText]:
@@ -353,11 +360,12 @@ class GptSovitsEngine(Engine):
         return prompt_text or made[0], target or made[1]
 
     def talker_memory(self, positions: int, prompt_len: int) -> int:
-        """M45/M46: the growing KV cache's peak plus the prompt pass's activations."""
+        """M45/M46: the growing KV cache's peak plus the prompt pass's activations, with one
+        layer's q/k/v projection beside the k and v copied out of it (`Text2Semantic.run_prompt`)."""
         cfg = self.t2s.module.cfg
         e = element_size(self.dtype)
         cache = peak_bytes(2 * cfg.hidden_dim * e, cfg.n_layer, positions)
-        activations = (prompt_len * prompt_len * cfg.head + 8 * prompt_len * cfg.hidden_dim) * e
+        activations = (prompt_len * prompt_len * cfg.head + (8 + 3) * prompt_len * cfg.hidden_dim) * e
         return cache + activations + cfg.vocab_size * 4 * e
 
     def generate(self, ctx: Any, text: str, voice: Voice, sampling: Sampling,

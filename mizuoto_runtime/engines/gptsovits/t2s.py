@@ -183,18 +183,22 @@ class Text2Semantic(nn.Module):
         allowed = (~blocked)[None, None]
         for layer in self.h.layers:
             x, k, v = layer(x, None, allowed)
-            cache.append((k, v))
+            # k and v are views of the layer's q/k/v projection: copied, the projection (q's third
+            # with them) is freed, so the cache holds 2 x D per position, as `peak_bytes` counts
+            cache.append((k.clone(), v.clone()))
         return x, cache
 
     def step_embedding(self, token: torch.Tensor, position: int) -> torch.Tensor:
         return self.ar_audio_position.at(self.ar_audio_embedding(token), position)
 
     def run_step(self, x: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
-        new = []
-        for layer, kv in zip(self.h.layers, cache):
-            x, k, v = layer(x, kv, None)
-            new.append((k, v))
-        return x, new
+        """One position through every layer; each layer's grown cache replaces its old one in
+        `cache` as it is made, so the old is freed then (one layer's copy at a time, as
+        `nn.kv_cache.peak_bytes` counts), not after the last layer (a whole second cache)."""
+        for i, layer in enumerate(self.h.layers):
+            x, k, v = layer(x, cache[i], None)
+            cache[i] = (k, v)
+        return x, cache
 
     # -- the sampled loop ----------------------------------------------------------------------
     @torch.no_grad()

@@ -102,15 +102,23 @@ BERT_CHARS = "的一是不了人我在有他这中大来上国个到说们为子
 BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def _write_bert(folder: Path, seed: int) -> None:
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizer
+def write_bert_tokenizer(folder: Path) -> int:
+    """The BERT folder's tokenizer (a vocabulary of a few dozen characters); returns its size."""
+    from transformers import BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join([*BERT_SPECIAL, *"!,-.?…", *BERT_CHARS]) + "\n", encoding="utf-8")
     BertTokenizer(str(vocab)).save_pretrained(str(folder))
+    return len(vocab.read_text(encoding="utf-8").split())
+
+
+def _write_bert(folder: Path, seed: int) -> None:
+    from transformers import BertConfig, BertForMaskedLM
+
+    vocab_size = write_bert_tokenizer(folder)
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocab.read_text(encoding="utf-8").split()), hidden_size=1024,
+    config = BertConfig(vocab_size=vocab_size, hidden_size=1024,
                         num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=128)
     BertForMaskedLM(config).half().eval().save_pretrained(str(folder))

@@ -74,7 +74,7 @@ NUM_BEAMS = 3
 # Working-memory constants (M45), fitted on the tiny checkpoint's CPU peaks (`bench/engines.py
 # --peaks`, 1.0-1.3x); each multiplies the dimension its term scales with.
 CAMPPLUS_MAPS = 3  # CAM++'s front-end maps (channels x 80 bands) alive at once
-KV_TRANSIENT_LAYERS = 3  # per decoding step: one layer's old cache, its concatenation, its beam reorder
+SUBSAMPLING_COPIES = 2  # the conformers' 2-D front end: its conv output and ReLU's, then the ReLU's and the reshape
 FLOW_HIDDEN_COPIES = 30  # the estimator's live activations per frame, in units of its hidden width
 VOCODER_STAGE_COPIES = 12  # BigVGAN's AMP blocks: 2x-rate activations and their temporaries
 SILENCE_MS = 200  # between segments, as upstream
@@ -214,21 +214,29 @@ class IndexTTS2Engine(Engine):
         return ctx.run("voice prompt", handles, run, self.voice_prompt_memory(wav_16k.shape[-1]))
 
     def voice_prompt_memory(self, samples_16k: int) -> int:
-        """M45: the voice prompt's working memory (float32), its two big parts together (they
-        run one after the other, but what each returns stays to the phase's end; the sum bounds
-        that, measured 1.15x): w2v-BERT over the prompt's frames (50 per second: the hidden state
-        of every layer is kept, plus the attention scores and feed-forward of one layer and the
-        160-wide input features), and CAM++'s 2-D front end over the fbank frames (100 per
-        second: its channels x 80 bands, `CAMPPLUS_MAPS` maps alive at once)."""
+        """M45: the voice prompt's working memory, its big parts together (they run one after
+        the other, but what each returns stays to the phase's end; the sum bounds that, measured
+        1.15x): the larger of w2v-BERT (float32) over the prompt's frames (50 per second: the
+        hidden state of every layer is kept, plus the attention scores and feed-forward of one
+        layer and the 160-wide input features) and the conditioning conformers' 2-D front end
+        (in the GPT's autocast dtype: a stride-2 conv over frames x w2v-BERT's width, its
+        output channels x half of each, `SUBSAMPLING_COPIES` maps alive: 74 MB for a 3 s
+        prompt at the published 512 channels x 1024 wide, nothing at the tiny width); and CAM++'s
+        2-D front end over the fbank frames (100 per second: its channels x 80 bands,
+        `CAMPPLUS_MAPS` maps alive at once)."""
         frames = samples_16k // 320 + 1
         cfg = self.w2v.model.config
         hidden = 4 * frames * cfg.hidden_size
         scores = 4 * cfg.num_attention_heads * frames * frames
         w2v = ((len(self.w2v.model.encoder.layers) + 8) * hidden + 2 * scores
                + 4 * frames * (cfg.intermediate_size + 160))
+        gpt = self.gpt
+        channels = max(e.embed.conv[0].out_channels for e in (gpt.conditioning_encoder, gpt.emo_conditioning_encoder))
+        subsampling = (SUBSAMPLING_COPIES * element_size(self.dtype) * channels * ((frames - 1) // 2)
+                       * ((cfg.hidden_size - 1) // 2))
         head = self.campplus.module.head
         campplus = 4 * CAMPPLUS_MAPS * head.conv1.out_channels * 80 * (samples_16k // 160 + 1)
-        return w2v + campplus
+        return max(w2v, subsampling) + campplus
 
     # ---- emotion ---------------------------------------------------------------------------
     @staticmethod
@@ -346,11 +354,11 @@ class IndexTTS2Engine(Engine):
         return 32 + 2 + text_tokens + 2 + 1 + codes
 
     def talker_memory(self, text_tokens: int, max_new: int) -> dict[str, int]:
-        """M45: KV cache of every beam at the estimated positions, plus the layer being grown
-        and reordered (its old cache, the concatenation's result and the beam reorder's:
-        `KV_TRANSIENT_LAYERS` layers' worth, a small share at 24 layers, the whole cache again on
-        the tiny 3-layer model); the prefill's activations over the prompt, every beam; and the
-        latent forward's (one row, the whole sequence)."""
+        """M45: KV cache of every beam at the estimated positions, and a whole second one: a
+        decoding step's GPT-2 pass builds every layer's grown cache while the old list is still
+        held, and the beam reorder builds the reordered list the same way (measured at the
+        published 24 layers: 23 MB over the cache, 1.02x with it); the prefill's activations over
+        the prompt, every beam; and the latent forward's (one row, the whole sequence)."""
         cfg, elem = self.gpt.cfg, element_size(self.dtype)
         positions = self.kv_positions(text_tokens, max_new)
         prompt = positions - min(CODES_PER_TEXT_TOKEN * text_tokens, max_new, cfg.max_mel_tokens)
@@ -359,7 +367,7 @@ class IndexTTS2Engine(Engine):
         def row(t: int) -> int:  # one sequence's hidden states, MLP and attention scores over t positions
             return elem * t * (8 * cfg.model_dim + cfg.heads * t)
 
-        return {"kv_cache": kv, "kv_transient": KV_TRANSIENT_LAYERS * kv // cfg.layers,
+        return {"kv_cache": kv, "kv_transient": kv,
                 "activations": self.num_beams * row(prompt), "latent": row(positions)}
 
     def generate(self, ctx: Any, text: str, voice: Voice, sampling: Sampling, emotion: Emotion | None = None) -> Codes:
