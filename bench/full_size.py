@@ -93,6 +93,7 @@ class WeightFile:
     module: nn.Module
     key: Callable[[str], str] = str
     shard_bytes: int | None = None
+    drop: tuple[str, ...] = ()  # the module's tensors the published file leaves out (computed at load)
 
 
 def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -149,6 +150,9 @@ class Request:
     speaker: str | None = None
     instruct: str | None = None
     steps: int | None = None  # ODE / diffusion steps, where the engine has them (fewer: a shorter run)
+    # Frames the loop makes before the first audio frame (a delay pattern's), added to the
+    # tokens asked for so that the decoder has frames to decode.
+    lead_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,11 +326,151 @@ def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
 
 
+def _higgsaudio_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's byte-level tokenizer (its chat and audio tokens' ids put in the
+    configs; the embedding keeps its published rows), chat template and feature extractor."""
+    from mizuoto_runtime.engines.higgsaudio import tiny
+    from mizuoto_runtime.engines.tiny import write_json
+
+    tokenizer = tiny.text_tokenizer()
+    tokenizer.save_pretrained(str(folder))
+    (folder / "chat_template.jinja").write_text(tiny.CHAT_TEMPLATE, encoding="utf-8")
+    write_json(folder / "processor_config.json",
+               {"feature_extractor": {"feature_extractor_type": "DacFeatureExtractor", **tiny.FEATURES},
+                "processor_class": "HiggsAudioV2Processor"})
+    ids = tiny.token_ids(tokenizer)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((folder / name).read_text(encoding="utf-8"))
+        config.update({k: v for k, v in ids.items() if name == "config.json" or k in config})
+        write_json(folder / name, config)
+
+
+def _higgsaudio_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' Higgs Audio v2 LLM (sharded, as published) and its audio tokenizer (one
+    float32 file in ``audio_tokenizer/``) on meta, as the engine's loader builds them."""
+    from mizuoto_runtime.engines.higgsaudio import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        loaded = checkpoint.load_models(folder, model.dtype)
+    return [WeightFile(checkpoint.INDEX.removesuffix(".index.json"), loaded.model, shard_bytes=SHARD_BYTES),
+            WeightFile(f"{checkpoint.AUDIO_TOKENIZER_FOLDER}/model.safetensors", loaded.codec)]
+
+
+def _higgsaudio_request(model: PublishedModel) -> Request:
+    """A clone; the delay pattern's frames (one per codebook) come before the first audio frame."""
+    return Request(lead_tokens=model.files["config.json"]["num_codebooks"])
+
+
+def _codes_only(rows: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[Path], Callable[[str, torch.Tensor],
+                                                                                        torch.Tensor]]:
+    """A `Writer.values` that zeroes the audio heads' rows of the ids a random head would
+    sample but the codec cannot decode (a stream's BOS or EOS, ids past the codebook):
+    `rows(config)` maps a head's key to its index of those rows. Their logits are then 0, and
+    top-k sampling (k = 50) takes the 50 highest of the other, random logits, all positive: the
+    loop speaks every frame asked for, in codes the codec decodes."""
+
+    def make(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        index = rows(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
+        def values(key: str, made: torch.Tensor) -> torch.Tensor:
+            if key in index:
+                made[index[key]] = 0
+            return made
+
+        return values
+
+    return make
+
+
+def _higgsaudio_heads(config: dict[str, Any]) -> dict[str, Any]:
+    """The audio head's rows (codebook-major) of each codebook's stream BOS and EOS (the
+    generation's delay pattern forces BOS where it belongs)."""
+    size = config["codebook_size"]
+    ids = (config["audio_stream_bos_id"], config["audio_stream_eos_id"])
+    return {"audio_lm_head.weight": [k * size + i for k in range(config["num_codebooks"]) for i in ids]}
+
+
+def _csm_heads(config: dict[str, Any]) -> dict[str, Any]:
+    """The backbone's (codebook 0) and the depth decoder's (the others) rows of the ids past
+    Mimi's codebook (2048..2050: padding and control ids)."""
+    size = config["codec_config"]["codebook_size"]
+    return {"lm_head.weight": slice(size, None), "depth_decoder.codebooks_head.weight": (Ellipsis, slice(size, None))}
+
+
+def _csm_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's processor (byte-level tokenizer, chat template, feature extractor) and
+    generation config; the config's token ids set to that tokenizer's."""
+    from transformers import GenerationConfig
+
+    from mizuoto_runtime.engines.csm import tiny
+    from mizuoto_runtime.engines.tiny import write_json
+
+    tiny.processor().save_pretrained(str(folder))
+    GenerationConfig(**tiny.GENERATION).save_pretrained(str(folder))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update({k: tiny.BACKBONE[k] for k in ("pad_token_id", "bos_token_id", "audio_token_id",
+                                                  "audio_eos_token_id")})
+    write_json(folder / "config.json", config)
+
+
+def _csm_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' CSM on meta as the engine's loader builds it, its Mimi codec put back
+    under ``codec_model.`` (the loader takes it out after loading): one file, as published."""
+    from mizuoto_runtime.engines.csm import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        parts = checkpoint.load_model(folder, model.dtype)
+    parts.model._modules["codec_model"] = parts.codec
+    return [WeightFile("model.safetensors", parts.model)]
+
+
+def _chatterbox_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's text tokenizers (one token per character; the multilingual one with
+    its language tokens) and its built-in voice (``conds.pt``, the conditionals of a synthetic
+    reference: their shapes are the published ones, as the tiny checkpoint keeps the voice
+    encoder, CAM++ and the mel sizes published)."""
+    import tempfile
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny.write(tmp, version="english")
+        for name in (checkpoint.TOKENIZER_FILE, checkpoint.CONDS_FILE):
+            shutil.copyfile(Path(tmp) / name, folder / name)
+    if model.version == "multilingual":
+        tiny.text_tokenizer(tiny.LANGUAGES).save(str(folder / checkpoint.MULTILINGUAL_TOKENIZER))
+
+
+def _chatterbox_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """Upstream's voice encoder, T3 and S3Gen on meta, as the engine's loader builds them, in
+    the files that loader reads: English ``ve`` / ``t3_cfg`` / ``s3gen.safetensors`` (S3Gen
+    without the S3 tokenizer's computed mel filters and window); Multilingual its T3's
+    safetensors and ``ve.pt`` / ``s3gen.pt`` (torch pickles, every key: ~1 GB held while
+    written); the other model's files stay empty stand-ins."""
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    multilingual = model.version == "multilingual"
+    with shapes_only():
+        models = checkpoint.load(folder, model.dtype, multilingual)
+    if multilingual:
+        return [WeightFile(checkpoint.VE_PICKLE, models.ve), WeightFile(checkpoint.MULTILINGUAL_T3, models.t3),
+                WeightFile(checkpoint.S3GEN_PICKLE, models.s3gen)]
+    return [WeightFile(checkpoint.VE_FILE, models.ve), WeightFile(checkpoint.T3_FILE, models.t3),
+            WeightFile(checkpoint.S3GEN_FILE, models.s3gen, drop=tiny.S3GEN_COMPUTED)]
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
     "dia": Writer(_dia_run_files, _dia_weights, lambda model: Request()),
     "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
+    "higgsaudio": Writer(_higgsaudio_run_files, _higgsaudio_weights, _higgsaudio_request,
+                         values=_codes_only(_higgsaudio_heads)),
+    "csm": Writer(_csm_run_files, _csm_weights, lambda model: Request(), values=_codes_only(_csm_heads)),
+    "chatterbox": Writer(_chatterbox_run_files, _chatterbox_weights, lambda model: Request()),
 }
 
 
@@ -345,6 +489,8 @@ def checkpoint_tensors(weight_file: WeightFile) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, tensor in weight_file.module.state_dict(keep_vars=True).items():
+        if name in weight_file.drop:
+            continue
         if weight_file.shard_bytes is not None:
             if id(tensor) in seen:
                 continue
@@ -396,18 +542,21 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
     gen = torch.Generator().manual_seed(seed)
     values = w.values(folder) if w.values is not None else (lambda key, made: made)
     total = 0
+
+    def make(key: str, like: torch.Tensor) -> torch.Tensor:
+        return values(key, random_tensor(key, like, gen))
+
     for weight_file in w.weights(model, folder):
         named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
         if weight_file.shard_bytes is not None:
-            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
-                                  lambda key, like: values(key, random_tensor(key, like, gen)))
+            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes, make)
             del named
             continue
         if path.suffix == ".safetensors":
-            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
-        else:  # a torch file (a small vocoder's): written whole, its tensors held once
-            torch.save({k: random_tensor(k, v, gen).contiguous() for k, v in named.items()}, path)
+            total += write_safetensors(path, named, make)
+        else:  # a torch file (a vocoder's, S3Gen's: < 4 GB): written whole, its tensors held once
+            torch.save({k: make(k, v).contiguous() for k, v in named.items()}, path)
             total += path.stat().st_size
         log.info("wrote %s (%.2f GB)", weight_file.path, (folder / weight_file.path).stat().st_size / GB)
         del named
@@ -432,6 +581,10 @@ def check_written(model: PublishedModel, folder: Path) -> int:
         else:
             index, files = None, [weight_file.path]
         found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        if path.suffix != ".safetensors":  # a torch file: its tensors memory-mapped, as the loader reads it
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            found = {k: (v.dtype, tuple(v.shape)) for k, v in state.items()}
+            files = []
         for name in files:
             f = SafetensorsFile(path.with_name(Path(name).name))
             try:
@@ -527,7 +680,7 @@ def _say(rt: Any, engine: Any, req: Request, tokens: int, seed: int = 1) -> tupl
     audio, meta = rt.say(engine, req.text, reference=reference, transcript=req.transcript or None,
                          speaker=req.speaker, instruct=req.instruct,
                          on_progress=lambda done, total: ticks.append(time.perf_counter()),
-                         sampling=Sampling(seed=seed, max_new_tokens=tokens))
+                         sampling=Sampling(seed=seed, max_new_tokens=tokens + req.lead_tokens))
     return audio, meta, ticks
 
 
@@ -579,8 +732,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     rss0, peak0 = rss_bytes(), peak_rss_bytes()
     start = time.perf_counter()
+    target = folder / model.choice if model.choice else folder  # what a user picks (a file in the folder)
     rt = Runtime({})
-    engine = rt.engine(model.engine, folder, dtype=model.dtype, device=device)
+    engine = rt.engine(model.engine, target, dtype=model.dtype, device=device)
     out["load_s"] = round(time.perf_counter() - start, 2)
     steps(engine, req)
     out["load_peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
@@ -614,7 +768,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 settings = {**settings, "compute.vram_limit_mb": card * 1024}
             rt = Runtime(settings)
-            engine = rt.engine(model.engine, folder, dtype=model.dtype, device=device)
+            engine = rt.engine(model.engine, target, dtype=model.dtype, device=device)
             steps(engine, req)
             _say(rt, engine, req, 2)  # warm: the first request places the components
             out[label] = _token_phase_ms(rt, engine, req, args.tokens, w.token_phase, NoPeak)
