@@ -150,3 +150,33 @@ def test_cosyvoice_talker_estimate_at_the_published_width(sentences: tuple[int, 
                           max_new_tokens=plan.tokens_at_most)
     ratio = estimate / tracker.peak
     assert LOW <= ratio <= HIGH, f"{sentences}, {prompt_tokens} prompt tokens: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("seconds", [3, 10])
+def test_higgs_audio_voice_prompt_at_the_published_codec_width(seconds: int) -> None:
+    """Issue 35: the published audio tokenizer's DAC encoder (64 wide at the full 24 kHz rate)
+    peaks at five copies of its full-rate stage, which the tiny checkpoint's per-sample terms
+    hid. Its published config with HuBERT two layers deep (a layer's activations are small
+    beside the DAC's; the estimate counts the layers' hidden states), against the engine's
+    estimate for a 3 s and a 10 s reference."""
+    require_engine("higgsaudio")
+    import copy
+    import types
+
+    import torch
+    from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+
+    from mizuoto_runtime.engines.higgs_codec import TOKENIZER
+    from mizuoto_runtime.engines.higgsaudio.engine import HiggsAudioEngine
+
+    published = copy.deepcopy(TOKENIZER)
+    published["semantic_model_config"]["num_hidden_layers"] = 2
+    torch.manual_seed(0)
+    codec = HiggsAudioV2TokenizerModel(HiggsAudioV2TokenizerConfig(**published)).eval()
+    wav = 0.3 * torch.sin(torch.arange(24000 * seconds) / 6.0)[None, None]
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        codec.encode(wav)
+    engine = types.SimpleNamespace(codec=codec)
+    ratio = HiggsAudioEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{seconds} s: estimate / peak {ratio:.2f}"
