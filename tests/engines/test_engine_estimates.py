@@ -180,3 +180,49 @@ def test_higgs_audio_voice_prompt_at_the_published_codec_width(seconds: int) -> 
     engine = types.SimpleNamespace(codec=codec)
     ratio = HiggsAudioEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
     assert LOW <= ratio <= HIGH, f"{seconds} s: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_chatterbox_decoder_and_voice_prompt_at_the_published_s3gen_size() -> None:
+    """Issue 35: upstream's published S3Gen (its S3 tokenizer 1280 wide, the flow's estimator
+    512 wide inside with 8 heads, HiFT 512 wide) against the engine's estimates: the voice
+    prompt of a 1 s and a 3 s reference (a short one shows the tokenizer's width), the flow
+    (its conformer encoder is the peak: the estimator runs after it) and HiFT for 8 and 50
+    tokens (a short request's HiFT peak is its recomputed weight-normed weight)."""
+    require_engine("chatterbox")
+    import types
+
+    import numpy as np
+    import torch
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+    from mizuoto_runtime.engines.chatterbox.conditioning import conditionals
+    from mizuoto_runtime.engines.chatterbox.engine import FLOW_STEPS, MEL_PER_TOKEN, ChatterboxEngine
+
+    checkpoint.import_upstream()
+    from chatterbox.models.voice_encoder import VoiceEncoder
+
+    torch.manual_seed(0)
+    s3gen = checkpoint.build_s3gen(checkpoint.PUBLISHED).eval()
+    t3, ve = checkpoint.build_t3(tiny.TINY).eval(), VoiceEncoder().eval()  # T3: its prompt length only
+    engine = types.SimpleNamespace(models=types.SimpleNamespace(sizes=checkpoint.PUBLISHED, s3gen=s3gen))
+    engine.hift_weight_bytes = ChatterboxEngine.hift_weight_bytes.func(engine)  # type: ignore[attr-defined]
+    ratios: dict[str, float] = {}
+    for seconds in (1, 3):
+        wav = (0.3 * np.sin(2 * np.pi * 180 * np.arange(seconds * 24000) / 24000)).astype(np.float32)
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            gen = conditionals(t3, s3gen, ve, wav, torch.device("cpu"))["gen"]
+        ratios[f"voice prompt {seconds} s"] = ChatterboxEngine.voice_prompt_memory(engine, wav.size) / tracker.peak  # type: ignore[arg-type]
+    prompt = int(gen["prompt_token"].shape[-1])
+    for tokens in (8, 50):
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            mels, _ = s3gen.flow.inference(token=torch.randint(0, 6561, (1, tokens)),
+                                           token_len=torch.LongTensor([tokens]), finalize=True, noised_mels=None,
+                                           n_timesteps=FLOW_STEPS, meanflow=s3gen.meanflow, **gen)
+        ratios[f"flow {tokens}"] = ChatterboxEngine.flow_memory(engine, prompt + tokens) / tracker.peak  # type: ignore[arg-type]
+        assert mels.shape[-1] == MEL_PER_TOKEN * tokens
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            s3gen.mel2wav.inference(speech_feat=mels, cache_source=torch.zeros(1, 1, 0))
+        ratios[f"vocoder {tokens}"] = ChatterboxEngine.vocoder_memory(engine, mels.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    off = {k: round(v, 2) for k, v in ratios.items() if not LOW <= v <= HIGH}
+    assert not off, off
