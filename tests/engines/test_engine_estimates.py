@@ -226,3 +226,39 @@ def test_chatterbox_decoder_and_voice_prompt_at_the_published_s3gen_size() -> No
         ratios[f"vocoder {tokens}"] = ChatterboxEngine.vocoder_memory(engine, mels.shape[-1]) / tracker.peak  # type: ignore[arg-type]
     off = {k: round(v, 2) for k, v in ratios.items() if not LOW <= v <= HIGH}
     assert not off, off
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_csm_mimi_at_the_published_size() -> None:
+    """Issue 35: the published Mimi (32 codebooks of 2048 x 256: 64 MB of tables the quantizer
+    computes) against the engine's estimates where the tables are the peak: a 1 s reference's
+    encode and a 3-frame decode (the lookups beside the tables put both just above them)."""
+    require_engine("csm")
+    import types
+
+    import torch
+    from transformers import MimiConfig, MimiModel
+
+    from mizuoto_runtime.engines.csm.engine import CsmEngine
+    from mizuoto_runtime.engines.csm.published import CSM_1B
+
+    torch.manual_seed(0)
+    codec = MimiModel(MimiConfig(**{k: v for k, v in CSM_1B["codec_config"].items() if k != "model_type"})).eval()
+    engine = types.SimpleNamespace(codec=codec)
+    engine._mimi_stage = lambda samples: CsmEngine._mimi_stage(engine, samples)  # type: ignore[arg-type]
+    engine._codebook_tables = lambda: CsmEngine._codebook_tables(engine)  # type: ignore[arg-type]
+
+    def peak(run: Callable[[], object]) -> int:
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            run()
+        for module in codec.quantizer.modules():  # as the engine: the tables are computed afresh per phase
+            if getattr(module, "_embed", None) is not None:
+                module._embed = None
+        return int(tracker.peak)
+
+    wav = 0.3 * torch.sin(torch.arange(24000) / 6.0)[None, None]
+    codes = torch.randint(0, 2048, (1, 32, 3))
+    ratios = {"voice prompt": CsmEngine.mimi_encoder_memory(engine, 24000) / peak(lambda: codec.encode(wav)),  # type: ignore[arg-type]
+              "decoder": CsmEngine.mimi_decoder_memory(engine, 3) / peak(lambda: codec.decode(codes))}  # type: ignore[arg-type]
+    off = {k: round(v, 3) for k, v in ratios.items() if not LOW <= v <= HIGH}
+    assert not off, off
