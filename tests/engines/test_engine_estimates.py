@@ -262,3 +262,38 @@ def test_csm_mimi_at_the_published_size() -> None:
               "decoder": CsmEngine.mimi_decoder_memory(engine, 3) / peak(lambda: codec.decode(codes))}  # type: ignore[arg-type]
     off = {k: round(v, 3) for k, v in ratios.items() if not LOW <= v <= HIGH}
     assert not off, off
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_chatterbox_talker_at_the_published_t3_width(tokens: int) -> None:
+    """Issue 35: T3 at its published width (1024 wide, MLP 4096, 16 heads) two layers deep (the
+    estimate counts the KV cache and hidden states per layer): its prefill's MLP
+    intermediates, which the tiny T3 hid, are counted; a 1- and an 8-token request."""
+    require_engine("chatterbox")
+    import dataclasses
+    import types
+
+    import torch
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint
+    from mizuoto_runtime.engines.chatterbox.engine import CFG_WEIGHT, MIN_P, ChatterboxEngine
+
+    checkpoint.import_upstream()
+    from chatterbox.models.t3.modules.cond_enc import T3Cond
+
+    torch.manual_seed(0)
+    sizes = dataclasses.replace(checkpoint.PUBLISHED, t3_layers=2)
+    t3 = checkpoint.build_t3(sizes).eval()
+    text = torch.randint(10, 200, (1, 50)).repeat(2, 1)  # both CFG rows
+    text = torch.nn.functional.pad(text, (1, 0), value=t3.hp.start_text_token)
+    text = torch.nn.functional.pad(text, (0, 1), value=t3.hp.stop_text_token)
+    cond = T3Cond(speaker_emb=torch.randn(1, 256), cond_prompt_speech_tokens=torch.randint(0, 6561, (1, 150)),
+                  emotion_adv=0.5 * torch.ones(1, 1, 1))
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        t3.inference(t3_cond=cond, text_tokens=text, max_new_tokens=tokens, temperature=0.8, cfg_weight=CFG_WEIGHT,
+                     repetition_penalty=1.2, min_p=MIN_P, top_p=1.0)
+    engine = types.SimpleNamespace(models=types.SimpleNamespace(t3=t3, sizes=sizes), dtype=torch.float32,
+                                   multilingual=False)
+    ratio = ChatterboxEngine.talker_memory(engine, text.shape[-1], tokens) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{tokens} tokens: estimate / peak {ratio:.2f}"

@@ -84,6 +84,10 @@ CONDITIONING_POSITIONS = 34  # T3's speaker (1), perceiver (32) and emotion (1) 
 # A step's logits of one position, float32: both CFG rows, their mix, the repetition penalty,
 # temperature, min-p and top-p warpers, and the probabilities.
 STEP_LOGIT_COPIES = 8
+# The prefill's gated MLP: two intermediate-wide tensors live at once, both CFG rows (issue 35: at
+# the published width, 4096, without them a short request estimated 0.95x; three counted put the
+# tiny checkpoint's, 8x its width, at 1.35x).
+MLP_COPIES = 2
 # The flow's peak is its conformer encoder's (512 wide, 8 heads: the same in every checkpoint),
 # per mel frame in copies of its width and of its attention scores (relative-position attention
 # keeps both score matrices and their shift); the estimator, run after it, peaks lower: per mel
@@ -276,8 +280,9 @@ class ChatterboxEngine(Engine):
         asks of the prefill: the speech logits of every prompt position and every layer's hidden
         states (it runs with output_hidden_states); with the multilingual model also every
         layer's attention weights, and one layer's scores besides while it computes (its
-        alignment analyzer switches the Llama to eager attention; SDPA returns none). Then each
-        step's float32 copies of one position's logits (`STEP_LOGIT_COPIES`)."""
+        alignment analyzer switches the Llama to eager attention; SDPA returns none); and the
+        last layer's MLP intermediates beside them. Then each step's float32 copies of one
+        position's logits (`STEP_LOGIT_COPIES`)."""
         t3 = self.models.t3
         cfg = t3.cfg
         elem = element_size(self.dtype)
@@ -287,8 +292,9 @@ class ChatterboxEngine(Engine):
         logits = 2 * prompt * t3.hp.speech_tokens_dict_size * elem
         hidden = (cfg.num_hidden_layers + 1) * 2 * prompt * cfg.hidden_size * elem
         attention = (cfg.num_hidden_layers + 1) * 2 * cfg.num_attention_heads * prompt * prompt * elem
+        mlp = MLP_COPIES * 2 * prompt * cfg.intermediate_size * elem
         step = STEP_LOGIT_COPIES * t3.hp.speech_tokens_dict_size * 4
-        return kv + logits + hidden + step + (attention if self.multilingual else 0)
+        return kv + logits + hidden + mlp + step + (attention if self.multilingual else 0)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         from chatterbox.models.t3.modules.cond_enc import T3Cond
