@@ -100,6 +100,7 @@ class WeightFile:
     # A torch file's object around its tensors (``{"generator": tensors}``, a dict with the
     # file's config beside them); None: the dict of tensors itself.
     wrap: Callable[[dict[str, torch.Tensor]], Any] | None = None
+    drop: tuple[str, ...] = ()  # the module's tensors the published file leaves out (computed at load)
 
     def wrapped(self, tensors: dict[str, torch.Tensor]) -> Any:
         return tensors if self.wrap is None else self.wrap(tensors)
@@ -160,6 +161,9 @@ class Request:
     speaker: str | None = None
     instruct: str | None = None
     steps: int | None = None  # ODE / diffusion steps, where the engine has them (fewer: a shorter run)
+    # Frames the loop makes before the first audio frame (a delay pattern's), added to the
+    # tokens asked for so that the decoder has frames to decode.
+    lead_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,6 +461,141 @@ def _gptsovits_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
                        build_on_meta(lambda: HubertModel(hubert_config), torch.float32)),
             WeightFile(f"{BERT_FOLDER}/pytorch_model.bin",
                        build_on_meta(lambda: BertForMaskedLM(bert_config), torch.float16))]
+def _higgsaudio_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's byte-level tokenizer (its chat and audio tokens' ids put in the
+    configs; the embedding keeps its published rows), chat template and feature extractor."""
+    from mizuoto_runtime.engines.higgsaudio import tiny
+    from mizuoto_runtime.engines.tiny import write_json
+
+    tokenizer = tiny.text_tokenizer()
+    tokenizer.save_pretrained(str(folder))
+    (folder / "chat_template.jinja").write_text(tiny.CHAT_TEMPLATE, encoding="utf-8")
+    write_json(folder / "processor_config.json",
+               {"feature_extractor": {"feature_extractor_type": "DacFeatureExtractor", **tiny.FEATURES},
+                "processor_class": "HiggsAudioV2Processor"})
+    ids = tiny.token_ids(tokenizer)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((folder / name).read_text(encoding="utf-8"))
+        config.update({k: v for k, v in ids.items() if name == "config.json" or k in config})
+        write_json(folder / name, config)
+
+
+def _higgsaudio_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' Higgs Audio v2 LLM (sharded, as published) and its audio tokenizer (one
+    float32 file in ``audio_tokenizer/``) on meta, as the engine's loader builds them."""
+    from mizuoto_runtime.engines.higgsaudio import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        loaded = checkpoint.load_models(folder, model.dtype)
+    return [WeightFile(checkpoint.INDEX.removesuffix(".index.json"), loaded.model, shard_bytes=SHARD_BYTES),
+            WeightFile(f"{checkpoint.AUDIO_TOKENIZER_FOLDER}/model.safetensors", loaded.codec)]
+
+
+def _higgsaudio_request(model: PublishedModel) -> Request:
+    """A clone; the delay pattern's frames (one per codebook) come before the first audio frame."""
+    return Request(lead_tokens=model.files["config.json"]["num_codebooks"])
+
+
+def _codes_only(rows: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[Path], Callable[[str, torch.Tensor],
+                                                                                        torch.Tensor]]:
+    """A `Writer.values` that zeroes the audio heads' rows of the ids a random head would
+    sample but the codec cannot decode (a stream's BOS or EOS, ids past the codebook):
+    `rows(config)` maps a head's key to its index of those rows. Their logits are then 0, and
+    top-k sampling (the default k = 50) takes the 50 highest of the other ~1000-2000 random
+    logits, which lie ~2 standard deviations above 0: the loop speaks every frame asked for, in
+    codes the codec decodes."""
+
+    def make(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        index = rows(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
+        def values(key: str, made: torch.Tensor) -> torch.Tensor:
+            if key in index:
+                made[index[key]] = 0
+            return made
+
+        return values
+
+    return make
+
+
+def _higgsaudio_heads(config: dict[str, Any]) -> dict[str, Any]:
+    """The audio head's rows (codebook-major) of each codebook's stream BOS and EOS (the
+    generation's delay pattern forces BOS where it belongs)."""
+    size = config["codebook_size"]
+    ids = (config["audio_stream_bos_id"], config["audio_stream_eos_id"])
+    return {"audio_lm_head.weight": [k * size + i for k in range(config["num_codebooks"]) for i in ids]}
+
+
+def _csm_heads(config: dict[str, Any]) -> dict[str, Any]:
+    """The backbone's (codebook 0) and the depth decoder's (the others) rows of the ids past
+    Mimi's codebook (2048..2050: padding and control ids)."""
+    size = config["codec_config"]["codebook_size"]
+    return {"lm_head.weight": slice(size, None), "depth_decoder.codebooks_head.weight": (Ellipsis, slice(size, None))}
+
+
+def _csm_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's processor (byte-level tokenizer, chat template, feature extractor) and
+    generation config; the config's token ids set to that tokenizer's."""
+    from transformers import GenerationConfig
+
+    from mizuoto_runtime.engines.csm import tiny
+    from mizuoto_runtime.engines.tiny import write_json
+
+    tiny.processor().save_pretrained(str(folder))
+    GenerationConfig(**tiny.GENERATION).save_pretrained(str(folder))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update({k: tiny.BACKBONE[k] for k in ("pad_token_id", "bos_token_id", "audio_token_id",
+                                                  "audio_eos_token_id")})
+    write_json(folder / "config.json", config)
+
+
+def _csm_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """transformers' CSM on meta as the engine's loader builds it, its Mimi codec put back
+    under ``codec_model.`` (the loader takes it out after loading): one file, as published."""
+    from mizuoto_runtime.engines.csm import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        parts = checkpoint.load_model(folder, model.dtype)
+    parts.model._modules["codec_model"] = parts.codec
+    return [WeightFile("model.safetensors", parts.model)]
+
+
+def _chatterbox_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's text tokenizers (one token per character; the multilingual one with
+    its language tokens) and its built-in voice (``conds.pt``, the conditionals of a synthetic
+    reference: their shapes are the published ones, as the tiny checkpoint keeps the voice
+    encoder, CAM++ and the mel sizes published)."""
+    import tempfile
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny.write(tmp, version="english")
+        for name in (checkpoint.TOKENIZER_FILE, checkpoint.CONDS_FILE):
+            shutil.copyfile(Path(tmp) / name, folder / name)
+    if model.version == "multilingual":
+        tiny.text_tokenizer(tiny.LANGUAGES).save(str(folder / checkpoint.MULTILINGUAL_TOKENIZER))
+
+
+def _chatterbox_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """Upstream's voice encoder, T3 and S3Gen on meta, as the engine's loader builds them, in
+    the files that loader reads: English ``ve`` / ``t3_cfg`` / ``s3gen.safetensors`` (S3Gen
+    without the S3 tokenizer's computed mel filters and window); Multilingual its T3's
+    safetensors and ``ve.pt`` / ``s3gen.pt`` (torch pickles, every key: ~1 GB held while
+    written); the other model's files stay empty stand-ins."""
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    multilingual = model.version == "multilingual"
+    with shapes_only():
+        models = checkpoint.load(folder, model.dtype, multilingual)
+    if multilingual:
+        return [WeightFile(checkpoint.VE_PICKLE, models.ve), WeightFile(checkpoint.MULTILINGUAL_T3, models.t3),
+                WeightFile(checkpoint.S3GEN_PICKLE, models.s3gen)]
+    return [WeightFile(checkpoint.VE_FILE, models.ve), WeightFile(checkpoint.T3_FILE, models.t3),
+            WeightFile(checkpoint.S3GEN_FILE, models.s3gen, drop=tiny.S3GEN_COMPUTED)]
 
 
 WRITERS: dict[str, Writer] = {
@@ -466,6 +605,10 @@ WRITERS: dict[str, Writer] = {
     "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
     "indextts2": Writer(_indextts2_run_files, _indextts2_weights, lambda model: Request(), values=_indextts2_speaks),
     "gptsovits": Writer(_gptsovits_run_files, _gptsovits_weights, lambda model: Request()),
+    "higgsaudio": Writer(_higgsaudio_run_files, _higgsaudio_weights, _higgsaudio_request,
+                         values=_codes_only(_higgsaudio_heads)),
+    "csm": Writer(_csm_run_files, _csm_weights, lambda model: Request(), values=_codes_only(_csm_heads)),
+    "chatterbox": Writer(_chatterbox_run_files, _chatterbox_weights, lambda model: Request()),
 }
 
 
@@ -484,6 +627,8 @@ def checkpoint_tensors(weight_file: WeightFile) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, tensor in weight_file.module.state_dict(keep_vars=True).items():
+        if name in weight_file.drop:
+            continue
         if weight_file.shard_bytes is not None:
             if id(tensor) in seen:
                 continue
@@ -541,6 +686,7 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
         return values(key, random_tensor(key, like, gen))
 
     total = 0
+
     for weight_file in w.weights(model, folder):
         named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
@@ -695,7 +841,7 @@ def _say(rt: Any, engine: Any, req: Request, tokens: int, seed: int = 1) -> tupl
     audio, meta = rt.say(engine, req.text, reference=reference, transcript=req.transcript or None,
                          speaker=req.speaker, instruct=req.instruct,
                          on_progress=lambda done, total: ticks.append(time.perf_counter()),
-                         sampling=Sampling(seed=seed, max_new_tokens=tokens))
+                         sampling=Sampling(seed=seed, max_new_tokens=tokens + req.lead_tokens))
     return audio, meta, ticks
 
 
@@ -734,7 +880,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """The measurements of one written checkpoint (this process started for it)."""
     import engines as bench_engines
 
-
     model = find(args.model) if not args.dry_run else _dry_model(args.model)
     w = writer(model)
     req = w.request(model)
@@ -744,14 +889,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = sum(p.stat().st_size for p in folder.rglob("*") if p.suffix in WEIGHT_SUFFIXES)
     out: dict[str, Any] = {"model": model.name, "device": args.device, "checkpoint_gb": round(ckpt / GB, 2)}
 
+    target = folder / model.choice if model.choice else folder  # what a user picks (a file in the folder)
     if not args.card_only:
-        plain_runs(args, model, w, req, folder, ckpt, out, device, tracker)
-    card_runs(args, model, w, req, folder, out, device)
+        plain_runs(args, model, w, req, target, ckpt, out, device, tracker)
+    card_runs(args, model, w, req, target, out, device)
     out["peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
     return out
 
 
-def plain_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: Request, folder: Path, ckpt: int,
+def plain_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: Request, target: Path, ckpt: int,
                out: dict[str, Any], device: str | None, tracker: Any) -> None:
     """The load, the cold request, each phase's estimate / peak and ms per token, all on the
     plain device."""
@@ -762,7 +908,7 @@ def plain_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: 
     rss0, peak0 = rss_bytes(), peak_rss_bytes()
     start = time.perf_counter()
     rt = Runtime({})
-    engine = rt.engine(model.engine, folder, dtype=model.dtype, device=device)
+    engine = rt.engine(model.engine, target, dtype=model.dtype, device=device)
     out["load_s"] = round(time.perf_counter() - start, 2)
     steps(engine, req)
     out["load_peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
@@ -783,7 +929,7 @@ def plain_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: 
     gc.collect()
 
 
-def card_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: Request, folder: Path,
+def card_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: Request, target: Path,
               out: dict[str, Any], device: str | None) -> None:
     """ms per token on a device of the card's size: all streamed, and (on CUDA, or `--placed`)
     as the runtime places the model there."""
@@ -806,7 +952,7 @@ def card_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: R
             else:
                 settings = {**settings, "compute.vram_limit_mb": card * 1024}
             rt = Runtime(settings)
-            engine = rt.engine(model.engine, folder, dtype=model.dtype, device=device)
+            engine = rt.engine(model.engine, target, dtype=model.dtype, device=device)
             steps(engine, req)
             _say(rt, engine, req, 2)  # warm: the first request places the components
             out[label] = _token_phase_ms(rt, engine, req, args.tokens, w.token_phase, NoPeak)

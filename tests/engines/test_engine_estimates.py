@@ -150,3 +150,150 @@ def test_cosyvoice_talker_estimate_at_the_published_width(sentences: tuple[int, 
                           max_new_tokens=plan.tokens_at_most)
     ratio = estimate / tracker.peak
     assert LOW <= ratio <= HIGH, f"{sentences}, {prompt_tokens} prompt tokens: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("seconds", [3, 10])
+def test_higgs_audio_voice_prompt_at_the_published_codec_width(seconds: int) -> None:
+    """Issue 35: the published audio tokenizer's DAC encoder (64 wide at the full 24 kHz rate)
+    peaks at five copies of its full-rate stage, which the tiny checkpoint's per-sample terms
+    hid. Its published config with HuBERT two layers deep (a layer's activations are small
+    beside the DAC's; the estimate counts the layers' hidden states), against the engine's
+    estimate for a 3 s and a 10 s reference."""
+    require_engine("higgsaudio")
+    import copy
+    import types
+
+    import torch
+    from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+
+    from mizuoto_runtime.engines.higgs_codec import TOKENIZER
+    from mizuoto_runtime.engines.higgsaudio.engine import HiggsAudioEngine
+
+    published = copy.deepcopy(TOKENIZER)
+    published["semantic_model_config"]["num_hidden_layers"] = 2
+    torch.manual_seed(0)
+    codec = HiggsAudioV2TokenizerModel(HiggsAudioV2TokenizerConfig(**published)).eval()
+    wav = 0.3 * torch.sin(torch.arange(24000 * seconds) / 6.0)[None, None]
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        codec.encode(wav)
+    engine = types.SimpleNamespace(codec=codec)
+    ratio = HiggsAudioEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{seconds} s: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_chatterbox_decoder_and_voice_prompt_at_the_published_s3gen_size() -> None:
+    """Issue 35: upstream's published S3Gen (its S3 tokenizer 1280 wide, the flow's estimator
+    512 wide inside with 8 heads, HiFT 512 wide) against the engine's estimates: the voice
+    prompt of a 1 s and a 3 s reference (a short one shows the tokenizer's width), the flow
+    (its conformer encoder is the peak: the estimator runs after it) and HiFT for 8 and 50
+    tokens (a short request's HiFT peak is its recomputed weight-normed weight)."""
+    require_engine("chatterbox")
+    import types
+
+    import numpy as np
+    import torch
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+    from mizuoto_runtime.engines.chatterbox.conditioning import conditionals
+    from mizuoto_runtime.engines.chatterbox.engine import FLOW_STEPS, MEL_PER_TOKEN, ChatterboxEngine
+
+    checkpoint.import_upstream()
+    from chatterbox.models.voice_encoder import VoiceEncoder
+
+    torch.manual_seed(0)
+    s3gen = checkpoint.build_s3gen(checkpoint.PUBLISHED).eval()
+    t3, ve = checkpoint.build_t3(tiny.TINY).eval(), VoiceEncoder().eval()  # T3: its prompt length only
+    engine = types.SimpleNamespace(models=types.SimpleNamespace(sizes=checkpoint.PUBLISHED, s3gen=s3gen))
+    engine.hift_weight_bytes = ChatterboxEngine.hift_weight_bytes.func(engine)  # type: ignore[attr-defined]
+    ratios: dict[str, float] = {}
+    for seconds in (1, 3):
+        wav = (0.3 * np.sin(2 * np.pi * 180 * np.arange(seconds * 24000) / 24000)).astype(np.float32)
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            gen = conditionals(t3, s3gen, ve, wav, torch.device("cpu"))["gen"]
+        ratios[f"voice prompt {seconds} s"] = ChatterboxEngine.voice_prompt_memory(engine, wav.size) / tracker.peak  # type: ignore[arg-type]
+    prompt = int(gen["prompt_token"].shape[-1])
+    for tokens in (8, 50):
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            mels, _ = s3gen.flow.inference(token=torch.randint(0, 6561, (1, tokens)),
+                                           token_len=torch.LongTensor([tokens]), finalize=True, noised_mels=None,
+                                           n_timesteps=FLOW_STEPS, meanflow=s3gen.meanflow, **gen)
+        ratios[f"flow {tokens}"] = ChatterboxEngine.flow_memory(engine, prompt + tokens) / tracker.peak  # type: ignore[arg-type]
+        assert mels.shape[-1] == MEL_PER_TOKEN * tokens
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            s3gen.mel2wav.inference(speech_feat=mels, cache_source=torch.zeros(1, 1, 0))
+        ratios[f"vocoder {tokens}"] = ChatterboxEngine.vocoder_memory(engine, mels.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    off = {k: round(v, 2) for k, v in ratios.items() if not LOW <= v <= HIGH}
+    assert not off, off
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_csm_mimi_at_the_published_size() -> None:
+    """Issue 35: the published Mimi (32 codebooks of 2048 x 256: 64 MB of tables the quantizer
+    computes) against the engine's estimates where the tables are the peak: a 1 s reference's
+    encode and a 3-frame decode (the lookups beside the tables put both just above them)."""
+    require_engine("csm")
+    import types
+
+    import torch
+    from transformers import MimiConfig, MimiModel
+
+    from mizuoto_runtime.engines.csm.engine import CsmEngine
+    from mizuoto_runtime.engines.csm.published import CSM_1B
+
+    torch.manual_seed(0)
+    codec = MimiModel(MimiConfig(**{k: v for k, v in CSM_1B["codec_config"].items() if k != "model_type"})).eval()
+    engine = types.SimpleNamespace(codec=codec)
+    engine._mimi_stage = lambda samples: CsmEngine._mimi_stage(engine, samples)  # type: ignore[arg-type]
+    engine._codebook_tables = lambda: CsmEngine._codebook_tables(engine)  # type: ignore[arg-type]
+
+    def peak(run: Callable[[], object]) -> int:
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            run()
+        for module in codec.quantizer.modules():  # as the engine: the tables are computed afresh per phase
+            if getattr(module, "_embed", None) is not None:
+                module._embed = None
+        return int(tracker.peak)
+
+    wav = 0.3 * torch.sin(torch.arange(24000) / 6.0)[None, None]
+    codes = torch.randint(0, 2048, (1, 32, 3))
+    ratios = {"voice prompt": CsmEngine.mimi_encoder_memory(engine, 24000) / peak(lambda: codec.encode(wav)),  # type: ignore[arg-type]
+              "decoder": CsmEngine.mimi_decoder_memory(engine, 3) / peak(lambda: codec.decode(codes))}  # type: ignore[arg-type]
+    off = {k: round(v, 3) for k, v in ratios.items() if not LOW <= v <= HIGH}
+    assert not off, off
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_chatterbox_talker_at_the_published_t3_width(tokens: int) -> None:
+    """Issue 35: T3 at its published width (1024 wide, MLP 4096, 16 heads) two layers deep (the
+    estimate counts the KV cache and hidden states per layer): its prefill's MLP
+    intermediates, which the tiny T3 hid, are counted; a 1- and an 8-token request."""
+    require_engine("chatterbox")
+    import dataclasses
+    import types
+
+    import torch
+
+    from mizuoto_runtime.engines.chatterbox import checkpoint
+    from mizuoto_runtime.engines.chatterbox.engine import CFG_WEIGHT, MIN_P, ChatterboxEngine
+
+    checkpoint.import_upstream()
+    from chatterbox.models.t3.modules.cond_enc import T3Cond
+
+    torch.manual_seed(0)
+    sizes = dataclasses.replace(checkpoint.PUBLISHED, t3_layers=2)
+    t3 = checkpoint.build_t3(sizes).eval()
+    text = torch.randint(10, 200, (1, 50)).repeat(2, 1)  # both CFG rows
+    text = torch.nn.functional.pad(text, (1, 0), value=t3.hp.start_text_token)
+    text = torch.nn.functional.pad(text, (0, 1), value=t3.hp.stop_text_token)
+    cond = T3Cond(speaker_emb=torch.randn(1, 256), cond_prompt_speech_tokens=torch.randint(0, 6561, (1, 150)),
+                  emotion_adv=0.5 * torch.ones(1, 1, 1))
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        t3.inference(t3_cond=cond, text_tokens=text, max_new_tokens=tokens, temperature=0.8, cfg_weight=CFG_WEIGHT,
+                     repetition_penalty=1.2, min_p=MIN_P, top_p=1.0)
+    engine = types.SimpleNamespace(models=types.SimpleNamespace(t3=t3, sizes=sizes), dtype=torch.float32,
+                                   multilingual=False)
+    ratio = ChatterboxEngine.talker_memory(engine, text.shape[-1], tokens) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{tokens} tokens: estimate / peak {ratio:.2f}"

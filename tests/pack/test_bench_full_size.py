@@ -262,4 +262,106 @@ def test_gptsovits_writer_gives_the_published_files_the_loader_reads(bench: Modu
     voice = Audio(0.3 * torch.sin(torch.arange(32000) / 6.0).unsqueeze(0), 32000)
     audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
                       sampling=Sampling(seed=1, max_new_tokens=6))
+def test_higgs_audios_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """Higgs Audio v2's writer on the tiny configs, in shards small enough to make several: the
+    LLM's shards and index and the audio tokenizer's one float32 file hold exactly the tensors
+    the loader's meta build has, the configs take the tokenizer's ids, and the engine speaks."""
+    require_engine("higgsaudio")
+    from transformers import HiggsAudioV2Config
+
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.higgsaudio import tiny
+    from mizuoto_runtime.engines.higgsaudio.checkpoint import AUDIO_TOKENIZER_FOLDER
+    from mizuoto_runtime.engines.published import find
+
+    published = find("Higgs Audio v2 generation 3B base")
+    small = dataclasses.replace(published, dtype=torch.float32, files={
+        **published.files, "config.json": HiggsAudioV2Config(**tiny.LLM, dtype="float32").to_dict(),
+        f"{AUDIO_TOKENIZER_FOLDER}/config.json": tiny.codec_config().to_dict()})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder, shard_bytes=2 << 20)
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    codec = folder / AUDIO_TOKENIZER_FOLDER / "model.safetensors"
+    assert len(shards) > 2 and written == sum(p.stat().st_size for p in (*shards, codec))
+    assert bench.check_written(small, folder) > 0
+    ids = tiny.token_ids(tiny.text_tokenizer())
+    config = json.loads((folder / "config.json").read_text())
+    assert {k: config[k] for k in ids} == ids and config["vocab_size"] == tiny.LLM["vocab_size"]
+    rt = Runtime()
+    engine = rt.engine("higgsaudio", folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
+                      sampling=Sampling(seed=1, max_new_tokens=12))
+    frames = 12 - config["num_codebooks"]  # after the delay pattern's frames, every one spoken (no EOS)
+    assert audio.waveform.numel() == frames * engine.codec.config.hop_length and torch.isfinite(audio.waveform).all()
+
+
+def test_csms_writer_gives_the_published_file_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """CSM's writer on the tiny config: one safetensors file, as published, with the backbone,
+    depth decoder and the Mimi codec under ``codec_model.`` (the loader takes it out), exactly
+    the loader's meta build; the config takes the tokenizer's ids; the engine speaks from it."""
+    require_engine("csm")
+    from transformers import CsmConfig
+
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.csm import tiny
+    from mizuoto_runtime.engines.csm.config import FRAME_SAMPLES
+    from mizuoto_runtime.engines.published import find
+    from mizuoto_runtime.nn.loading import SafetensorsFile
+
+    published = find("CSM-1B")
+    config = CsmConfig(**{**tiny.BACKBONE, "audio_token_id": 128002}, depth_decoder_config=dict(tiny.DEPTH),
+                       codec_config=dict(tiny.MIMI)).to_dict()
+    small = dataclasses.replace(published, files={**published.files, "config.json": config})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert [p.name for p in folder.rglob("*.safetensors")] == ["model.safetensors"]
+    assert written == (folder / "model.safetensors").stat().st_size
+    with SafetensorsFile(folder / "model.safetensors") as f:
+        assert any(k.startswith("codec_model.") for k in f.entries)
+    assert bench.check_written(small, folder) > 0
+    assert json.loads((folder / "config.json").read_text())["audio_token_id"] == tiny.AUDIO
+    rt = Runtime()
+    engine = rt.engine("csm", folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
+                      sampling=Sampling(seed=1, max_new_tokens=3))
+    assert audio.waveform.numel() == 3 * FRAME_SAMPLES and torch.isfinite(audio.waveform).all()  # every frame
+
+
+def test_chatterboxs_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chatterbox Multilingual's writer at the tiny sizes (the folder has no config: the meta
+    build is held to them): the files its loader reads in their published formats (T3's
+    safetensors, ``ve.pt`` / ``s3gen.pt`` pickles of tensors), exactly the meta build's tensors,
+    the English files left empty; the engine, at the sizes it reads back from them, speaks."""
+    require_engine("chatterbox")
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.chatterbox import checkpoint, tiny
+    from mizuoto_runtime.engines.published import find
+
+    real_t3, real_s3gen = checkpoint.build_t3, checkpoint.build_s3gen
+    monkeypatch.setattr(checkpoint, "build_t3", lambda sizes, multilingual=False:
+                        real_t3(tiny.TINY_MULTILINGUAL, multilingual))
+    monkeypatch.setattr(checkpoint, "build_s3gen", lambda sizes: real_s3gen(tiny.TINY))
+    model = find("Chatterbox Multilingual")
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(model, folder)
+    read = [folder / n for n in (checkpoint.MULTILINGUAL_T3, checkpoint.VE_PICKLE, checkpoint.S3GEN_PICKLE)]
+    assert written == sum(p.stat().st_size for p in read) and all(p.stat().st_size > 0 for p in read)
+    assert bench.check_written(model, folder) > 0
+    empty = (checkpoint.T3_FILE, checkpoint.VE_FILE, checkpoint.S3GEN_FILE)
+    assert all((folder / n).stat().st_size == 0 for n in empty)
+    monkeypatch.undo()
+    rt = Runtime()
+    engine = rt.engine("chatterbox", folder / model.choice)
+    assert engine.models.sizes == tiny.TINY_MULTILINGUAL
+    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=4))
     assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()

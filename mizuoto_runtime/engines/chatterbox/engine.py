@@ -74,22 +74,36 @@ FLOW_STEPS = 10
 MEL_PER_TOKEN = 2  # S3Gen's mels are 50 Hz, its tokens 25 Hz
 # Fitted to CPU peaks (bench/engines.py --peaks: 1 and 3 s references, 24 and 48 tokens) to land
 # 1.0-1.3x above them (M45); on CUDA the M47 calibration corrects them further.
-# Per reference sample (24 kHz): resampling, the three encoders' front ends (mels, fbanks).
-ENCODER_BYTES_PER_SAMPLE = 120
-# Live copies of the S3 tokenizer's activations (width x 100 Hz frames): attention, FSMN, MLP.
-TOKENIZER_COPIES = 8
+# Per reference sample (24 kHz): resampling, the three encoders' front ends (mels, fbanks). The
+# phase's peak is mostly there: nearly the same with the tiny S3 tokenizer (128 wide) and the
+# published one (1280 wide, 6 layers), whose activations show at a short reference only (issue
+# 35): one copy of its width over the 100 Hz mel frames.
+ENCODER_BYTES_PER_SAMPLE = 140
+TOKENIZER_COPIES = 1
 CONDITIONING_POSITIONS = 34  # T3's speaker (1), perceiver (32) and emotion (1) positions
 # A step's logits of one position, float32: both CFG rows, their mix, the repetition penalty,
 # temperature, min-p and top-p warpers, and the probabilities.
 STEP_LOGIT_COPIES = 8
-# The flow per speech token, in copies of its widths: the conformer encoder's activations at 512
-# wide over 2 frames, the estimator's over 2 CFG rows x 2 frames; and copies of the attention
-# scores (relative-position attention keeps both score matrices and their shift).
-FLOW_ENCODER_COPIES = 12
-ESTIMATOR_COPIES = 12
-SCORE_COPIES = 6
-# HiFT per output sample: the harmonic source, its STFT and the last stages; plus the widths.
-HIFT_BYTES_PER_SAMPLE = 180
+# The prefill's gated MLP: two intermediate-wide tensors live at once, both CFG rows (issue 35: at
+# the published width, 4096, without them a short request estimated 0.95x; three counted put the
+# tiny checkpoint's, 8x its width, at 1.35x).
+MLP_COPIES = 2
+# The flow's peak is its conformer encoder's (512 wide, 8 heads: the same in every checkpoint),
+# per mel frame in copies of its width and of its attention scores (relative-position attention
+# keeps both score matrices and their shift); the estimator, run after it, peaks lower: per mel
+# frame, both CFG rows, copies of its inner width and of its 320 input channels. Measured at the
+# tiny and the published sizes alike (issue 35: the published estimator, 512 wide inside with 8
+# heads, added to the encoder counted 2.6x the peak).
+FLOW_ENCODER_COPIES = 14
+SCORE_COPIES = 8
+ESTIMATOR_COPIES = 6
+ESTIMATOR_INPUT = 320
+# HiFT per output sample: the harmonic source, its STFT and the last stages, and its stages'
+# activations, which scale with its base width (5/8 byte per channel: 64 and 512 wide measured).
+HIFT_BYTES_PER_SAMPLE = 210
+# A short request's HiFT peak is a weight: each call recomputes its weight-normed convs' weights
+# (the first upsampling conv's, 8 MB at the published width), this much activation beside it.
+HIFT_WEIGHT_SHARE = 8
 
 def multilingual_languages() -> list[str]:
     """The language codes of Chatterbox Multilingual (upstream's SUPPORTED_LANGUAGES), read from
@@ -266,8 +280,9 @@ class ChatterboxEngine(Engine):
         asks of the prefill: the speech logits of every prompt position and every layer's hidden
         states (it runs with output_hidden_states); with the multilingual model also every
         layer's attention weights, and one layer's scores besides while it computes (its
-        alignment analyzer switches the Llama to eager attention; SDPA returns none). Then each
-        step's float32 copies of one position's logits (`STEP_LOGIT_COPIES`)."""
+        alignment analyzer switches the Llama to eager attention; SDPA returns none); and the
+        last layer's MLP intermediates beside them. Then each step's float32 copies of one
+        position's logits (`STEP_LOGIT_COPIES`)."""
         t3 = self.models.t3
         cfg = t3.cfg
         elem = element_size(self.dtype)
@@ -277,8 +292,9 @@ class ChatterboxEngine(Engine):
         logits = 2 * prompt * t3.hp.speech_tokens_dict_size * elem
         hidden = (cfg.num_hidden_layers + 1) * 2 * prompt * cfg.hidden_size * elem
         attention = (cfg.num_hidden_layers + 1) * 2 * cfg.num_attention_heads * prompt * prompt * elem
+        mlp = MLP_COPIES * 2 * prompt * cfg.intermediate_size * elem
         step = STEP_LOGIT_COPIES * t3.hp.speech_tokens_dict_size * 4
-        return kv + logits + hidden + step + (attention if self.multilingual else 0)
+        return kv + logits + hidden + mlp + step + (attention if self.multilingual else 0)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         from chatterbox.models.t3.modules.cond_enc import T3Cond
@@ -331,20 +347,30 @@ class ChatterboxEngine(Engine):
     # ---- decoder ---------------------------------------------------------------------------
     def flow_memory(self, tokens: int) -> int:
         """M45: the flow's working memory (float32) for `tokens` speech tokens (the reference's
-        and the new ones): the conformer encoder (512 wide, 8 heads) and the estimator (2 CFG
-        rows) over 2 mel frames per token, and their attention scores, which grow with the
-        square of the frames."""
+        and the new ones), over 2 mel frames per token: the larger of the conformer encoder's
+        (512 wide, 8 heads; its attention scores grow with the square of the frames) and the
+        estimator's (2 CFG rows), which run one after the other."""
         sizes = self.models.sizes
         frames = MEL_PER_TOKEN * tokens
+        encoder = 4 * frames * 512 * FLOW_ENCODER_COPIES + 4 * (512 // HEAD_DIM) * frames * frames * SCORE_COPIES
         inner = max(sizes.estimator_channels, HEAD_DIM * sizes.estimator_heads)
-        linear = 4 * frames * (512 * FLOW_ENCODER_COPIES + 2 * inner * ESTIMATOR_COPIES)
-        heads = 512 // HEAD_DIM + 2 * sizes.estimator_heads
-        return linear + 4 * heads * frames * frames * SCORE_COPIES
+        estimator = 4 * 2 * frames * (ESTIMATOR_COPIES * inner + 2 * ESTIMATOR_INPUT)
+        return max(encoder, estimator)
 
     def vocoder_memory(self, frames: int) -> int:
-        """M45: HiFT's working memory for `frames` mel frames (480 samples each at 24 kHz), per
-        sample: its source and STFT, and its stages, which scale with its base width."""
-        return (HIFT_BYTES_PER_SAMPLE + self.models.sizes.hift_channels) * frames * 480
+        """M45: HiFT's working memory for `frames` mel frames (480 samples each at 24 kHz): per
+        sample, its source and STFT and its stages, which scale with its base width; at least
+        its largest weight-normed weight, which every call recomputes (a short request's peak)."""
+        per_sample = HIFT_BYTES_PER_SAMPLE + self.models.sizes.hift_channels * 5 // 8
+        weight = self.hift_weight_bytes
+        return max(weight, per_sample * frames * 480) + weight // HIFT_WEIGHT_SHARE
+
+    @functools.cached_property
+    def hift_weight_bytes(self) -> int:
+        """HiFT's largest weight-normed weight, float32 (the shapes are read: meta builds too)."""
+        vocoder = self.models.s3gen.mel2wav
+        return max((4 * m.parametrizations.weight.original1.numel() for m in vocoder.modules()
+                    if hasattr(m, "parametrizations") and "weight" in m.parametrizations), default=0)
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         from chatterbox.models.s3gen.const import S3GEN_SR

@@ -81,19 +81,21 @@ def text_tokenizer() -> Any:
     return fast
 
 
+def processor() -> Any:
+    """`CsmProcessor` over the byte-level tokenizer, CSM's feature extractor and chat template."""
+    from transformers import CsmProcessor, EncodecFeatureExtractor
+
+    return CsmProcessor(EncodecFeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE), text_tokenizer(),
+                        chat_template=CHAT_TEMPLATE)
+
+
 def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
           dtype: torch.dtype | None = None) -> Path:
     """Write a tiny random CSM folder; `dtype` is that of the backbone and depth decoder (None:
     float32; the codec is float32, as published)."""
     one_version(version)
     dtype = parse_dtype(torch.float32 if dtype is None else dtype, "tiny checkpoint dtype")
-    from transformers import (
-        CsmConfig,
-        CsmForConditionalGeneration,
-        CsmProcessor,
-        EncodecFeatureExtractor,
-        GenerationConfig,
-    )
+    from transformers import CsmConfig, CsmForConditionalGeneration, GenerationConfig
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,9 +117,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
              for k, v in model.state_dict().items()}
     for name in save_shards(state, out, shards=2):
         os.chmod(out / name, 0o644)
-    processor = CsmProcessor(EncodecFeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE), text_tokenizer(),
-                             chat_template=CHAT_TEMPLATE)
-    processor.save_pretrained(str(out))
+    processor().save_pretrained(str(out))
     log.info("wrote tiny CSM checkpoint to %s (%d parameters, the codec's among them)", out,
              sum(p.numel() for p in model.parameters()))
     return out

@@ -60,6 +60,9 @@ SEMANTIC: dict[str, Any] = {  # real: HuBERT base (768 wide, 12 layers); same co
 }
 # 8 codebooks at 25 Hz of 8 bits: 1.6 kbps (real: 10 bits, 2 kbps).
 TARGET_BANDWIDTHS = [0.5, 1.0, 1.6]
+# The processor's feature extractor: the waveform as it is (not the audio tokenizer's, whose hop pads).
+FEATURES: dict[str, Any] = {"feature_size": 1, "hop_length": 1, "padding_side": "right", "padding_value": 0.0,
+                            "sampling_rate": 24000, "return_attention_mask": True}
 SHARD_SIZE = "4MB"  # the LLM in a few shards with an index, as published
 
 #: The published prompt format: the system text; a scene (its description, then for each speaker
@@ -102,6 +105,14 @@ def text_tokenizer() -> Any:
                                 eos_token="<|eot_id|>", pad_token="<|eot_id|>")
 
 
+def token_ids(tokenizer: Any) -> dict[str, int]:
+    """The config's token ids (chat and audio tokens) as `tokenizer` has them."""
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    return {"audio_token_id": ids["<|AUDIO_OUT|>"], "audio_bos_token_id": ids["<|audio_out_bos|>"],
+            "audio_delay_token_id": ids["<|reserved_special_token_6|>"], "bos_token_id": ids["<|begin_of_text|>"],
+            "eos_token_id": ids["<|eot_id|>"], "pad_token_id": ids["<|end_of_text|>"]}
+
+
 def _save_safetensors(model: torch.nn.Module, path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -110,14 +121,22 @@ def _save_safetensors(model: torch.nn.Module, path: Path) -> None:
     os.chmod(path, 0o644)
 
 
-def _codec(out: Path, gen: torch.Generator, seed: int) -> Any:
-    from transformers import DacFeatureExtractor, HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+def codec_config() -> Any:
+    """The tiny audio tokenizer's `HiggsAudioV2TokenizerConfig`."""
+    from transformers import HiggsAudioV2TokenizerConfig
 
-    folder = out / AUDIO_TOKENIZER_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
     config = HiggsAudioV2TokenizerConfig(acoustic_model_config=dict(ACOUSTIC), semantic_model_config=dict(SEMANTIC),
                                          codebook_size=CODEBOOK, codebook_dim=32, target_bandwidths=TARGET_BANDWIDTHS)
     config.architectures = ["HiggsAudioV2TokenizerModel"]
+    return config
+
+
+def _codec(out: Path, gen: torch.Generator, seed: int) -> Any:
+    from transformers import DacFeatureExtractor, HiggsAudioV2TokenizerModel
+
+    folder = out / AUDIO_TOKENIZER_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    config = codec_config()
     config.save_pretrained(str(folder))
     with torch.random.fork_rng():
         torch.manual_seed(seed)  # upstream's own init draws from the global RNG; overwritten below
@@ -151,11 +170,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     tokenizer = text_tokenizer()
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-    config = HiggsAudioV2Config(
-        **LLM, audio_token_id=ids["<|AUDIO_OUT|>"], audio_bos_token_id=ids["<|audio_out_bos|>"],
-        audio_delay_token_id=ids["<|reserved_special_token_6|>"], bos_token_id=ids["<|begin_of_text|>"],
-        eos_token_id=ids["<|eot_id|>"], pad_token_id=ids["<|end_of_text|>"], dtype=DTYPE_NAMES[dtype])
+    config = HiggsAudioV2Config(**LLM, **token_ids(tokenizer), dtype=DTYPE_NAMES[dtype])
     config.architectures = ["HiggsAudioV2ForConditionalGeneration"]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -168,8 +183,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = 0,
     for shard in out.glob("model-*.safetensors"):
         os.chmod(shard, 0o644)  # as _save_safetensors: readable like the other files
     codec = _codec(out, gen, seed)
-    features = DacFeatureExtractor(feature_size=1, hop_length=1, padding_side="right", padding_value=0.0,
-                                   sampling_rate=24000, return_attention_mask=True)
+    features = DacFeatureExtractor(**FEATURES)
     processor = HiggsAudioV2Processor(features, tokenizer, codec, chat_template=CHAT_TEMPLATE,
                                       audio_stream_bos_id=config.audio_stream_bos_id,
                                       audio_stream_eos_id=config.audio_stream_eos_id)
