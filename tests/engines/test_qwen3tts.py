@@ -255,6 +255,44 @@ def test_estimates_follow_the_request_not_the_worst_case(qwen3tts_checkpoint: Ch
         assert 0 < estimate(24000) < estimate(48000) < 2.1 * estimate(24000)  # from the reference length
 
 
+LONG_REFERENCE = Audio(REFERENCE.waveform.repeat(1, 5), REFERENCE.sample_rate)  # 63 codes
+
+
+@pytest.mark.parametrize(("model_type", "voice"), [
+    ("base", {"reference": REFERENCE, "transcript": TRANSCRIPT}),  # ICL: the text outlasts the reference's codes
+    ("base", {"reference": LONG_REFERENCE, "transcript": TRANSCRIPT}),  # ICL: the codes outlast transcript and text
+    ("base", {"reference": REFERENCE}),  # x-vector only
+    ("custom_voice", {"speaker": "alice", "instruct": "Cheerful."}),
+    ("voice_design", {"instruct": "A calm, low voice."}),
+])
+def test_the_prompt_layout_is_what_the_package_prefills(qwen3tts_checkpoint: Checkpoint, model_type: str,
+                                                        voice: dict) -> None:
+    """Issue 35: the talker estimate's prompt is the one `generate` builds — voice cloning
+    prefills the reference's codes, not its transcript and the text (they trail, one position
+    per frame) — an upper bound of the prefill by at most the tags a request leaves out, and
+    the trailing text exactly."""
+    rt = Runtime()
+    engine = rt.engine("qwen3tts", qwen3tts_checkpoint(model_type))
+    layouts, prefills = [], []
+    layout = engine.prompt_layout
+    engine.prompt_layout = lambda inputs: layouts.append(layout(inputs)) or layouts[-1]
+
+    def prefill(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
+        if kwargs["inputs_embeds"].shape[1] > 1:
+            prefills.append((kwargs["inputs_embeds"].shape[1], kwargs["trailing_text_hidden"].shape[1]))
+
+    hook = engine.tts.model.talker.register_forward_pre_hook(prefill, with_kwargs=True)
+    try:
+        rt.say(engine, TEXT, sampling=SAMPLING, **voice)
+    finally:
+        hook.remove()
+    (positions, trailing), = prefills
+    # only streamed text trails: voice cloning's, unless the reference's codes outlast it
+    assert (trailing == 1) == (model_type != "base" or voice["reference"] is LONG_REFERENCE)
+    assert 0 <= layouts[0].positions - positions <= 2  # the speaker and the language tag, where absent
+    assert layouts[0].trailing == trailing
+
+
 # ---- loading (M27) ---------------------------------------------------------------------------
 def test_loading_errors_name_what_is_wrong(qwen3tts_checkpoint: Checkpoint, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file

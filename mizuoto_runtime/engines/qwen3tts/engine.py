@@ -47,7 +47,7 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -79,9 +79,27 @@ SAMPLE_RATE = 24000
 MODEL_LABELS = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
 # M46: talker frames estimated per text token (capped by max_new_tokens).
 FRAMES_PER_TEXT_TOKEN = 16
-# Positions of the talker prompt besides text, reference text and reference codes: the chat
-# role (3), think/language tags (4), speaker, pad/bos (2), eos; rounded up.
-PROMPT_OVERHEAD = 12
+# The talker prompt (`Qwen3TTSForConditionalGeneration.generate`): the chat role (3 positions),
+# the think/language tags (at most 4), the speaker and the codec pad, before the text or the
+# reference's codes (which start at the codec bos).
+PROMPT_PREFIX = 9
+# The chat templates' tokens around the text (`_build_assistant_text`: 3 before, 5 after) and
+# around a reference's transcript (`_build_ref_text`: 3 before, 2 after); the package cuts them.
+TEXT_TEMPLATE = 8
+REF_TEMPLATE = 5
+# Talker-phase activations, in hidden-size rows per position unless said; measured on the CPU
+# at both published widths (issue 35: 1.7B and 0.6B talkers, 3 s and 10 s references, bf16):
+# the prompt as `generate` keeps it for the whole phase (its pieces' concatenation, the padded
+# batch's flips and `pad_sequence` copy, the reference's codec part);
+PROMPT_COPIES = 6
+# the prompt being built: each reference frame's 16 code embeddings, stacked (`generate_icl_prompt`),
+# beside the prompt and text embeddings (rows per position of each);
+BUILD_COPIES = 2
+# a prefill layer: the hidden states, normed input, attention output and the rotary and mask
+# tensors beside them (measured 2.3-2.7 rows; hidden size), and the MLP's activation of the
+# gate, up and their product (intermediate size). The whole KV cache of the prompt is there too.
+PREFILL_HIDDEN_COPIES = 4
+PREFILL_MLP_COPIES = 3
 # The codec decoder's chunking (`Qwen3TTSTokenizerV2Model.decode`): chunks and left context.
 DECODE_CHUNK = 300
 DECODE_CONTEXT = 25
@@ -104,6 +122,38 @@ SPEAKER_BYTES_PER_SAMPLE = 16
 MEL_HOP = 256
 MEL_BINS = 128
 TALKER_LOOPS = ("lean", "upstream")
+
+
+class PromptLayout(NamedTuple):
+    """The talker's prompt, as `Qwen3TTSForConditionalGeneration.generate` lays it out (upper
+    bounds): `positions` run through the prefill; `text` positions of text are embedded as one
+    tensor, which `trailing` (the text fed one position per frame, `trailing_text_hidden`)
+    keeps alive as a view."""
+
+    positions: int
+    text: int
+    trailing: int
+
+
+def prompt_layout(text_tokens: int, ref_text_tokens: int | None = None, ref_codes: int = 0,
+                  instruct_tokens: int = 0, streaming: bool = True) -> PromptLayout:
+    """M46: the talker prompt of a request. `text_tokens` and `ref_text_tokens` (an ICL clone's
+    transcript; None without one): their tokens without the chat templates; `ref_codes`: the
+    reference's codec frames; `instruct_tokens`: the instruction's ids, template included.
+
+    Streaming (`non_streaming_mode=False`, voice cloning's default) prefills the reference's
+    codes only (ICL: each added to one text position), or one text position, and feeds the
+    rest of the text one position per frame; non-streaming prefills the text too.
+    """
+    if ref_text_tokens is not None and ref_codes:
+        text, codec = ref_text_tokens + text_tokens + 1, ref_codes + 1  # + the text's end; + the codec bos
+        positions = codec if streaming else text + codec
+        trailing = max(text - codec, 1) if streaming else 1
+    else:
+        text = text_tokens
+        positions = 1 if streaming else text_tokens + 2  # the text, its end and the codec bos
+        trailing = text_tokens if streaming else 1
+    return PromptLayout(PROMPT_PREFIX + instruct_tokens + positions, text, trailing)
 
 
 def _upstream_error(exc: Exception) -> MizuotoError:
@@ -295,12 +345,13 @@ class Qwen3TTSEngine(Engine):
             max_new_tokens=sampling.max_new_tokens,
         )
 
-    def prompt_length(self, inputs: dict[str, Any]) -> int:
-        """Upper bound of the talker's prefill positions for these inputs."""
-        text = inputs["input_ids"][0].shape[-1]
-        extra = sum(ids.shape[-1] for key in ("ref_ids", "instruct_ids")
-                    for ids in inputs.get(key, []) if ids is not None)
-        return PROMPT_OVERHEAD + text + extra + self.ref_codes(inputs)
+    def prompt_layout(self, inputs: dict[str, Any]) -> PromptLayout:
+        """The talker prompt these `model.generate` inputs make (`prompt_layout`)."""
+        text = inputs["input_ids"][0].shape[-1] - TEXT_TEMPLATE
+        ref = next((ids for ids in inputs.get("ref_ids", []) if ids is not None), None)
+        instruct = sum(ids.shape[-1] for ids in inputs.get("instruct_ids", []) if ids is not None)
+        return prompt_layout(max(text, 1), None if ref is None else ref.shape[-1] - REF_TEMPLATE,
+                             self.ref_codes(inputs), instruct, not inputs.get("non_streaming_mode", False))
 
     @staticmethod
     def ref_codes(inputs: dict[str, Any]) -> int:
@@ -314,37 +365,45 @@ class Qwen3TTSEngine(Engine):
         return max(1, min(FRAMES_PER_TEXT_TOKEN * text_tokens, sampling.max_new_tokens - 1))
 
     def talker_memory(self, prompt_len: int, frames: int, rows: int = 1, kv_cache: str | None = None,
-                          loop: str | None = None, ref_codes: int = 0) -> int:
-        """M45/M46: the talker phase's working memory, from the request.
+                      loop: str | None = None, ref_codes: int = 0, text: int = 0, trailing: int = 0) -> int:
+        """M45/M46: the talker phase's working memory, from the request's prompt (`prompt_len`
+        positions, `text` and `trailing` as `PromptLayout` has them, the reference's
+        `ref_codes` codec frames) and `frames`.
 
         `loop` and `kv_cache`: the talker loop that will run and ``compute.kv_cache`` (None:
-        what the engine and the policy say now). The talker's KV cache (the static
-        `BufferCache` only under the lean loop, at the KV width and precision it computes in),
-        the hidden states kept per step (the upstream loop's `generate` keeps every layer's, to
-        read the codes back; the lean loop only the last) and the code predictor's per-frame cache
-        (16 positions) — or, where more, the prefill: the embeddings of the reference's
-        `ref_codes` codec frames (every code group's, stacked, and their sum) and two hidden
-        states per prompt position. Its logits are the last position's only, and its other
-        temporaries are freed before the caches grow (measured: bench/engines.py --peaks).
+        what the engine and the policy say now). The largest of three moments, each with the
+        prompt as `generate` keeps it (`PROMPT_COPIES`, the text and its trailing part):
+        building the prompt (every code group's embedding of the reference's frames, stacked);
+        the prefill's last layer (the prompt's KV cache, that layer's activations); the last
+        frame (the KV cache at every position — the static `BufferCache` only under the lean
+        loop, at the KV width and precision it computes in — the hidden states kept per step —
+        the upstream loop's `generate` keeps every layer's, to read the codes back; the lean
+        loop only the last — and the code predictor's per-frame cache of 16 positions).
+        Measured: bench/engines.py --peaks (tiny) and the published widths (issue 35).
         """
         loop = loop or self._loop_that_runs()
         kv_cache = kv_cache or self.manager.policy.kv_cache
         tc = self.tts.model.config.talker_config
         cp = tc.code_predictor_config
         elem = element_size(self.dtype)
+        row = rows * tc.hidden_size * elem  # one position of hidden size
+        held = row * (PROMPT_COPIES * prompt_len + text + trailing)
+        build = row * (BUILD_COPIES * (tc.num_code_groups * ref_codes + prompt_len + text))
+        position = 2 * tc.num_key_value_heads * tc.head_dim * elem
+        kept = 1 if loop == "lean" else tc.num_hidden_layers + 1
+        layer = rows * prompt_len * elem * (PREFILL_HIDDEN_COPIES * tc.hidden_size
+                                            + PREFILL_MLP_COPIES * tc.intermediate_size)
+        prefill = (held + rows * position * tc.num_hidden_layers * prompt_len + layer
+                   + kept * prompt_len * row)
         positions = prompt_len + frames
         kind = "static" if kv_cache == "static" and loop == "lean" else "dynamic"
-        kv = peak_bytes(2 * tc.num_key_value_heads * tc.head_dim * elem, tc.num_hidden_layers, positions,
-                        kind, rows)
-        kept = 1 if loop == "lean" else tc.num_hidden_layers + 1
-        hidden = rows * kept * positions * tc.hidden_size * elem
+        kv = peak_bytes(position, tc.num_hidden_layers, positions, kind, rows)
         cp_positions = tc.num_code_groups
         cp_kv = peak_bytes(2 * cp.num_key_value_heads * cp.head_dim * elem, cp.num_hidden_layers, cp_positions,
                            kind, rows)
         cp_hidden = rows * (cp.num_hidden_layers + 1) * cp_positions * cp.hidden_size * elem
-        embeddings = rows * ref_codes * 2 * tc.num_code_groups * tc.hidden_size * elem
-        prefill = embeddings + rows * prompt_len * 2 * tc.hidden_size * elem
-        return max(prefill, kv + hidden + cp_kv + cp_hidden)
+        last_frame = held + kv + kept * positions * row + cp_kv + cp_hidden
+        return max(build, prefill, last_frame)
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         inputs = self._prompt(text, voice, sampling.language or "Auto")
@@ -353,9 +412,10 @@ class Qwen3TTSEngine(Engine):
             raise MizuotoError(f"qwen3tts: talker_loop must be one of {', '.join(TALKER_LOOPS)}, "
                                f"got {self.talker_loop!r}")
         kv_cache = self.manager.policy.kv_cache
-        text_tokens = max(1, inputs["input_ids"][0].shape[-1] - 8)  # minus the chat template's 8 tokens
-        memory = self.talker_memory(self.prompt_length(inputs), self.frames_for(text_tokens, sampling),
-                                        kv_cache=kv_cache, ref_codes=self.ref_codes(inputs))
+        text_tokens = max(1, inputs["input_ids"][0].shape[-1] - TEXT_TEMPLATE)
+        layout = self.prompt_layout(inputs)
+        memory = self.talker_memory(layout.positions, self.frames_for(text_tokens, sampling), kv_cache=kv_cache,
+                                    ref_codes=self.ref_codes(inputs), text=layout.text, trailing=layout.trailing)
         total = int(settings["max_new_tokens"])
         model = self.tts.model
         reports: list[lean_loop.LoopReport] = []
@@ -423,16 +483,19 @@ class Qwen3TTSEngine(Engine):
         rate = SAMPLE_RATE / self.tts.model.speech_tokenizer.model.config.decode_upsample_rate
         frames = math.ceil(seconds * rate)
         phases: list[PhaseEstimate] = []
-        ref_codes = ref_tokens = 0
+        ref_codes, ref_tokens = 0, None
         if self.codec_encoder is not None and self.speaker_encoder is not None:
             samples = int(TYPICAL_REFERENCE_SECONDS * SAMPLE_RATE)
             ref_codes = math.ceil(TYPICAL_REFERENCE_SECONDS * rate)
             ref_tokens = typical_tokens(TYPICAL_REFERENCE_SECONDS)
             phases += [PhaseEstimate("voice prompt", (self.codec_encoder,), self.codec_encoder_memory(samples)),
                        PhaseEstimate("voice prompt", (self.speaker_encoder,), self.speaker_encoder_memory(samples))]
-        prompt = PROMPT_OVERHEAD + typical_tokens(seconds) + ref_tokens + ref_codes
+        # as `_prompt` asks: voice cloning streams the text, the other types do not
+        layout = prompt_layout(typical_tokens(seconds), ref_tokens, ref_codes, streaming=ref_tokens is not None)
+        talker = self.talker_memory(layout.positions, frames, ref_codes=ref_codes, text=layout.text,
+                                    trailing=layout.trailing)
         return phases + [
-            PhaseEstimate("talker", (self.talker,), self.talker_memory(prompt, frames, ref_codes=ref_codes)),
+            PhaseEstimate("talker", (self.talker,), talker),
             PhaseEstimate("codec decoder", (self.codec_decoder,), self.codec_decoder_memory(ref_codes + frames)),
         ]
 
