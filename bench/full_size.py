@@ -83,16 +83,20 @@ SHARD_BYTES = 4 * GB  # a sharded checkpoint's files: at most this much each (on
 
 @dataclasses.dataclass(frozen=True)
 class WeightFile:
-    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`.
+    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`;
+    several modules where one file holds them all (a name two of them have, once: the first's).
     With `shard_bytes`: the layout ``save_pretrained`` writes instead (a transformers model's
     ``-hf`` folder): each tied tensor once, under its first name, in files of at most
     `shard_bytes` named ``<stem>-0000i-of-0000N.safetensors`` after `path`, and
-    ``<path>.index.json`` mapping each key to its file."""
+    ``<path>.index.json`` mapping each key to its file. A torch file's `stored(key, made)`:
+    the entries a tensor is saved as (a weight-normed conv's g/v pair; a tied head under its
+    own name too)."""
 
     path: str  # relative to the checkpoint folder
-    module: nn.Module
+    module: nn.Module | tuple[nn.Module, ...]
     key: Callable[[str], str] = str
     shard_bytes: int | None = None
+    stored: Callable[[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
 
 
 def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -162,7 +166,8 @@ class Writer:
     request: Callable[[PublishedModel], Request]
     token_phase: str = "talker"
     # What the written values need besides `random_tensor` (an LM that speaks rather than stops
-    # at once): given the folder's configs, a function (key, made tensor) -> the tensor written.
+    # at once): given the folder's configs, a function (checkpoint key, made tensor) -> the
+    # tensor written.
     values: Callable[[Path], Callable[[str, torch.Tensor], torch.Tensor]] | None = None
 
 
@@ -322,11 +327,88 @@ def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
 
 
+def _cosyvoice_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's BlankEN tokenizer (one token per byte; the published config keeps its
+    151936 rows) and voice-prompt files: small CAM++ and speech tokenizer graphs with the
+    published files' inputs and outputs (the published ones are ONNX graphs of their own)."""
+    from mizuoto_runtime.engines.cosyvoice import tiny
+    from mizuoto_runtime.engines.cosyvoice.checkpoint import BLANK_EN
+
+    tiny.write_text_tokenizer(folder / BLANK_EN)
+    tiny.write_voice_models(folder, int(model.version or 2), torch.Generator().manual_seed(0))
+
+
+def _cosyvoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """``llm.pt``, ``flow.pt`` and ``hift.pt`` as upstream saves them: float32 state dicts,
+    torch files of 2 GB or less, each held whole while it is written; the LM's tied head saved
+    under its own name too, HiFT's convs weight-normed. BlankEN's ``model.safetensors`` is not
+    written: the loader reads the backbone from ``llm.pt``, as upstream does."""
+    from mizuoto_runtime.engines.cosyvoice import checkpoint, tiny
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        built = checkpoint.load_model(folder)
+    built.hift.f0_predictor.to(torch.float32)  # the loader runs it in float64 once filled; the file holds float32
+
+    def tied(key: str, made: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {key: made, tiny.LM_HEAD: made} if key == tiny.EMBED_TOKENS else {key: made}
+
+    return [WeightFile("llm.pt", built.lm, stored=tied), WeightFile("flow.pt", built.flow),
+            WeightFile("hift.pt", built.hift, stored=tiny.hift_stored)]
+
+
+def _cosyvoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The LM's stop rows of its decoder zeroed (as the tiny writer does), so a stop id's score
+    is 0 and never among RAS's top 25 of thousands of speech scores: a request speaks every token
+    it asks for (CosyVoice 3 has 200 stop ids, which random rows would draw about one time in 34)."""
+    from mizuoto_runtime.engines.cosyvoice import checkpoint
+    from mizuoto_runtime.engines.cosyvoice.config import ModelConfig
+
+    version = checkpoint.detect_version(folder)
+    blank_en = folder / checkpoint.BLANK_EN
+    cfg = ModelConfig.read(folder / checkpoint.YAMLS[version], {"qwen_pretrain_path": str(blank_en)})
+    speech = checkpoint.lm_spec(cfg, blank_en).speech_token_size
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == "llm_decoder.weight":
+            made[speech:] = 0
+        return made
+
+    return values
+
+
+def _fishspeech_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's ``tokenizer.json`` (byte-level BPE, the chat and Fish tokens) with a
+    ``<|semantic:i|>`` for every code of the published codebook."""
+    from mizuoto_runtime.engines.fishspeech import tiny
+    from mizuoto_runtime.engines.fishspeech.config import read_config
+
+    tiny.write_s2_tokenizer(folder, read_config(folder).codebook_size)
+
+
+def _fishspeech_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """S2-Pro's shards (the slow and fast transformers under ``text_model.model.*`` and
+    ``audio_decoder.*``, in bfloat16) and ``codec.pth`` (encoder and decoder, their shared
+    quantizer once, float32 and weight-normed as released: a torch file of about 1.9 GB, held
+    whole while written). The codec's shapes come from the published stand-in `published`
+    writes, which this file then replaces."""
+    from mizuoto_runtime.engines.fishspeech import checkpoint, tiny
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        dual = checkpoint.load_dual_ar(folder, model.dtype)
+        encoder, decoder = checkpoint.load_codec(folder, torch.float32)
+    return [WeightFile("model.safetensors", (dual.slow, dual.fast), tiny.s2_key, shard_bytes=SHARD_BYTES),
+            WeightFile(checkpoint.CODEC_FILE, (encoder, decoder), stored=tiny.codec_stored)]
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
     "dia": Writer(_dia_run_files, _dia_weights, lambda model: Request()),
     "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
+    "cosyvoice": Writer(_cosyvoice_run_files, _cosyvoice_weights, lambda model: Request(), values=_cosyvoice_speaks),
+    "fishspeech": Writer(_fishspeech_run_files, _fishspeech_weights, lambda model: Request()),
 }
 
 
@@ -344,12 +426,14 @@ def checkpoint_tensors(weight_file: WeightFile) -> dict[str, torch.Tensor]:
     head is stored as the embedding)."""
     named: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name, tensor in weight_file.module.state_dict(keep_vars=True).items():
-        if weight_file.shard_bytes is not None:
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-        named[weight_file.key(name)] = tensor
+    modules = weight_file.module if isinstance(weight_file.module, tuple) else (weight_file.module,)
+    for module in modules:
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if weight_file.shard_bytes is not None:
+                if id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+            named.setdefault(weight_file.key(name), tensor)
     return named
 
 
@@ -395,19 +479,24 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
     w.run_files(model, folder)
     gen = torch.Generator().manual_seed(seed)
     values = w.values(folder) if w.values is not None else (lambda key, made: made)
+
+    def make(key: str, like: torch.Tensor) -> torch.Tensor:
+        return values(key, random_tensor(key, like, gen))
+
     total = 0
     for weight_file in w.weights(model, folder):
         named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
         if weight_file.shard_bytes is not None:
-            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
-                                  lambda key, like: values(key, random_tensor(key, like, gen)))
+            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes, make)
             del named
             continue
         if path.suffix == ".safetensors":
-            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
-        else:  # a torch file (a small vocoder's): written whole, its tensors held once
-            torch.save({k: random_tensor(k, v, gen).contiguous() for k, v in named.items()}, path)
+            total += write_safetensors(path, named, make)
+        else:  # a torch file (each under 4 GB): written whole, its tensors held once
+            stored = weight_file.stored or (lambda key, made: {key: made})
+            torch.save({k: v for key, like in named.items()
+                        for k, v in stored(key, make(key, like).contiguous()).items()}, path)
             total += path.stat().st_size
         log.info("wrote %s (%.2f GB)", weight_file.path, (folder / weight_file.path).stat().st_size / GB)
         del named
