@@ -102,14 +102,19 @@ TOKEN_SAMPLES = 640  # 16 kHz samples per speech token (25 Hz)
 # A typical request's longest sentence (`typical_phases`): upstream's front end splits text
 # into sentences, each its own LM run and flow call.
 TYPICAL_SENTENCE_SECONDS = 10.0
-# The tokenizer's widest activation at 25 Hz (the tiny one's scores over its codebook; the
-# published one's 4 x 1280 MLP).
-TOKENIZER_COPIES = 2
+# The voice prompt runs its stages one after another (CAM++ on its fbank, the tokenizer on its
+# log-mel, the 24 kHz prompt mel), each freeing its activations before the next: its peak is the
+# larger of the feature frames and the tokenizer's activations, not their sum (issue 35: the
+# sum read 1.37-1.53x the published v3 tokenizer's CPU peak for 3-10 s; v2 hid it behind its
+# 2 MiB rotary tables, `SpeechTokenizer.rotary_table_bytes`).
+# The tokenizer's activations per 25 Hz token, as copies of its widest activation (the rows of
+# its largest weight: the tiny graph's scores over its codebook; the published one's 4 x 1280
+# MLP): the published encoder layer's attention keeps ~10.3 rows of its width (2.6 of the
+# MLP's), fitted on one published-width layer for 1-30 s; 3 leaves 1.04-1.2x.
+TOKENIZER_COPIES = 3
 # The published tokenizer's attention scores (s3tokenizer's model: float32, heads x tokens^2, its
-# eager path): the product and its masked copy, then the softmax beside it. With them the
-# estimate is 1.07-1.25x the published-size v2 tokenizer's CPU peak and 1.20-1.52x v3's for 3-30 s
-# (random weights, issue 35; without them 0.49x at 30 s). A graph converted node by node (a
-# file s3tokenizer cannot map, the tiny one) has no heads to count.
+# eager path): the product and its masked copy, then the softmax beside it (fitted: 2.00 copies).
+# A graph converted node by node (a file s3tokenizer cannot map, the tiny one) has no heads to count.
 TOKENIZER_SCORE_COPIES = 2
 UNET_COPIES = 20  # CosyVoice 2's UNet: live copies of its widest stage, per frame of the CFG batch
 DIT_COPIES = 12  # CosyVoice 3's DiT: sdpa keeps no score matrix, so no frames^2 term
@@ -285,15 +290,16 @@ class CosyVoiceEngine(Engine):
         return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
 
     def voice_prompt_memory(self, samples: int) -> int:
-        """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, the
-        tokenizer's widest activation (rows of its largest weight) per speech token, and its
-        attention scores (`TOKENIZER_SCORE_COPIES`)."""
+        """M45: the voice prompt at `samples` 16 kHz samples: the larger of its feature frames
+        and its tokenizer's activations (its widest activation, the rows of its largest weight,
+        per speech token; its attention scores, `TOKENIZER_SCORE_COPIES`; its rotary tables)."""
         assert self.speech_tokenizer is not None
         tokenizer = self.speech_tokenizer.module
         widest = max((p.shape[0] for p in tokenizer.parameters() if p.dim() >= 2), default=0)
         tokens = samples // TOKEN_SAMPLES + 1
         scores = TOKENIZER_SCORE_COPIES * 4 * tokenizer.attention_heads * tokens * tokens
-        return VOICE_FEATURE_BYTES_PER_SAMPLE * samples + TOKENIZER_COPIES * 4 * widest * tokens + scores
+        activations = TOKENIZER_COPIES * 4 * widest * tokens + scores + tokenizer.rotary_table_bytes
+        return max(VOICE_FEATURE_BYTES_PER_SAMPLE * samples, activations)
 
     def prompt_feat(self, wav24k: torch.Tensor) -> torch.Tensor:
         """The prompt mel (1, frames, 80) of a 24 kHz waveform (the yaml's feat_extractor)."""
