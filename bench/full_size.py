@@ -327,15 +327,83 @@ def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
 
 
+# The S3 speech tokenizer's sizes other than s3tokenizer's published defaults (tests: a narrow one).
+S3_TOKENIZER_SIZES: dict[str, int] = {}
+# s3tokenizer's names for the v2 file's convolution and projection initializers (`onnx2torch`).
+_S3_V2_NAMES = {"encoder.conv1.weight": "onnx::Conv_2216", "encoder.conv1.bias": "onnx::Conv_2217",
+                "encoder.conv2.weight": "onnx::Conv_2218", "encoder.conv2.bias": "onnx::Conv_2219",
+                "quantizer._codebook.project_down.weight": "onnx::MatMul_2536",
+                "quantizer._codebook.project_down.bias": "quantizer.project_in.bias"}
+
+
+def _s3_node(version: int, key: str) -> tuple[str, str]:
+    """The ONNX node (name, op) that s3tokenizer's mapping for the published `version` file
+    (`onnx2torch`, `onnx2torch_v3`) reads the torch tensor `key` from; ("", "") where it reads
+    the initializer by its name alone."""
+    if key.startswith("quantizer."):
+        return ("/quantizer/project_in/MatMul", "MatMul") if key.endswith("weight") else ("", "")
+    if key.startswith("encoder.conv"):
+        return (f"/{key.split('.')[1]}/Conv", "Conv") if version == 3 else ("", "")
+    parts = key.split(".")  # encoder, blocks, i, module path..., weight|bias
+    block, path, leaf = f"blocks.{parts[2]}", parts[3:-1], parts[-1]
+    if path[0].endswith("_ln"):
+        if version == 2:
+            return f"/{block}/{path[0]}/LayerNormalization", "LayerNormalization"
+        return (f"/{block}/{path[0]}/Mul", "Mul") if leaf == "weight" else (f"/{block}/{path[0]}/Add", "Add")
+    if path[-1] == "fsmn_block":
+        return (f"/{block}/attn/fsmn_block/Conv", "Conv") if version == 2 else ("", "")
+    where = f"mlp/mlp.{path[1]}" if path[0] == "mlp" else "/".join(path)  # attn/query, mlp/mlp.0
+    return (f"/{block}/{where}/MatMul", "MatMul") if leaf == "weight" else (f"/{block}/{where}/Add", "Add")
+
+
+def write_s3_tokenizer(path: Path, version: int, gen: torch.Generator) -> None:
+    """A speech tokenizer ONNX file with the published one's weights (random values) where
+    s3tokenizer's mapping for the published files finds them: a node per weight (its name and
+    op, an initializer among its inputs), so the loader builds s3tokenizer's model from it as it
+    does from the published file. Not a runnable graph; float32, held in memory twice while
+    saved (about 2 GB for v3)."""
+    import onnx
+    import s3tokenizer
+    from onnx import helper, numpy_helper
+    from s3tokenizer.model_v2 import ModelConfig
+    from s3tokenizer.model_v3 import ModelConfigV3
+
+    from mizuoto_runtime.nn.loading import build_on_meta
+
+    cls, config = (s3tokenizer.S3TokenizerV2, ModelConfig) if version == 2 else (s3tokenizer.S3TokenizerV3,
+                                                                                  ModelConfigV3)
+    model = build_on_meta(lambda: cls(path.stem, config(**S3_TOKENIZER_SIZES)))
+    nodes: dict[str, tuple[str, list[str]]] = {}  # node name -> (op, inputs)
+    inits = []
+    for key, like in model.state_dict().items():
+        value = random_tensor(key, like, gen)
+        name, op = _s3_node(version, key)
+        init = _S3_V2_NAMES.get(key, key) if version == 2 else key.removeprefix("encoder.").replace(
+            "quantizer._codebook.project_down.bias", "quantizer.project_in.bias")
+        if op == "MatMul":
+            value = value.t()  # stored [in, out]; the mapping transposes it back
+        inits.append(numpy_helper.from_array(value.contiguous().numpy(), init))
+        carrier = name or f"/uses/{init}"  # v2's convs and the projection bias: read off any node's inputs
+        nodes.setdefault(carrier, (op or "Identity", ["x"]))[1].append(init)
+    graph = helper.make_graph([helper.make_node(op, inputs, [f"{name}_out"], name=name)
+                               for name, (op, inputs) in nodes.items()], path.stem, [], [], inits)
+    onnx.save(helper.make_model(graph), str(path))
+
+
 def _cosyvoice_run_files(model: PublishedModel, folder: Path) -> None:
     """The tiny writer's BlankEN tokenizer (one token per byte; the published config keeps its
-    151936 rows) and voice-prompt files: small CAM++ and speech tokenizer graphs with the
-    published files' inputs and outputs (the published ones are ONNX graphs of their own)."""
+    151936 rows) and CAM++ graph (small, the published file's input and output: its shapes are
+    an ONNX graph's own, not known here), and the speech tokenizer at its published size
+    (`write_s3_tokenizer`)."""
     from mizuoto_runtime.engines.cosyvoice import tiny
     from mizuoto_runtime.engines.cosyvoice.checkpoint import BLANK_EN
+    from mizuoto_runtime.engines.cosyvoice.engine import VOICE_FILES
 
+    version = int(model.version or 2)
+    gen = torch.Generator().manual_seed(0)
     tiny.write_text_tokenizer(folder / BLANK_EN)
-    tiny.write_voice_models(folder, int(model.version or 2), torch.Generator().manual_seed(0))
+    tiny.write_voice_models(folder, version, gen)
+    write_s3_tokenizer(folder / VOICE_FILES[version][1], version, gen)
 
 
 def _cosyvoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:

@@ -175,17 +175,35 @@ def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleTyp
     _clones("dia", folder, 24000, tokens=24)
 
 
-def test_cosyvoices_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+def test_cosyvoices_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """CosyVoice 3's writer (CosyVoice 2's differs only in the yaml it reads) on the tiny yaml
-    and BlankEN config: ``llm.pt``, ``flow.pt`` and
-    ``hift.pt`` hold exactly the keys the tiny writer's (upstream's layout) do, in float32 (the
-    tied head saved, HiFT weight-normed), the LM's stop rows zeroed, and the engine clones a
-    voice from them, speaking every token it is asked for (200 stop ids: random rows stop at once)."""
+    and BlankEN config: ``llm.pt``, ``flow.pt`` and ``hift.pt`` hold exactly the keys the tiny
+    writer's (upstream's layout) do, in float32 (the tied head saved, HiFT weight-normed), the
+    LM's stop rows zeroed, and the engine clones a voice from them, speaking every token it is
+    asked for (200 stop ids: random rows stop at once). Its speech tokenizer file (the
+    published 1 GB one here replaced by the tiny graph) gives, through s3tokenizer's own
+    mapping, exactly the tensors of s3tokenizer's model, for v2 and v3, at a narrow width."""
     require_engine("cosyvoice")
+    import s3tokenizer
+    from s3tokenizer.model_v2 import ModelConfig
+    from s3tokenizer.model_v3 import ModelConfigV3
+
     from mizuoto_runtime.engines.cosyvoice import tiny
     from mizuoto_runtime.engines.cosyvoice.checkpoint import BLANK_EN, YAMLS
     from mizuoto_runtime.engines.published import find
 
+    narrow = dict(n_audio_state=128, n_audio_head=2, n_audio_layer=2)
+    monkeypatch.setattr(bench, "S3_TOKENIZER_SIZES", narrow)
+    for version, cls, config, convert in ((2, s3tokenizer.S3TokenizerV2, ModelConfig, s3tokenizer.onnx2torch),
+                                          (3, s3tokenizer.S3TokenizerV3, ModelConfigV3, s3tokenizer.onnx2torch_v3)):
+        path = tmp_path / f"speech_tokenizer_v{version}.onnx"
+        bench.write_s3_tokenizer(path, version, torch.Generator().manual_seed(0))
+        mapped = {k: tuple(v.shape) for k, v in convert(str(path), None, False).items()}
+        model = cls(path.stem, config(**narrow))
+        assert mapped == {k: tuple(v.shape) for k, v in model.state_dict().items()}, version
+
+    monkeypatch.setattr(bench, "write_s3_tokenizer", lambda path, version, gen: None)
     version = 3
     published = find("Fun-CosyVoice3-0.5B-2512")
     small = dataclasses.replace(published, files={**published.files, YAMLS[version]: tiny.model_yaml(version),
