@@ -118,9 +118,15 @@ TOKENIZER_COPIES = 3
 TOKENIZER_SCORE_COPIES = 2
 UNET_COPIES = 20  # CosyVoice 2's UNet: live copies of its widest stage, per frame of the CFG batch
 DIT_COPIES = 12  # CosyVoice 3's DiT: sdpa keeps no score matrix, so no frames^2 term
-SOURCE_BYTES_PER_SAMPLE = 104  # the 9-harmonic NSF source at the output rate (float32), ~3 live copies
-VOCODER_STAGE_COPIES = 4  # live copies of an upsampling stage (input kept, resblock temporaries)
-CAUSAL_STAGE_COPIES = 3  # CosyVoice 3's causal HiFT: each conv's left-padded input copy, more temporaries
+# HiFT's peak per mel frame: the NSF source at the output rate and each upsampling stage's
+# channels x length. Fitted on the tiny (64 channels) and the published (512) width, where the
+# stages dominate (issue 35: with 4 stage copies, 7 for CosyVoice 3, and 104 bytes a sample the
+# published HiFT read 1.41x, CosyVoice 3's 2.01x, at every length; measured 2.5 and 2.7 stage
+# copies, 118 and 151 bytes a sample). Now 1.07 / 1.16x (CosyVoice 2, tiny / published) and
+# 1.05 / 1.10x (CosyVoice 3).
+SOURCE_BYTES_PER_SAMPLE = 120  # the 9-harmonic NSF source at the output rate (float32), its live copies
+CAUSAL_SOURCE_BYTES_PER_SAMPLE = 36  # CosyVoice 3's causal HiFT: its left-padded source and STFT input copies
+VOCODER_STAGE_COPIES = 3  # live copies of an upsampling stage (input kept, resblock temporaries)
 
 
 def read_speakers(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -453,8 +459,8 @@ class CosyVoiceEngine(Engine):
         for i, rate in enumerate(spec.upsample_rates):
             length *= rate
             stages += (spec.base_channels // 2 ** (i + 1)) * length
-        copies = VOCODER_STAGE_COPIES + (CAUSAL_STAGE_COPIES if spec.causal else 0)
-        return samples * SOURCE_BYTES_PER_SAMPLE + 4 * copies * stages
+        per_sample = SOURCE_BYTES_PER_SAMPLE + (CAUSAL_SOURCE_BYTES_PER_SAMPLE if spec.causal else 0)
+        return samples * per_sample + 4 * VOCODER_STAGE_COPIES * stages
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         """Each sentence's tokens through the flow (one phase), each mel through HiFT from its
