@@ -109,7 +109,8 @@ def load_speech_tokenizer(path: Path) -> SpeechTokenizer:
         state = convert(str(path), None, False)
         model = build_on_meta(lambda: cls(path.stem))
         if set(state) == set(model.state_dict()):
-            model.load_state_dict(state, strict=True, assign=True)
+            # torch's own method: S3TokenizerV3 overrides it without `assign` (a TypeError there)
+            nn.Module.load_state_dict(model, state, strict=True, assign=True)
             return SpeechTokenizer(model.eval(), packaged=True)
     except (KeyError, IndexError, ValueError, RuntimeError, AssertionError) as exc:
         # s3tokenizer's mapping checks each name with a bare `assert` (an AssertionError with no
