@@ -87,23 +87,31 @@ SHARD_BYTES = 4 * GB  # a sharded checkpoint's files: at most this much each (on
 
 @dataclasses.dataclass(frozen=True)
 class WeightFile:
-    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`.
+    """One weight file of a checkpoint: `module`'s tensors (meta or real) under `key(name)`;
+    several modules where one file holds them all (a name two of them have, once: the first's).
     With `shard_bytes`: the layout ``save_pretrained`` writes instead (a transformers model's
     ``-hf`` folder): each tied tensor once, under its first name, in files of at most
     `shard_bytes` named ``<stem>-0000i-of-0000N.safetensors`` after `path`, and
-    ``<path>.index.json`` mapping each key to its file."""
+    ``<path>.index.json`` mapping each key to its file. A torch file's `stored(key, made)`:
+    the entries a tensor is saved as (a weight-normed conv's g/v pair; a tied head under its
+    own name too)."""
 
     path: str  # relative to the checkpoint folder
-    module: nn.Module
+    module: nn.Module | tuple[nn.Module, ...]
     key: Callable[[str], str] = str
     shard_bytes: int | None = None
     # A torch file's object around its tensors (``{"generator": tensors}``, a dict with the
     # file's config beside them); None: the dict of tensors itself.
     wrap: Callable[[dict[str, torch.Tensor]], Any] | None = None
     drop: tuple[str, ...] = ()  # the module's tensors the published file leaves out (computed at load)
+    stored: Callable[[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
 
-    def wrapped(self, tensors: dict[str, torch.Tensor]) -> Any:
-        return tensors if self.wrap is None else self.wrap(tensors)
+    def torch_object(self, tensors: dict[str, torch.Tensor]) -> Any:
+        """What the torch file holds: each tensor as the file stores it (`stored`), inside the
+        file's object (`wrap`)."""
+        stored = self.stored or (lambda key, made: {key: made})
+        entries = {k: v for key, t in tensors.items() for k, v in stored(key, t).items()}
+        return entries if self.wrap is None else self.wrap(entries)
 
 
 def random_tensor(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -177,7 +185,8 @@ class Writer:
     request: Callable[[PublishedModel], Request]
     token_phase: str = "talker"
     # What the written values need besides `random_tensor` (an LM that speaks rather than stops
-    # at once): given the folder's configs, a function (key, made tensor) -> the tensor written.
+    # at once): given the folder's configs, a function (checkpoint key, made tensor) -> the
+    # tensor written.
     values: Callable[[Path], Callable[[str, torch.Tensor], torch.Tensor]] | None = None
 
 
@@ -418,6 +427,124 @@ def _indextts2_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tenso
     return values
 
 
+# The S3 speech tokenizer's sizes other than s3tokenizer's published defaults (tests: a narrow one).
+S3_TOKENIZER_SIZES: dict[str, int] = {}
+# s3tokenizer's names for the v2 file's convolution and projection initializers (`onnx2torch`).
+_S3_V2_NAMES = {"encoder.conv1.weight": "onnx::Conv_2216", "encoder.conv1.bias": "onnx::Conv_2217",
+                "encoder.conv2.weight": "onnx::Conv_2218", "encoder.conv2.bias": "onnx::Conv_2219",
+                "quantizer._codebook.project_down.weight": "onnx::MatMul_2536",
+                "quantizer._codebook.project_down.bias": "quantizer.project_in.bias"}
+
+
+def _s3_node(version: int, key: str) -> tuple[str, str]:
+    """The ONNX node (name, op) that s3tokenizer's mapping for the published `version` file
+    (`onnx2torch`, `onnx2torch_v3`) reads the torch tensor `key` from; ("", "") where it reads
+    the initializer by its name alone."""
+    if key.startswith("quantizer."):
+        return ("/quantizer/project_in/MatMul", "MatMul") if key.endswith("weight") else ("", "")
+    if key.startswith("encoder.conv"):
+        return (f"/{key.split('.')[1]}/Conv", "Conv") if version == 3 else ("", "")
+    parts = key.split(".")  # encoder, blocks, i, module path..., weight|bias
+    block, path, leaf = f"blocks.{parts[2]}", parts[3:-1], parts[-1]
+    if path[0].endswith("_ln"):
+        if version == 2:
+            return f"/{block}/{path[0]}/LayerNormalization", "LayerNormalization"
+        return (f"/{block}/{path[0]}/Mul", "Mul") if leaf == "weight" else (f"/{block}/{path[0]}/Add", "Add")
+    if path[-1] == "fsmn_block":
+        return (f"/{block}/attn/fsmn_block/Conv", "Conv") if version == 2 else ("", "")
+    where = f"mlp/mlp.{path[1]}" if path[0] == "mlp" else "/".join(path)  # attn/query, mlp/mlp.0
+    return (f"/{block}/{where}/MatMul", "MatMul") if leaf == "weight" else (f"/{block}/{where}/Add", "Add")
+
+
+def write_s3_tokenizer(path: Path, version: int, gen: torch.Generator) -> None:
+    """A speech tokenizer ONNX file with the published one's weights (random values) where
+    s3tokenizer's mapping for the published files finds them: a node per weight (its name and
+    op, an initializer among its inputs), so the loader builds s3tokenizer's model from it as it
+    does from the published file. Not a runnable graph; float32, held in memory twice while
+    saved (about 2 GB for v3)."""
+    import onnx
+    import s3tokenizer
+    from onnx import helper, numpy_helper
+    from s3tokenizer.model_v2 import ModelConfig
+    from s3tokenizer.model_v3 import ModelConfigV3
+
+    from mizuoto_runtime.nn.loading import build_on_meta
+
+    cls, config = (s3tokenizer.S3TokenizerV2, ModelConfig) if version == 2 else (s3tokenizer.S3TokenizerV3,
+                                                                                  ModelConfigV3)
+    model = build_on_meta(lambda: cls(path.stem, config(**S3_TOKENIZER_SIZES)))
+    nodes: dict[str, tuple[str, list[str]]] = {}  # node name -> (op, inputs)
+    inits = []
+    for key, like in model.state_dict().items():
+        value = random_tensor(key, like, gen)
+        name, op = _s3_node(version, key)
+        init = _S3_V2_NAMES.get(key, key) if version == 2 else key.removeprefix("encoder.").replace(
+            "quantizer._codebook.project_down.bias", "quantizer.project_in.bias")
+        if op == "MatMul":
+            value = value.t()  # stored [in, out]; the mapping transposes it back
+        inits.append(numpy_helper.from_array(value.contiguous().numpy(), init))
+        carrier = name or f"/uses/{init}"  # v2's convs and the projection bias: read off any node's inputs
+        nodes.setdefault(carrier, (op or "Identity", ["x"]))[1].append(init)
+    graph = helper.make_graph([helper.make_node(op, inputs, [f"{name}_out"], name=name)
+                               for name, (op, inputs) in nodes.items()], path.stem, [], [], inits)
+    onnx.save(helper.make_model(graph), str(path))
+
+
+def _cosyvoice_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's BlankEN tokenizer (one token per byte; the published config keeps its
+    151936 rows) and CAM++ graph (small, the published file's input and output: its shapes are
+    an ONNX graph's own, not known here), and the speech tokenizer at its published size
+    (`write_s3_tokenizer`)."""
+    from mizuoto_runtime.engines.cosyvoice import tiny
+    from mizuoto_runtime.engines.cosyvoice.checkpoint import BLANK_EN
+    from mizuoto_runtime.engines.cosyvoice.engine import VOICE_FILES
+
+    version = int(model.version or 2)
+    gen = torch.Generator().manual_seed(0)
+    tiny.write_text_tokenizer(folder / BLANK_EN)
+    tiny.write_voice_models(folder, version, gen)
+    write_s3_tokenizer(folder / VOICE_FILES[version][1], version, gen)
+
+
+def _cosyvoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """``llm.pt``, ``flow.pt`` and ``hift.pt`` as upstream saves them: float32 state dicts,
+    torch files of 2 GB or less, each held whole while it is written; the LM's tied head saved
+    under its own name too, HiFT's convs weight-normed. BlankEN's ``model.safetensors`` is not
+    written: the loader reads the backbone from ``llm.pt``, as upstream does."""
+    from mizuoto_runtime.engines.cosyvoice import checkpoint, tiny
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        built = checkpoint.load_model(folder)
+    built.hift.f0_predictor.to(torch.float32)  # the loader runs it in float64 once filled; the file holds float32
+
+    def tied(key: str, made: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {key: made, tiny.LM_HEAD: made} if key == tiny.EMBED_TOKENS else {key: made}
+
+    return [WeightFile("llm.pt", built.lm, stored=tied), WeightFile("flow.pt", built.flow),
+            WeightFile("hift.pt", built.hift, stored=tiny.hift_stored)]
+
+
+def _cosyvoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The LM's stop rows of its decoder zeroed (as the tiny writer does), so a stop id's score
+    is 0 and never among RAS's top 25 of thousands of speech scores: a request speaks every token
+    it asks for (CosyVoice 3 has 200 stop ids, which random rows would draw about one time in 34)."""
+    from mizuoto_runtime.engines.cosyvoice import checkpoint
+    from mizuoto_runtime.engines.cosyvoice.config import ModelConfig
+
+    version = checkpoint.detect_version(folder)
+    blank_en = folder / checkpoint.BLANK_EN
+    cfg = ModelConfig.read(folder / checkpoint.YAMLS[version], {"qwen_pretrain_path": str(blank_en)})
+    speech = checkpoint.lm_spec(cfg, blank_en).speech_token_size
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == "llm_decoder.weight":
+            made[speech:] = 0
+        return made
+
+    return values
+
+
 def _gptsovits_run_files(model: PublishedModel, folder: Path) -> None:
     """The Chinese BERT folder: its config (the published one, `gptsovits.published.BERT`, where
     the model's files give none) and the tiny writer's tokenizer."""
@@ -596,6 +723,29 @@ def _chatterbox_weights(model: PublishedModel, folder: Path) -> list[WeightFile]
                 WeightFile(checkpoint.S3GEN_PICKLE, models.s3gen)]
     return [WeightFile(checkpoint.VE_FILE, models.ve), WeightFile(checkpoint.T3_FILE, models.t3),
             WeightFile(checkpoint.S3GEN_FILE, models.s3gen, drop=tiny.S3GEN_COMPUTED)]
+def _fishspeech_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's ``tokenizer.json`` (byte-level BPE, the chat and Fish tokens) with a
+    ``<|semantic:i|>`` for every code of the published codebook."""
+    from mizuoto_runtime.engines.fishspeech import tiny
+    from mizuoto_runtime.engines.fishspeech.config import read_config
+
+    tiny.write_s2_tokenizer(folder, read_config(folder).codebook_size)
+
+
+def _fishspeech_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """S2-Pro's shards (the slow and fast transformers under ``text_model.model.*`` and
+    ``audio_decoder.*``, in bfloat16) and ``codec.pth`` (encoder and decoder, their shared
+    quantizer once, float32 and weight-normed as released: a torch file of about 1.9 GB, held
+    whole while written). The codec's shapes come from the published stand-in `published`
+    writes, which this file then replaces."""
+    from mizuoto_runtime.engines.fishspeech import checkpoint, tiny
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        dual = checkpoint.load_dual_ar(folder, model.dtype)
+        encoder, decoder = checkpoint.load_codec(folder, torch.float32)
+    return [WeightFile("model.safetensors", (dual.slow, dual.fast), tiny.s2_key, shard_bytes=SHARD_BYTES),
+            WeightFile(checkpoint.CODEC_FILE, (encoder, decoder), stored=tiny.codec_stored)]
 
 
 WRITERS: dict[str, Writer] = {
@@ -609,6 +759,8 @@ WRITERS: dict[str, Writer] = {
                          values=_codes_only(_higgsaudio_heads)),
     "csm": Writer(_csm_run_files, _csm_weights, lambda model: Request(), values=_codes_only(_csm_heads)),
     "chatterbox": Writer(_chatterbox_run_files, _chatterbox_weights, lambda model: Request()),
+    "cosyvoice": Writer(_cosyvoice_run_files, _cosyvoice_weights, lambda model: Request(), values=_cosyvoice_speaks),
+    "fishspeech": Writer(_fishspeech_run_files, _fishspeech_weights, lambda model: Request()),
 }
 
 
@@ -626,14 +778,16 @@ def checkpoint_tensors(weight_file: WeightFile) -> dict[str, torch.Tensor]:
     head is stored as the embedding)."""
     named: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name, tensor in weight_file.module.state_dict(keep_vars=True).items():
-        if name in weight_file.drop:
-            continue
-        if weight_file.shard_bytes is not None:
-            if id(tensor) in seen:
+    modules = weight_file.module if isinstance(weight_file.module, tuple) else (weight_file.module,)
+    for module in modules:
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if name in weight_file.drop:
                 continue
-            seen.add(id(tensor))
-        named[weight_file.key(name)] = tensor
+            if weight_file.shard_bytes is not None:
+                if id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+            named.setdefault(weight_file.key(name), tensor)
     return named
 
 
@@ -697,7 +851,7 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
         if path.suffix == ".safetensors":
             total += write_safetensors(path, named, make, align)
         else:  # a torch file (.pt / .pth / .ckpt / .bin, under 4 GB each): written whole, its tensors held once
-            torch.save(weight_file.wrapped({k: make(k, v).contiguous() for k, v in named.items()}), path)
+            torch.save(weight_file.torch_object({k: make(k, v).contiguous() for k, v in named.items()}), path)
             total += path.stat().st_size
         log.info("wrote %s (%.2f GB)", weight_file.path, (folder / weight_file.path).stat().st_size / GB)
         del named
@@ -725,7 +879,7 @@ def check_written(model: PublishedModel, folder: Path) -> int:
     for weight_file in writer(model).weights(model, folder):
         path = folder / weight_file.path
         if path.suffix != ".safetensors" and weight_file.shard_bytes is None:
-            want = tensors_in(weight_file.wrapped(checkpoint_tensors(weight_file)))
+            want = tensors_in(weight_file.torch_object(checkpoint_tensors(weight_file)))
             found = tensors_in(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
         else:
             want = {k: (t.dtype, tuple(t.shape)) for k, t in checkpoint_tensors(weight_file).items()}

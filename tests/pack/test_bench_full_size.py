@@ -158,15 +158,28 @@ def test_a_sharded_transformers_checkpoint_is_what_the_loader_reads(bench: Modul
     assert audio.waveform.numel() == 2 * engine.hop and torch.isfinite(audio.waveform).all()  # it spoke every frame
 
 
+def _clones(engine_id: str, folder: Path, rate: int, tokens: int) -> torch.Tensor:
+    """The waveform the engine loaded from `folder` says for a one-second tone voice and its
+    transcript, with at most `tokens` new tokens; it is finite."""
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.audio import Audio
+    from mizuoto_runtime.engines import Sampling
+
+    rt = Runtime()
+    engine = rt.engine(engine_id, folder)
+    voice = Audio(0.3 * torch.sin(torch.arange(rate) / 6.0).unsqueeze(0), rate)
+    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
+                      sampling=Sampling(seed=1, max_new_tokens=tokens))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+    return audio.waveform
+
+
 def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
     """Dia's writer on the tiny configs: one safetensors file each for Dia and its DAC codec (as
     published), exactly the tensors the loader's meta build has, and the engine speaks from them."""
     require_engine("dia")
     from transformers import DiaConfig
 
-    from mizuoto_runtime import Runtime
-    from mizuoto_runtime.audio import Audio
-    from mizuoto_runtime.engines import Sampling
     from mizuoto_runtime.engines.dia import tiny
     from mizuoto_runtime.engines.dia.checkpoint import DAC_FOLDER
     from mizuoto_runtime.engines.published import find
@@ -182,12 +195,7 @@ def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleTyp
         f"{DAC_FOLDER}/model.safetensors", "model.safetensors"]
     assert written == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
     assert bench.check_written(small, folder) > 0
-    rt = Runtime()
-    engine = rt.engine("dia", folder)
-    voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
-    audio, _ = rt.say(engine, "Hello there.", reference=voice, transcript="Hello.",
-                      sampling=Sampling(seed=1, max_new_tokens=24))
-    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+    _clones("dia", folder, 24000, tokens=24)
 
 
 def _copied(source: Path) -> Callable[[Path], None]:
@@ -365,3 +373,79 @@ def test_chatterboxs_writer_gives_the_published_files_the_loader_reads(bench: Mo
     voice = Audio(0.3 * torch.sin(torch.arange(24000) / 6.0).unsqueeze(0), 24000)
     audio, _ = rt.say(engine, "Hello there.", reference=voice, sampling=Sampling(seed=1, max_new_tokens=4))
     assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+
+
+def test_cosyvoices_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """CosyVoice 3's writer (CosyVoice 2's differs only in the yaml it reads) on the tiny yaml
+    and BlankEN config: ``llm.pt``, ``flow.pt`` and ``hift.pt`` hold exactly the keys the tiny
+    writer's (upstream's layout) do, in float32 (the tied head saved, HiFT weight-normed), the
+    LM's stop rows zeroed, and the engine clones a voice from them, speaking every token it is
+    asked for (200 stop ids: random rows stop at once). Its speech tokenizer file (the
+    published 1 GB one here replaced by the tiny graph) gives, through s3tokenizer's own
+    mapping, exactly the tensors of s3tokenizer's model, for v2 and v3, at a narrow width."""
+    require_engine("cosyvoice")
+    import s3tokenizer
+    from s3tokenizer.model_v2 import ModelConfig
+    from s3tokenizer.model_v3 import ModelConfigV3
+
+    from mizuoto_runtime.engines.cosyvoice import tiny
+    from mizuoto_runtime.engines.cosyvoice.checkpoint import BLANK_EN, YAMLS
+    from mizuoto_runtime.engines.published import find
+
+    narrow = dict(n_audio_state=128, n_audio_head=2, n_audio_layer=2)
+    monkeypatch.setattr(bench, "S3_TOKENIZER_SIZES", narrow)
+    for version, cls, config, convert in ((2, s3tokenizer.S3TokenizerV2, ModelConfig, s3tokenizer.onnx2torch),
+                                          (3, s3tokenizer.S3TokenizerV3, ModelConfigV3, s3tokenizer.onnx2torch_v3)):
+        path = tmp_path / f"speech_tokenizer_v{version}.onnx"
+        bench.write_s3_tokenizer(path, version, torch.Generator().manual_seed(0))
+        mapped = {k: tuple(v.shape) for k, v in convert(str(path), None, False).items()}
+        model = cls(path.stem, config(**narrow))
+        assert mapped == {k: tuple(v.shape) for k, v in model.state_dict().items()}, version
+
+    monkeypatch.setattr(bench, "write_s3_tokenizer", lambda path, version, gen: None)
+    version = 3
+    published = find("Fun-CosyVoice3-0.5B-2512")
+    small = dataclasses.replace(published, files={**published.files, YAMLS[version]: tiny.model_yaml(version),
+                                                  f"{BLANK_EN}/config.json": tiny.blank_en_config(version)})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    reference = tiny.write(tmp_path / "tiny", version=str(version))
+    assert written == sum((folder / name).stat().st_size for name in ("llm.pt", "flow.pt", "hift.pt"))
+    for name in ("llm.pt", "flow.pt", "hift.pt"):
+        mine = torch.load(folder / name, weights_only=True)
+        theirs = torch.load(reference / name, weights_only=True)
+        assert {k: v.shape for k, v in mine.items()} == {k: v.shape for k, v in theirs.items()}, name
+        assert all(v.dtype == torch.float32 for v in mine.values()), name
+    llm = torch.load(folder / "llm.pt", weights_only=True)
+    assert not llm["llm_decoder.weight"][tiny.SPEECH_TOKENS:].any()
+    # four 25 Hz speech tokens at 24 kHz, none a stop
+    assert _clones("cosyvoice", folder, 24000, tokens=4).shape[-1] == 4 * 24000 // 25
+
+
+def test_fish_speechs_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """Fish Speech's writer on the tiny S2-Pro config and codec shapes: the shards' index names
+    exactly the keys of the tiny writer's (upstream's layout), ``codec.pth`` holds its keys
+    (weight norm in both forms, the shared quantizer once), the tokenizer has a semantic token
+    per code, and the engine clones a voice from them."""
+    require_engine("fishspeech")
+    from mizuoto_runtime.engines.fishspeech import published, tiny
+    from mizuoto_runtime.engines.published import find
+
+    reference = tiny.write(tmp_path / "tiny")
+    s2 = find("Fish Audio S2-Pro")
+    small = dataclasses.replace(s2, dtype=torch.float32, files={
+        **s2.files, "config.json": json.loads((reference / "config.json").read_text()),
+        "codec.pth": lambda path: published.write_codec(path, tiny.CODEC)})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder, shard_bytes=1 << 20)
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and written == sum(p.stat().st_size for p in [*shards, folder / "codec.pth"])
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    expected = json.loads((reference / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index.keys() == expected.keys()
+    codec = torch.load(folder / "codec.pth", weights_only=True)
+    theirs = torch.load(reference / "codec.pth", weights_only=True)
+    assert {k: v.shape for k, v in codec.items()} == {k: v.shape for k, v in theirs.items()}
+    assert json.loads((folder / "tokenizer.json").read_text()) == json.loads((reference / "tokenizer.json").read_text())
+    _clones("fishspeech", folder, 44100, tokens=3)

@@ -102,20 +102,35 @@ TOKEN_SAMPLES = 640  # 16 kHz samples per speech token (25 Hz)
 # A typical request's longest sentence (`typical_phases`): upstream's front end splits text
 # into sentences, each its own LM run and flow call.
 TYPICAL_SENTENCE_SECONDS = 10.0
-# The tokenizer's widest activation at 25 Hz (the tiny one's scores over its codebook; the
-# published one's 4 x 1280 MLP).
-TOKENIZER_COPIES = 2
+# The voice prompt runs its stages one after another (CAM++ on its fbank, the tokenizer on its
+# log-mel, the 24 kHz prompt mel), each freeing its activations before the next: its peak is the
+# larger of the feature frames and the tokenizer's activations, not their sum (issue 35: the
+# sum read 1.37-1.53x the published v3 tokenizer's CPU peak for 3-10 s; v2 hid it behind its
+# 2 MiB rotary tables, `SpeechTokenizer.rotary_table_bytes`).
+# The tokenizer's activations per 25 Hz token, as copies of its widest activation (the rows of
+# its largest weight: the tiny graph's scores over its codebook; the published one's 4 x 1280
+# MLP): the published encoder layer's attention keeps ~10.3 rows of its width (2.6 of the
+# MLP's), fitted on one published-width layer for 1-30 s; 3 leaves 1.04-1.2x.
+TOKENIZER_COPIES = 3
 # The published tokenizer's attention scores (s3tokenizer's model: float32, heads x tokens^2, its
-# eager path): the product and its masked copy, then the softmax beside it. With them the
-# estimate is 1.07-1.25x the published-size v2 tokenizer's CPU peak and 1.20-1.52x v3's for 3-30 s
-# (random weights, issue 35; without them 0.49x at 30 s). A graph converted node by node (a
-# file s3tokenizer cannot map, the tiny one) has no heads to count.
+# eager path): the product and its masked copy, then the softmax beside it (fitted: 2.00 copies).
+# A graph converted node by node (a file s3tokenizer cannot map, the tiny one) has no heads to count.
 TOKENIZER_SCORE_COPIES = 2
 UNET_COPIES = 20  # CosyVoice 2's UNet: live copies of its widest stage, per frame of the CFG batch
-DIT_COPIES = 12  # CosyVoice 3's DiT: sdpa keeps no score matrix, so no frames^2 term
-SOURCE_BYTES_PER_SAMPLE = 104  # the 9-harmonic NSF source at the output rate (float32), ~3 live copies
-VOCODER_STAGE_COPIES = 4  # live copies of an upsampling stage (input kept, resblock temporaries)
-CAUSAL_STAGE_COPIES = 3  # CosyVoice 3's causal HiFT: each conv's left-padded input copy, more temporaries
+# CosyVoice 3's DiT, per frame of the CFG batch: live copies of its width, and its input (noisy
+# mel, mu, speaker and prompt condition concatenated); sdpa keeps no score matrix, so no frames^2
+# term. Fitted on the tiny (64) and the published (1024) width: 7.0 copies and the input; with
+# 12 copies alone the published DiT read 1.61x its CPU peak (issue 35); now 1.13x, tiny 1.08-1.17x.
+DIT_COPIES = 8
+# HiFT's peak per mel frame: the NSF source at the output rate and each upsampling stage's
+# channels x length. Fitted on the tiny (64 channels) and the published (512) width, where the
+# stages dominate (issue 35: with 4 stage copies, 7 for CosyVoice 3, and 104 bytes a sample the
+# published HiFT read 1.41x, CosyVoice 3's 2.01x, at every length; measured 2.5 and 2.7 stage
+# copies, 118 and 151 bytes a sample). Now 1.07 / 1.16x (CosyVoice 2, tiny / published) and
+# 1.05 / 1.10x (CosyVoice 3).
+SOURCE_BYTES_PER_SAMPLE = 120  # the 9-harmonic NSF source at the output rate (float32), its live copies
+CAUSAL_SOURCE_BYTES_PER_SAMPLE = 36  # CosyVoice 3's causal HiFT: its left-padded source and STFT input copies
+VOCODER_STAGE_COPIES = 3  # live copies of an upsampling stage (input kept, resblock temporaries)
 
 
 def read_speakers(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -285,15 +300,16 @@ class CosyVoiceEngine(Engine):
         return ctx.run("voice prompt", [self.campplus, self.speech_tokenizer], run, memory)
 
     def voice_prompt_memory(self, samples: int) -> int:
-        """M45: the voice prompt at `samples` 16 kHz samples: the feature frames, the
-        tokenizer's widest activation (rows of its largest weight) per speech token, and its
-        attention scores (`TOKENIZER_SCORE_COPIES`)."""
+        """M45: the voice prompt at `samples` 16 kHz samples: the larger of its feature frames
+        and its tokenizer's activations (its widest activation, the rows of its largest weight,
+        per speech token; its attention scores, `TOKENIZER_SCORE_COPIES`; its rotary tables)."""
         assert self.speech_tokenizer is not None
         tokenizer = self.speech_tokenizer.module
         widest = max((p.shape[0] for p in tokenizer.parameters() if p.dim() >= 2), default=0)
         tokens = samples // TOKEN_SAMPLES + 1
         scores = TOKENIZER_SCORE_COPIES * 4 * tokenizer.attention_heads * tokens * tokens
-        return VOICE_FEATURE_BYTES_PER_SAMPLE * samples + TOKENIZER_COPIES * 4 * widest * tokens + scores
+        activations = TOKENIZER_COPIES * 4 * widest * tokens + scores + tokenizer.rotary_table_bytes
+        return max(VOICE_FEATURE_BYTES_PER_SAMPLE * samples, activations)
 
     def prompt_feat(self, wav24k: torch.Tensor) -> torch.Tensor:
         """The prompt mel (1, frames, 80) of a 24 kHz waveform (the yaml's feat_extractor)."""
@@ -433,7 +449,8 @@ class CosyVoiceEngine(Engine):
         est = self.model.flow.decoder.estimator
         elem = element_size(self.dtype)
         if isinstance(est, DiT):
-            per_frame = DIT_COPIES * est.spec.dim
+            spec = est.spec
+            per_frame = DIT_COPIES * spec.dim + 2 * spec.mel_dim + spec.mu_dim + spec.spk_dim
         else:
             per_frame = UNET_COPIES * max(est.spec.channels) + 2 * est.spec.num_heads * frames
         return int(2 * frames * elem * per_frame + 8 * frames * 80 * elem)
@@ -447,8 +464,8 @@ class CosyVoiceEngine(Engine):
         for i, rate in enumerate(spec.upsample_rates):
             length *= rate
             stages += (spec.base_channels // 2 ** (i + 1)) * length
-        copies = VOCODER_STAGE_COPIES + (CAUSAL_STAGE_COPIES if spec.causal else 0)
-        return samples * SOURCE_BYTES_PER_SAMPLE + 4 * copies * stages
+        per_sample = SOURCE_BYTES_PER_SAMPLE + (CAUSAL_SOURCE_BYTES_PER_SAMPLE if spec.causal else 0)
+        return samples * per_sample + 4 * VOCODER_STAGE_COPIES * stages
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         """Each sentence's tokens through the flow (one phase), each mel through HiFT from its

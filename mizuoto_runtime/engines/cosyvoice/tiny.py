@@ -33,6 +33,7 @@ from .tokenizer import special_tokens
 
 log = logging.getLogger(__name__)
 
+EMBED_TOKENS, LM_HEAD = "llm.model.model.embed_tokens.weight", "llm.model.lm_head.weight"
 SPEECH_TOKENS = 128
 HIDDEN = 64
 TEXT_VOCAB = {2: 320, 3: 832}
@@ -202,10 +203,9 @@ def model_yaml(version: int, sizes: dict[str, int] | None = None,
                            **sizes))
 
 
-def write_blank_en(folder: Path, version: int, state: dict[str, torch.Tensor]) -> None:
-    """Config, byte-level tokenizer and the backbone weights (bf16, as published)."""
-    from safetensors.torch import save_file
-
+def write_text_tokenizer(folder: Path) -> int:
+    """BlankEN's byte-level tokenizer files (one token per byte, Qwen2's three specials after
+    them); returns how many ids it has before CosyVoice's own special tokens."""
     folder.mkdir(parents=True, exist_ok=True)
     alphabet = byte_alphabet()
     vocab = {alphabet[b]: b for b in range(256)}
@@ -220,15 +220,27 @@ def write_blank_en(folder: Path, version: int, state: dict[str, torch.Tensor]) -
         "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>", "errors": "replace",
         "model_max_length": 32768, "pad_token": "<|endoftext|>", "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer", "unk_token": None})
-    if len(vocab) + len(specials) + len(special_tokens(version)) > TEXT_VOCAB[version]:
-        raise ValueError("tiny tokenizer does not fit the text embedding")
-    write_json(folder / "config.json", {
+    return len(vocab) + len(specials)
+
+
+def blank_en_config(version: int) -> dict[str, object]:
+    """The tiny backbone's ``CosyVoice-BlankEN/config.json`` (Qwen2's keys, small sizes)."""
+    return {
         "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 256, "eos_token_id": 256,
         "hidden_act": "silu", "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": 128,
         "max_position_embeddings": 32768, "max_window_layers": 2, "model_type": "qwen2", "num_attention_heads": 4,
         "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
         "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-        "use_cache": True, "use_sliding_window": False, "vocab_size": TEXT_VOCAB[version]})
+        "use_cache": True, "use_sliding_window": False, "vocab_size": TEXT_VOCAB[version]}
+
+
+def write_blank_en(folder: Path, version: int, state: dict[str, torch.Tensor]) -> None:
+    """Config, byte-level tokenizer and the backbone weights (bf16, as published)."""
+    from safetensors.torch import save_file
+
+    if write_text_tokenizer(folder) + len(special_tokens(version)) > TEXT_VOCAB[version]:
+        raise ValueError("tiny tokenizer does not fit the text embedding")
+    write_json(folder / "config.json", blank_en_config(version))
     write_json(folder / "generation_config.json", {"bos_token_id": 256, "eos_token_id": 256})
     backbone = {k[len("llm.model."):]: v.to(torch.bfloat16).contiguous() for k, v in state.items()
                 if k.startswith("llm.model.model.")}
@@ -247,12 +259,10 @@ def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
                 p.copy_(fan_in_std(p) * torch.randn(p.shape, generator=generator))
 
 
-def _weight_normed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Plain weights back to upstream's parametrization pair (g = per-row norm, v = weight)."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        out.update(weight_norm.unfold(key, value) if WEIGHT_NORMED.match(key) else {key: value})
-    return out
+def hift_stored(key: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How ``hift.pt`` stores HiFT's tensor `key`: a weight-normed conv's weight as upstream's
+    parametrization pair (g = per-row norm, v = weight), any other tensor as it is."""
+    return weight_norm.unfold(key, value) if WEIGHT_NORMED.match(key) else {key: value}
 
 
 def write_voice_models(folder: Path, version: int, generator: torch.Generator) -> None:
@@ -306,7 +316,7 @@ def _write(out: Path, version: int, seed: int) -> Path:
     blank = out / BLANK_EN
     config = DecoderConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                            intermediate_size=128, vocab_size=TEXT_VOCAB[version], rope_theta=1e6)
-    write_blank_en(blank, version, {"llm.model.model.embed_tokens.weight": torch.zeros(TEXT_VOCAB[version], HIDDEN)})
+    write_blank_en(blank, version, {EMBED_TOKENS: torch.zeros(TEXT_VOCAB[version], HIDDEN)})
     cfg = ModelConfig.read(out / YAMLS[version], {"qwen_pretrain_path": str(blank)})
     lm = CosyVoiceLM(lm_spec(cfg, blank))
     assert lm.spec.decoder == config
@@ -321,10 +331,11 @@ def _write(out: Path, version: int, seed: int) -> Path:
         else:  # CosyVoice 3: no bias; sharper speech rows, so a stop id is rarely drawn
             lm.llm_decoder.weight[:SPEECH_TOKENS].mul_(3.0)
     llm_state = {k: v.contiguous() for k, v in lm.state_dict().items()}
-    llm_state["llm.model.lm_head.weight"] = llm_state["llm.model.model.embed_tokens.weight"]
+    llm_state[LM_HEAD] = llm_state[EMBED_TOKENS]  # upstream saves the tied head too (one storage)
     torch.save(llm_state, out / "llm.pt")
     torch.save(flow.state_dict(), out / "flow.pt")
-    torch.save(_weight_normed(hift.state_dict()), out / "hift.pt")
+    torch.save({k: v for key, value in hift.state_dict().items() for k, v in hift_stored(key, value).items()},
+               out / "hift.pt")
     write_blank_en(blank, version, llm_state)
     tokens = torch.randint(0, SPEECH_TOKENS, (1, 12), generator=generator, dtype=torch.int32)
     torch.save({"tiny": {

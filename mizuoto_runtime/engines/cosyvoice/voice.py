@@ -74,6 +74,17 @@ class SpeechTokenizer(nn.Module):
         heads are not known (M45: the engine's estimate counts their scores)."""
         return int(self.model.config.n_audio_head) if self.packaged else 0
 
+    @property
+    def rotary_table_bytes(self) -> int:
+        """Bytes a call holds whatever the audio's length: s3tokenizer's V2 encoder builds cos
+        and sin over its whole rotary table (2048 positions x 128, float32: 2 MiB) at every call
+        and keeps them through its blocks; V3 cuts the table to the audio (M45)."""
+        import s3tokenizer
+
+        if not self.packaged or not isinstance(self.model, s3tokenizer.S3TokenizerV2):
+            return 0
+        return 2 * torch.view_as_real(self.model.encoder.freqs_cis).numel() * 4
+
     def forward(self, wav16k: torch.Tensor) -> torch.Tensor:
         from s3tokenizer import log_mel_spectrogram
 
@@ -98,7 +109,8 @@ def load_speech_tokenizer(path: Path) -> SpeechTokenizer:
         state = convert(str(path), None, False)
         model = build_on_meta(lambda: cls(path.stem))
         if set(state) == set(model.state_dict()):
-            model.load_state_dict(state, strict=True, assign=True)
+            # torch's own method: S3TokenizerV3 overrides it without `assign` (a TypeError there)
+            nn.Module.load_state_dict(model, state, strict=True, assign=True)
             return SpeechTokenizer(model.eval(), packaged=True)
     except (KeyError, IndexError, ValueError, RuntimeError, AssertionError) as exc:
         # s3tokenizer's mapping checks each name with a bare `assert` (an AssertionError with no

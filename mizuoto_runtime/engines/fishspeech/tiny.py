@@ -107,14 +107,22 @@ def _codec_state(g: torch.Generator) -> dict[str, Tensor]:
     for key, value in {**encoder.state_dict(), **decoder.state_dict()}.items():
         if key in state:
             continue
-        is_conv = key.endswith("conv.weight") and not key.startswith("quantizer.")
-        is_proj = key.endswith(("in_proj.weight", "out_proj.weight")) and value.dim() == 3
-        state.update(weight_norm.unfold(key, value, legacy=is_proj) if is_conv or is_proj else {key: value})
+        state.update(codec_stored(key, value))
     return {k: v.contiguous() for k, v in state.items()}
 
 
-def _s2_tokenizer(folder: Path) -> tuple[int, int]:
-    """tokenizer.json; returns (its length, the first semantic id)."""
+def codec_stored(key: str, value: Tensor) -> dict[str, Tensor]:
+    """How ``codec.pth`` stores the codec's tensor `key`: the encoder's and decoder's convs as
+    weight norm's parametrization pair, the codebook projections as its legacy pair, any other
+    tensor as it is."""
+    is_conv = key.endswith("conv.weight") and not key.startswith("quantizer.")
+    is_proj = key.endswith(("in_proj.weight", "out_proj.weight")) and value.dim() == 3
+    return weight_norm.unfold(key, value, legacy=is_proj) if is_conv or is_proj else {key: value}
+
+
+def write_s2_tokenizer(folder: Path, semantic_tokens: int = CODEBOOK_SIZE) -> tuple[int, int]:
+    """tokenizer.json with `semantic_tokens` ``<|semantic:i|>`` (the codebook's size); returns
+    (its length, the first semantic id)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -123,7 +131,7 @@ def _s2_tokenizer(folder: Path) -> tuple[int, int]:
     tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                         show_progress=False))
-    tok.add_special_tokens(S2_SPECIALS + [SEMANTIC.format(i=i) for i in range(CODEBOOK_SIZE)])
+    tok.add_special_tokens(S2_SPECIALS + [SEMANTIC.format(i=i) for i in range(semantic_tokens)])
     tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab(with_added_tokens=True)
     return tok.get_vocab_size(with_added_tokens=True), vocab[SEMANTIC.format(i=0)]
@@ -160,7 +168,7 @@ def _s2_config(cfg: DualARConfig) -> dict[str, object]:
     }
 
 
-def _s2_key(key: str) -> str:
+def s2_key(key: str) -> str:
     if key.startswith("fast_"):
         return "audio_decoder." + key[len("fast_"):]
     if key.startswith("codebook_embeddings."):
@@ -169,7 +177,7 @@ def _s2_key(key: str) -> str:
 
 
 def _write_s2(folder: Path, weights: dict[str, Tensor], cfg: DualARConfig) -> None:
-    tensors = {_s2_key(k): v.contiguous() for k, v in weights.items()}
+    tensors = {s2_key(k): v.contiguous() for k, v in weights.items()}
     names = sorted(tensors)
     shards = [names[: len(names) // 2], names[len(names) // 2:]]
     weight_map = {}
@@ -206,7 +214,7 @@ def write(directory: str | Path, *, version: str | None = None, seed: int = SEED
     dtype = torch.float32 if dtype is None else dtype
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    size, sem_begin = (_s2_tokenizer if version == "s2-pro" else _s1_tokenizer)(folder)
+    size, sem_begin = (write_s2_tokenizer if version == "s2-pro" else _s1_tokenizer)(folder)
     cfg = _config(size + 2, sem_begin, sem_begin + CODEBOOK_SIZE - 1, version)
     g = torch.Generator().manual_seed(seed)
     weights = {k: v.to(dtype) for k, v in _dual_ar(cfg, g).items()}
