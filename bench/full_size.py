@@ -1350,7 +1350,9 @@ def main() -> None:
             log.info("%s: writing and measuring", model.name)
             row = run_one(model, args)
             key = row["model"] + (f" [{args.device}]" if args.device != "cpu" else "")
-            data["rows"][key] = {**data["rows"].get(key, {}), **row} if args.card_only else row
+            # --card-only: the earlier row's stop (if any) was the card runs', which this run replaces
+            earlier = {k: v for k, v in data["rows"].get(key, {}).items() if k != "error"}
+            data["rows"][key] = {**earlier, **row} if args.card_only else row
             rows.append(data["rows"][key])
             log.info("%s: %s", model.name, json.dumps(row))
     print(json.dumps(data["machine"]))
