@@ -1350,8 +1350,10 @@ def main() -> None:
             log.info("%s: writing and measuring", model.name)
             row = run_one(model, args)
             key = row["model"] + (f" [{args.device}]" if args.device != "cpu" else "")
-            # --card-only: the earlier row's stop (if any) was the card runs', which this run replaces
-            earlier = {k: v for k, v in data["rows"].get(key, {}).items() if k != "error"}
+            # --card-only: the earlier run's stop, if any, is kept as that run's
+            earlier = dict(data["rows"].get(key, {}))
+            if "error" in earlier:
+                earlier["earlier_error"] = earlier.pop("error")
             data["rows"][key] = {**earlier, **row} if args.card_only else row
             rows.append(data["rows"][key])
             log.info("%s: %s", model.name, json.dumps(row))
