@@ -322,11 +322,104 @@ def _dia_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
             WeightFile(f"{checkpoint.DAC_FOLDER}/model.safetensors", parts.dac)]
 
 
+def _omnivoice_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's byte-level text tokenizer (OmniVoice's control tokens as added tokens;
+    its ids are inside the published vocabulary) and the codec's feature extractor."""
+    from transformers import DacFeatureExtractor
+
+    from mizuoto_runtime.engines.omnivoice import tiny
+
+    tiny.text_tokenizer().save_pretrained(str(folder))
+    codec = json.loads((folder / "audio_tokenizer" / "config.json").read_text(encoding="utf-8"))
+    hop = 1
+    for ratio in codec["acoustic_model_config"]["downsampling_ratios"]:
+        hop *= ratio
+    DacFeatureExtractor(sampling_rate=codec["sample_rate"], hop_length=hop).save_pretrained(
+        str(folder / "audio_tokenizer"))
+
+
+def _omnivoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """`omnivoice.OmniVoice` and transformers' Higgs Audio v2 tokenizer on meta, as the engine's
+    loader builds them (one safetensors file each, as published)."""
+    from mizuoto_runtime.engines.omnivoice import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        llm, codec = checkpoint.load_model(folder, model.dtype)
+    return [WeightFile("model.safetensors", llm), WeightFile("audio_tokenizer/model.safetensors", codec)]
+
+
+def _omnivoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The codec decodes to sound (`tiny.randomize`'s values for the Higgs tokenizer): its
+    codebooks are buffers, built as zeros (decoding to silence, which upstream's post-processing
+    trims to nothing), so they are drawn at unit scale with positive cluster sizes; Snake alphas
+    near 1."""
+    gen = torch.Generator().manual_seed(1)
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key.endswith(("codebook.embed", "codebook.embed_avg")):
+            return torch.randn(made.shape, generator=gen).to(made.dtype)
+        if key.endswith("cluster_size"):
+            return (1.0 + torch.rand(made.shape, generator=gen)).to(made.dtype)
+        if key.endswith(".alpha"):
+            return (1.0 + 0.1 * torch.rand(made.shape, generator=gen)).to(made.dtype)
+        return made
+
+    return values
+
+
+def _voxcpm2_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's Llama-style text tokenizer (its ids are inside the published vocabulary)."""
+    from mizuoto_runtime.engines.tiny import write_json
+    from mizuoto_runtime.engines.voxcpm2 import tiny
+
+    vocab, merges = tiny._vocabulary()
+    write_json(folder / "tokenizer.json", tiny._tokenizer_json(vocab, merges))
+    write_json(folder / "tokenizer_config.json", tiny._tokenizer_config())
+    write_json(folder / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+
+
+def _voxcpm2_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """`voxcpm`'s `VoxCPM2Model` on meta, as the engine's loader builds it: everything but the
+    audio VAE in ``model.safetensors`` (the run dtype), the VAE in ``audiovae.pth`` (float32, a
+    torch file of a plain dict of tensors, as published: held in memory while it is written,
+    about 0.2 GB)."""
+    from torch import nn as torch_nn
+
+    from mizuoto_runtime.engines.voxcpm2 import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        built = checkpoint.load_model(folder, model.dtype, torch.device("cpu"))
+    main = torch_nn.ModuleDict({name: child for name, child in built.named_children() if name != "audio_vae"})
+    return [WeightFile("model.safetensors", main), WeightFile(checkpoint.VAE_FILES[1], built.audio_vae)]
+
+
+def _voxcpm2_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The stop head never stops (`voxcpm2.tiny.randomize`'s): it sees SiLU(1) everywhere and
+    always prefers "go on", so a request makes every patch it asks for."""
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == "stop_proj.weight":
+            return made.zero_()
+        if key == "stop_proj.bias":
+            return made.fill_(1.0)
+        if key == "stop_head.weight":
+            made[0], made[1] = 1.0, -1.0
+        return made
+
+    return values
+
+
 WRITERS: dict[str, Writer] = {
     "qwen3tts": Writer(_qwen3tts_run_files, _qwen3tts_weights, _qwen3tts_request),
     "f5tts": Writer(_f5tts_run_files, _f5tts_weights, lambda model: Request(steps=4), token_phase="flow"),
     "dia": Writer(_dia_run_files, _dia_weights, lambda model: Request()),
     "vibevoice": Writer(_vibevoice_run_files, _vibevoice_weights, lambda model: Request(), values=_vibevoice_speaks),
+    "omnivoice": Writer(_omnivoice_run_files, _omnivoice_weights, lambda model: Request(steps=4), token_phase="llm",
+                        values=_omnivoice_speaks),
+    "voxcpm2": Writer(_voxcpm2_run_files, _voxcpm2_weights, lambda model: Request(), token_phase="generate",
+                      values=_voxcpm2_speaks),
 }
 
 
@@ -396,18 +489,21 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
     gen = torch.Generator().manual_seed(seed)
     values = w.values(folder) if w.values is not None else (lambda key, made: made)
     total = 0
+
+    def make(key: str, like: torch.Tensor) -> torch.Tensor:
+        return values(key, random_tensor(key, like, gen))
+
     for weight_file in w.weights(model, folder):
         named = checkpoint_tensors(weight_file)
         path = folder / weight_file.path
         if weight_file.shard_bytes is not None:
-            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes,
-                                  lambda key, like: values(key, random_tensor(key, like, gen)))
+            total += write_shards(path, named, shard_bytes or weight_file.shard_bytes, make)
             del named
             continue
         if path.suffix == ".safetensors":
-            total += write_safetensors(path, named, lambda key, like: random_tensor(key, like, gen))
-        else:  # a torch file (a small vocoder's): written whole, its tensors held once
-            torch.save({k: random_tensor(k, v, gen).contiguous() for k, v in named.items()}, path)
+            total += write_safetensors(path, named, make)
+        else:  # a torch file (a small vocoder's or VAE's): written whole, its tensors held once
+            torch.save({k: make(k, v).contiguous() for k, v in named.items()}, path)
             total += path.stat().st_size
         log.info("wrote %s (%.2f GB)", weight_file.path, (folder / weight_file.path).stat().st_size / GB)
         del named
@@ -418,8 +514,9 @@ def write_checkpoint(model: PublishedModel, folder: Path, seed: int = 0, shard_b
 def check_written(model: PublishedModel, folder: Path) -> int:
     """Every weight file in `folder` holds exactly the tensors (names, dtypes, shapes) the
     writer's meta build of `model` has, as the loader's strict check asks; a sharded one, those
-    its index names, in the files it names. Returns the number of tensors; raises ValueError
-    naming the first difference."""
+    its index names, in the files it names; a torch file (``.pth``, ``.bin``), its dict's. Returns
+    the number of tensors; raises ValueError naming the first difference."""
+    from mizuoto_runtime.nn.checkpoint import load_weights_only
     from mizuoto_runtime.nn.loading import SafetensorsFile
 
     count = 0
@@ -432,6 +529,9 @@ def check_written(model: PublishedModel, folder: Path) -> int:
         else:
             index, files = None, [weight_file.path]
         found: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+        if path.suffix != ".safetensors":  # a torch file: a plain dict of tensors, memory-mapped
+            found = {k: (t.dtype, tuple(t.shape)) for k, t in load_weights_only(path, mmap=True).items()}
+            files = []
         for name in files:
             f = SafetensorsFile(path.with_name(Path(name).name))
             try:
