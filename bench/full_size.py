@@ -384,7 +384,7 @@ def _voxcpm2_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
     """`voxcpm`'s `VoxCPM2Model` on meta, as the engine's loader builds it: everything but the
     audio VAE in ``model.safetensors`` (the run dtype), the VAE in ``audiovae.pth`` (float32, a
     torch file of a plain dict of tensors, as published: held in memory while it is written,
-    about 0.2 GB)."""
+    0.35 GB)."""
     from torch import nn as torch_nn
 
     from mizuoto_runtime.engines.voxcpm2 import checkpoint
