@@ -679,12 +679,18 @@ def import_loader(model: PublishedModel) -> None:
     """Import what the engine's loader imports (its upstream package, transformers, ...) by
     building `model` on meta (`engines.published.build`: no weight read), so the load measured
     after it is the checkpoint's own cost rather than the packages'. The tokenizers and feature
-    extractors a shapes-only build skips still import during the load."""
+    extractors a shapes-only build skips still import during the load. What the build allocated
+    (its real buffers) is freed and handed back to the system (glibc's ``malloc_trim``), so the
+    load cannot reuse it unseen."""
+    import ctypes
+
     from mizuoto_runtime.app.fit import fit_manager
     from mizuoto_runtime.engines.published import build
 
     build(model, fit_manager())
     gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
