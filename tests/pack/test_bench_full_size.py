@@ -88,6 +88,8 @@ def test_the_dry_run_measures_every_column(bench: ModuleType, tmp_path: Path,
     row = json.loads(out.read_text())["rows"]["Qwen3-TTS-12Hz-0.6B-Base (tiny)"]
     assert "error" not in row, row.get("error")
     assert row["load_s"] > 0 and row["cold_to_audio_s"] > row["load_s"] and row["card_gb"] == 6
+    # the load's RSS is the checkpoint's, the imports measured apart (with them: ~10x the tiny checkpoint)
+    assert row["import_s"] > 0 and 0.5 < row["load_rss_ratio"] < 3
     assert {p["phase"] for p in row["phases"]} == {"voice prompt (codec_encoder)", "voice prompt (speaker_encoder)",
                                                    "talker (talker)", "codec decoder (codec_decoder)"}
     assert row["plain"]["tokens"] >= 1 and row["all_streamed"]["streamed_mb_per_token"] > 0
