@@ -184,3 +184,39 @@ def test_f5tts_vocoder_estimate_at_the_published_width(size: str, padding: str, 
     engine = types.SimpleNamespace(vocos=vocos)
     ratio = F5TTSEngine.vocoder_memory(engine, frames) / tracker.peak  # type: ignore[arg-type]
     assert LOW <= ratio <= HIGH, f"{size} Vocos, {padding}, {frames} frames: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("seconds", [2, 5])
+def test_omnivoice_voice_prompt_estimate_at_the_published_width(omnivoice_checkpoint: Callable[[str], Path],
+                                                               seconds: int) -> None:
+    """Issue 35: the published codec's DAC encoder (64 channels at the full rate) peaks in a Snake
+    activation, five full-rate tensors alive; counting four read 0.91x. The tiny OmniVoice with
+    the published Higgs Audio v2 tokenizer's encoders (one HuBERT layer: a layer's activations are
+    not the peak; a small decoder: encoding never runs it), a 2 s and a 5 s reference, upstream's
+    own prompt preparation, against the engine's estimate: 1.0-1.3x."""
+    require_engine("omnivoice")
+    import copy
+    import types
+
+    import torch
+    from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+
+    from mizuoto_runtime.engines.higgs_codec import TOKENIZER
+    from mizuoto_runtime.engines.omnivoice.checkpoint import load_model
+    from mizuoto_runtime.engines.omnivoice.engine import OmniVoiceEngine
+    from mizuoto_runtime.engines.tiny import randomize
+
+    model, _ = load_model(omnivoice_checkpoint(), torch.float32)
+    config = copy.deepcopy({k: v for k, v in TOKENIZER.items() if k not in ("architectures", "model_type")})
+    config["semantic_model_config"]["num_hidden_layers"] = 1
+    config["acoustic_model_config"]["decoder_hidden_size"] = 64
+    codec = HiggsAudioV2TokenizerModel(HiggsAudioV2TokenizerConfig(**config)).eval()
+    randomize(codec, torch.Generator().manual_seed(0))
+    object.__setattr__(model, "audio_tokenizer", codec)
+    wav = 0.3 * torch.sin(torch.arange(24000 * seconds) / 6.0).unsqueeze(0)
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        model.create_voice_clone_prompt(ref_audio=(wav, 24000), ref_text="Hello there.", preprocess_prompt=True)
+    engine = types.SimpleNamespace(codec=codec)
+    ratio = OmniVoiceEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{seconds} s reference: estimate / peak {ratio:.2f}"
