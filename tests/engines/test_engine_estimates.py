@@ -220,3 +220,45 @@ def test_omnivoice_voice_prompt_estimate_at_the_published_width(omnivoice_checkp
     engine = types.SimpleNamespace(codec=codec)
     ratio = OmniVoiceEngine.voice_prompt_memory(engine, wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
     assert LOW <= ratio <= HIGH, f"{seconds} s reference: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_voxcpm2_vae_estimates_at_the_published_width() -> None:
+    """Issue 35: the published audio VAE's widest strided convs (1024 x 2048 x 16, in the encoder
+    and the decoder) have their float32 weight computed by weight norm at each call, 128 MB,
+    more than a short request's activations, which alone were counted. The published VAE
+    (random weights, weight norm's weights dropped after each forward as the engine does), a 1 s
+    and a 3 s reference encoded, 8 and 32 latent frames decoded, against the engine's
+    estimates: 1.0-1.3x."""
+    require_engine("voxcpm2")
+    import types
+    import warnings
+
+    import torch
+
+    from mizuoto_runtime.engines.voxcpm2 import published
+    from mizuoto_runtime.engines.voxcpm2.checkpoint import import_upstream
+    from mizuoto_runtime.engines.voxcpm2.engine import VoxCPM2Engine, _release_weight_norm
+
+    import_upstream()
+    from voxcpm.modules.audiovae import AudioVAEConfigV2, AudioVAEV2
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.nn.utils.weight_norm is deprecated
+        vae = AudioVAEV2(config=AudioVAEConfigV2.model_validate(published.CONFIG["audio_vae_config"])).eval()
+    _release_weight_norm(vae)
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(audio_vae=vae))
+    off = []
+    for seconds in (1, 3):
+        wav = 0.1 * torch.randn(1, 1, 16000 * seconds)
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            vae.encode(wav, 16000)
+        ratio = VoxCPM2Engine.voice_prompt_memory(engine, wav.shape[-1], wav.shape[-1]) / tracker.peak  # type: ignore[arg-type]
+        off += [] if LOW <= ratio <= HIGH else [f"encode {seconds} s: {ratio:.2f}"]
+    for frames in (8, 32):
+        with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+            vae.decode(torch.randn(1, vae.latent_dim, frames))
+        ratio = VoxCPM2Engine.decoder_memory(engine, frames) / tracker.peak  # type: ignore[arg-type]
+        off += [] if LOW <= ratio <= HIGH else [f"decode {frames} frames: {ratio:.2f}"]
+    assert not off, off
