@@ -262,3 +262,41 @@ def test_voxcpm2_vae_estimates_at_the_published_width() -> None:
         ratio = VoxCPM2Engine.decoder_memory(engine, frames) / tracker.peak  # type: ignore[arg-type]
         off += [] if LOW <= ratio <= HIGH else [f"decode {frames} frames: {ratio:.2f}"]
     assert not off, off
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_omnivoice_llm_estimate_at_the_published_width(omnivoice_checkpoint: Callable[[str], Path]) -> None:
+    """Issue 35: upstream calls its Qwen3 LLM with transformers' default ``use_cache``, so every
+    call builds a cache of all layers' keys and values; at the published depth (28 layers of 8
+    KV heads of 128) the estimate without them read 0.37x. The published LLM's width (six
+    layers, a small text vocabulary: a lookup's rows change no activation) over the tiny
+    checkpoint's tokenizer and codec, a cloned voice, upstream's own iterative decoding."""
+    require_engine("omnivoice")
+    import copy
+    import types
+
+    import torch
+    from omnivoice import OmniVoice, OmniVoiceConfig, OmniVoiceGenerationConfig
+
+    from mizuoto_runtime.engines.omnivoice import published
+    from mizuoto_runtime.engines.omnivoice.checkpoint import load_model
+    from mizuoto_runtime.engines.omnivoice.engine import OmniVoiceEngine
+
+    small, codec = load_model(omnivoice_checkpoint(), torch.float32)
+    config = copy.deepcopy({k: v for k, v in published.CONFIG.items() if k not in ("model_type", "architectures")})
+    config["llm_config"].update(num_hidden_layers=6, vocab_size=8192)
+    torch.manual_seed(0)
+    model = OmniVoice(OmniVoiceConfig(**config)).eval()
+    for name in ("text_tokenizer", "feature_extractor", "sampling_rate", "duration_estimator"):
+        setattr(model, name, getattr(small, name))
+    object.__setattr__(model, "audio_tokenizer", codec)
+    voice = 0.3 * torch.sin(torch.arange(24000 * 3) / 6.0).unsqueeze(0)
+    prompt = model.create_voice_clone_prompt(ref_audio=(voice, 24000), ref_text="Hello there.", preprocess_prompt=True)
+    task = model._preprocess_all(text="Hello there, this is a full size model speaking.", language=None,
+                                 voice_clone_prompt=prompt, instruct=None, preprocess_prompt=True)
+    engine = types.SimpleNamespace(model=model, dtype=torch.float32)
+    with torch.inference_mode(), bench_engines.PeakTracker() as tracker:
+        model._generate_iterative(task, OmniVoiceGenerationConfig(num_step=2))
+    positions = OmniVoiceEngine.sequence_length(engine, task)  # type: ignore[arg-type]
+    ratio = OmniVoiceEngine.llm_memory(engine, positions) / tracker.peak  # type: ignore[arg-type]
+    assert LOW <= ratio <= HIGH, f"{positions} positions: estimate / peak {ratio:.2f}"

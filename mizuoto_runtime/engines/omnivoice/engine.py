@@ -222,16 +222,22 @@ class OmniVoiceEngine(Engine):
     def llm_memory(self, positions: int, rows: int = 1) -> int:
         """M45: the llm phase's working memory, from the request: 2 CFG rows per request row
         through one Qwen3 layer at a time, the (2 rows, positions, positions) boolean mask and one
-        head's attention scores at a time, and the logits over every codebook."""
+        head's attention scores at a time, the logits over every codebook, and the keys and
+        values of every layer: upstream calls its LLM with transformers' default ``use_cache``,
+        so each call builds a cache of all of them, alive until its logits are made (issue 35:
+        at the published depth, 28 layers, this read 0.37x without them)."""
         cfg = self.model.config
         llm = cfg.llm_config
         elem = element_size(self.dtype)
         cfg_rows = 2 * rows
+        head_dim = getattr(llm, "head_dim", None) or llm.hidden_size // llm.num_attention_heads
+        cache = cfg_rows * positions * llm.num_hidden_layers * 2 * llm.num_key_value_heads * head_dim * elem
+        cache *= bool(getattr(llm, "use_cache", True))
         layer = cfg_rows * positions * elem * (LLM_LAYER_COPIES * llm.hidden_size + 2 * llm.intermediate_size)
         scores = cfg_rows * positions * positions * (1 + elem)
         logits = cfg_rows * positions * cfg.num_audio_codebook * cfg.audio_vocab_size * elem
         embeds = cfg_rows * positions * (cfg.num_audio_codebook + 2) * llm.hidden_size * elem
-        return layer + scores + logits + embeds
+        return layer + scores + logits + embeds + cache
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         task = self._task(text, voice, sampling)
