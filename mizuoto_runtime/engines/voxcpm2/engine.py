@@ -97,7 +97,7 @@ from ..base import (
     Voice,
     typical_tokens,
 )
-from .checkpoint import check_layout, load_model
+from .checkpoint import check_layout, drop_computed_weights, load_model, weight_norm_names
 
 log = logging.getLogger(__name__)
 
@@ -130,27 +130,13 @@ STRIDED_CONV_INPUTS = 3
 STRIDED_CONV_OUTPUTS = 2
 
 
-def _weight_norm_names(module: nn.Module) -> list[str]:
-    """The weights legacy weight norm computes for `module` before each forward."""
-    from torch.nn.utils.weight_norm import WeightNorm
-
-    return [h.name for h in module._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
-
-
 def _release_weight_norm(root: nn.Module) -> None:
     """After each forward, drop the weight that legacy weight norm computed for it (see the
-    module docstring)."""
+    module docstring; the one computed at construction is dropped at load,
+    `checkpoint.drop_computed_weights`)."""
     for module in root.modules():
-        names = _weight_norm_names(module)
-        if not names:
-            continue
-
-        def drop(mod: nn.Module, _args: Any, _out: Any, names: list[str] = names) -> None:
-            for name in names:
-                computed = getattr(mod, name)
-                setattr(mod, name, torch.empty(computed.shape, dtype=computed.dtype, device="meta"))
-
-        module.register_forward_hook(drop)
+        if weight_norm_names(module):
+            module.register_forward_hook(lambda mod, _args, _out: drop_computed_weights(mod))
 
 
 def _check_weight_norm_units(module: nn.Module, name: str) -> None:
@@ -158,7 +144,7 @@ def _check_weight_norm_units(module: nn.Module, name: str) -> None:
     registered before it: weight norm's, registered at construction, would compute from weights
     not yet there. So no unit may be a weight-normed layer itself (in VoxCPM 2 the units are
     whole blocks, the normed convs inside them)."""
-    bad = [u.name for u in ModelHandle.units_of(module) if _weight_norm_names(u.module)]
+    bad = [u.name for u in ModelHandle.units_of(module) if weight_norm_names(u.module)]
     if bad:
         raise MizuotoError(f"voxcpm2 {name}: units {', '.join(bad)} are weight-normed layers themselves; "
                            "their weights could not be streamed in before weight norm reads them")
