@@ -12,8 +12,9 @@ in this machine's memory:
 2. **measure**, in a fresh process (`measure`, so the load and the first audio start cold):
    - ``cold_to_audio_s``: process start → the first request's audio (imports, load, voice
      prompt, a few tokens, decode);
-   - ``load_s`` and ``load_rss_ratio``: the engine's load, and the process's peak RSS during it
-     above its RSS before it, over the checkpoint's bytes (goal ≤ 1.1);
+   - ``import_s`` and ``import_rss_gb``: importing what the loader imports (`import_loader`);
+   - ``load_s`` and ``load_rss_ratio``: the engine's load after those imports, and the
+     process's peak RSS during it above its RSS before it, over the checkpoint's bytes (goal ≤ 1.1);
    - every phase of one request: its working-memory estimate over its measured peak (the CPU:
      tensor storage it creates, `engines.PeakTracker`; CUDA: ``max_memory_allocated`` above
      the phase's start; goal 1.0-1.3);
@@ -427,6 +428,52 @@ def _indextts2_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tenso
     return values
 
 
+def _omnivoice_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's byte-level text tokenizer (OmniVoice's control tokens as added tokens;
+    its ids are inside the published vocabulary) and the codec's feature extractor."""
+    from transformers import DacFeatureExtractor
+
+    from mizuoto_runtime.engines.omnivoice import tiny
+
+    tiny.text_tokenizer().save_pretrained(str(folder))
+    codec = json.loads((folder / "audio_tokenizer" / "config.json").read_text(encoding="utf-8"))
+    hop = 1
+    for ratio in codec["acoustic_model_config"]["downsampling_ratios"]:
+        hop *= ratio
+    DacFeatureExtractor(sampling_rate=codec["sample_rate"], hop_length=hop).save_pretrained(
+        str(folder / "audio_tokenizer"))
+
+
+def _omnivoice_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """`omnivoice.OmniVoice` and transformers' Higgs Audio v2 tokenizer on meta, as the engine's
+    loader builds them (one safetensors file each, as published)."""
+    from mizuoto_runtime.engines.omnivoice import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        llm, codec = checkpoint.load_model(folder, model.dtype)
+    return [WeightFile("model.safetensors", llm), WeightFile("audio_tokenizer/model.safetensors", codec)]
+
+
+def _omnivoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The codec decodes to sound (`tiny.randomize`'s values for the Higgs tokenizer): its
+    codebooks are buffers, built as zeros (decoding to silence, which upstream's post-processing
+    trims to nothing), so they are drawn at unit scale with positive cluster sizes; Snake alphas
+    near 1."""
+    gen = torch.Generator().manual_seed(1)
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key.endswith(("codebook.embed", "codebook.embed_avg")):
+            return torch.randn(made.shape, generator=gen).to(made.dtype)
+        if key.endswith("cluster_size"):
+            return (1.0 + torch.rand(made.shape, generator=gen)).to(made.dtype)
+        if key.endswith(".alpha"):
+            return (1.0 + 0.1 * torch.rand(made.shape, generator=gen)).to(made.dtype)
+        return made
+
+    return values
+
+
 # The S3 speech tokenizer's sizes other than s3tokenizer's published defaults (tests: a narrow one).
 S3_TOKENIZER_SIZES: dict[str, int] = {}
 # s3tokenizer's names for the v2 file's convolution and projection initializers (`onnx2torch`).
@@ -540,6 +587,49 @@ def _cosyvoice_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tenso
     def values(key: str, made: torch.Tensor) -> torch.Tensor:
         if key == "llm_decoder.weight":
             made[speech:] = 0
+        return made
+
+    return values
+
+
+def _voxcpm2_run_files(model: PublishedModel, folder: Path) -> None:
+    """The tiny writer's Llama-style text tokenizer (its ids are inside the published vocabulary)."""
+    from mizuoto_runtime.engines.tiny import write_json
+    from mizuoto_runtime.engines.voxcpm2 import tiny
+
+    vocab, merges = tiny._vocabulary()
+    write_json(folder / "tokenizer.json", tiny._tokenizer_json(vocab, merges))
+    write_json(folder / "tokenizer_config.json", tiny._tokenizer_config())
+    write_json(folder / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+
+
+def _voxcpm2_weights(model: PublishedModel, folder: Path) -> list[WeightFile]:
+    """`voxcpm`'s `VoxCPM2Model` on meta, as the engine's loader builds it: everything but the
+    audio VAE in ``model.safetensors`` (the run dtype), the VAE in ``audiovae.pth`` (float32, a
+    torch file of a plain dict of tensors, as published: held in memory while it is written,
+    0.35 GB)."""
+    from torch import nn as torch_nn
+
+    from mizuoto_runtime.engines.voxcpm2 import checkpoint
+    from mizuoto_runtime.nn.loading import shapes_only
+
+    with shapes_only():
+        built = checkpoint.load_model(folder, model.dtype, torch.device("cpu"))
+    main = torch_nn.ModuleDict({name: child for name, child in built.named_children() if name != "audio_vae"})
+    return [WeightFile("model.safetensors", main), WeightFile(checkpoint.VAE_FILES[1], built.audio_vae)]
+
+
+def _voxcpm2_speaks(folder: Path) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """The stop head never stops (`voxcpm2.tiny.randomize`'s): it sees SiLU(1) everywhere and
+    always prefers "go on", so a request makes every patch it asks for."""
+
+    def values(key: str, made: torch.Tensor) -> torch.Tensor:
+        if key == "stop_proj.weight":
+            return made.zero_()
+        if key == "stop_proj.bias":
+            return made.fill_(1.0)
+        if key == "stop_head.weight":
+            made[0], made[1] = 1.0, -1.0
         return made
 
     return values
@@ -761,6 +851,10 @@ WRITERS: dict[str, Writer] = {
     "chatterbox": Writer(_chatterbox_run_files, _chatterbox_weights, lambda model: Request()),
     "cosyvoice": Writer(_cosyvoice_run_files, _cosyvoice_weights, lambda model: Request(), values=_cosyvoice_speaks),
     "fishspeech": Writer(_fishspeech_run_files, _fishspeech_weights, lambda model: Request()),
+    "omnivoice": Writer(_omnivoice_run_files, _omnivoice_weights, lambda model: Request(steps=4), token_phase="llm",
+                        values=_omnivoice_speaks),
+    "voxcpm2": Writer(_voxcpm2_run_files, _voxcpm2_weights, lambda model: Request(), token_phase="generate",
+                      values=_voxcpm2_speaks),
 }
 
 
@@ -951,7 +1045,19 @@ def rss_bytes(field: str = "VmRSS") -> int:
 
 
 def peak_rss_bytes() -> int:
+    """The process's peak RSS since it started or since `reset_peak_rss` (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    """Start the peak RSS over from the current RSS (Linux: ``clear_refs`` 5), so a peak read
+    later is the load's alone, not the imports' before it; where that is refused the peak stays
+    the process's (never lower than the load's)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 class CudaPeak:
@@ -1030,6 +1136,24 @@ def report(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
 
+def import_loader(model: PublishedModel) -> None:
+    """Import what the engine's loader imports (its upstream package, transformers, ...) by
+    building `model` on meta (`engines.published.build`: no weight read), so the load measured
+    after it is the checkpoint's own cost rather than the packages'. The tokenizers and feature
+    extractors a shapes-only build skips still import during the load. What the build allocated
+    (its real buffers) is freed and handed back to the system (glibc's ``malloc_trim``), so the
+    load cannot reuse it unseen."""
+    import ctypes
+
+    from mizuoto_runtime.app.fit import fit_manager
+    from mizuoto_runtime.engines.published import build
+
+    build(model, fit_manager())
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """The measurements of one written checkpoint (this process started for it)."""
     import engines as bench_engines
@@ -1059,14 +1183,19 @@ def plain_runs(args: argparse.Namespace, model: PublishedModel, w: Writer, req: 
 
     from mizuoto_runtime import Runtime
 
-    rss0, peak0 = rss_bytes(), peak_rss_bytes()
+    rss0, start = rss_bytes(), time.perf_counter()
+    import_loader(model)
+    out["import_s"] = round(time.perf_counter() - start, 2)
+    out["import_rss_gb"] = round((rss_bytes() - rss0) / GB, 2)
+    reset_peak_rss()
+    rss0 = rss_bytes()
     start = time.perf_counter()
     rt = Runtime({})
     engine = rt.engine(model.engine, target, dtype=model.dtype, device=device)
     out["load_s"] = round(time.perf_counter() - start, 2)
     steps(engine, req)
     out["load_peak_rss_gb"] = round(peak_rss_bytes() / GB, 2)
-    out["load_rss_ratio"] = round((max(peak_rss_bytes(), peak0) - rss0) / ckpt, 3)
+    out["load_rss_ratio"] = round((peak_rss_bytes() - rss0) / ckpt, 3)
     _say(rt, engine, req, args.tokens)
     out["cold_to_audio_s"] = round(time.time() - args.t0, 2)
     report(out)

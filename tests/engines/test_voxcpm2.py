@@ -221,15 +221,17 @@ def test_progress_per_patch_and_interrupt(voxcpm2_checkpoint: Checkpoint) -> Non
 
 def test_weight_norm_leaves_no_weights_behind(voxcpm2_checkpoint: Checkpoint) -> None:
     """Legacy weight norm computes each conv's weight before its forward and keeps it: after a
-    phase no VAE module holds one (it would be device memory the runtime cannot see)."""
+    phase no VAE module holds one (it would be device memory the runtime cannot see), nor after
+    the load (the weights computed at construction: a second copy of the VAE, issue 35)."""
     from torch.nn.utils.weight_norm import WeightNorm
 
     rt = Runtime()
     engine = rt.engine("voxcpm2", voxcpm2_checkpoint())
-    say(rt, engine.model_dir, reference=REFERENCE)
     normed = [m for m in engine.model.audio_vae.modules()
               if any(isinstance(h, WeightNorm) for h in m._forward_pre_hooks.values())]
     assert len(normed) > 20
+    assert all(m.weight.is_meta for m in normed)
+    say(rt, engine.model_dir, reference=REFERENCE)
     assert all(m.weight.is_meta for m in normed)
 
 

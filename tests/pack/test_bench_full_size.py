@@ -111,6 +111,8 @@ def test_the_dry_run_measures_every_column(bench: ModuleType, tmp_path: Path,
     row = json.loads(out.read_text())["rows"]["Qwen3-TTS-12Hz-0.6B-Base (tiny)"]
     assert "error" not in row, row.get("error")
     assert row["load_s"] > 0 and row["cold_to_audio_s"] > row["load_s"] and row["card_gb"] == 6
+    # the load's RSS is the checkpoint's, the imports measured apart (with them: ~10x the tiny checkpoint)
+    assert row["import_s"] > 0 and 0.5 < row["load_rss_ratio"] < 3
     assert {p["phase"] for p in row["phases"]} == {"voice prompt (codec_encoder)", "voice prompt (speaker_encoder)",
                                                    "talker (talker)", "codec decoder (codec_decoder)"}
     assert row["plain"]["tokens"] >= 1 and row["all_streamed"]["streamed_mb_per_token"] > 0
@@ -196,6 +198,65 @@ def test_dias_writer_gives_the_published_files_the_loader_reads(bench: ModuleTyp
     assert written == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
     assert bench.check_written(small, folder) > 0
     _clones("dia", folder, 24000, tokens=24)
+
+
+def test_omnivoices_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """OmniVoice's writer on the tiny configs: the LLM and the Higgs Audio v2 codec in one
+    safetensors file each (as published), exactly the tensors the loader's meta build has, the
+    text tokenizer and feature extractor beside them, and the engine speaks from them."""
+    require_engine("omnivoice")
+    from omnivoice import OmniVoiceConfig
+    from transformers import HiggsAudioV2TokenizerConfig, Qwen3Config
+
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.omnivoice import tiny
+    from mizuoto_runtime.engines.published import find
+
+    published = find("OmniVoice")
+    config = OmniVoiceConfig(audio_vocab_size=tiny.CODEBOOK + 1, audio_mask_id=tiny.CODEBOOK, num_audio_codebook=8,
+                             llm_config=Qwen3Config(**tiny.LLM).to_dict()).to_dict()
+    codec = HiggsAudioV2TokenizerConfig(acoustic_model_config=dict(tiny.ACOUSTIC),
+                                        semantic_model_config=dict(tiny.SEMANTIC),
+                                        codebook_size=tiny.CODEBOOK, codebook_dim=64,
+                                        target_bandwidths=tiny.TARGET_BANDWIDTHS).to_dict()
+    small = dataclasses.replace(published, files={**published.files, "config.json": config,
+                                                  "audio_tokenizer/config.json": codec})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")) == [
+        "audio_tokenizer/model.safetensors", "model.safetensors"]
+    assert written == sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    assert bench.check_written(small, folder) > 0
+    rt = Runtime()
+    engine = rt.engine("omnivoice", folder)
+    engine.steps = 2
+    audio, _ = rt.say(engine, "Hello there.", sampling=Sampling(seed=1))
+    assert audio.waveform.numel() > 0 and torch.isfinite(audio.waveform).all()
+
+
+def test_voxcpm2s_writer_gives_the_published_files_the_loader_reads(bench: ModuleType, tmp_path: Path) -> None:
+    """VoxCPM 2's writer on the tiny config: ``model.safetensors`` (all but the audio VAE) and
+    ``audiovae.pth`` (the VAE, a plain dict of tensors) as published, exactly the tensors the
+    loader's meta build has; its stop head never stops, so the engine speaks every patch asked."""
+    require_engine("voxcpm2")
+    from mizuoto_runtime import Runtime
+    from mizuoto_runtime.engines import Sampling
+    from mizuoto_runtime.engines.published import find
+    from mizuoto_runtime.engines.voxcpm2 import tiny
+
+    published = find("VoxCPM2")
+    small = dataclasses.replace(published, dtype=torch.float32, files={
+        **published.files, "config.json": tiny.model_config(len(tiny._vocabulary()[0]), "float32")})
+    folder = tmp_path / "written"
+    written = bench.write_checkpoint(small, folder)
+    assert written == (folder / "model.safetensors").stat().st_size + (folder / "audiovae.pth").stat().st_size
+    assert bench.check_written(small, folder) > 0
+    rt = Runtime()
+    engine = rt.engine("voxcpm2", folder)
+    audio, _ = rt.say(engine, "Hello from the tiny model.", sampling=Sampling(seed=1, max_new_tokens=5))
+    assert audio.waveform.numel() == 5 * tiny.PATCH_SIZE * 1920 and torch.isfinite(audio.waveform).all()
+
 
 
 def _copied(source: Path) -> Callable[[Path], None]:

@@ -75,11 +75,18 @@ DEFAULT_STEPS = 32
 # block input kept for the residual, adaLN-modulated input, q/k/v, the attention output, the
 # feed-forward's hidden (ff_mult wide) and its GELU.
 DIT_BLOCK_COPIES = 5
-# Vocos: live activations per frame in units of the backbone width (a ConvNeXt block's input,
-# its depthwise output, the intermediate layer at intermediate/width, its GELU), plus the
-# ISTFT's spectrum and overlap-add buffers per output sample.
+# Vocos: its backbone and its ISTFT head peak one after the other, never together (issue 35: the
+# sum of both read 1.9x the published Vocos's peak). The backbone's live activations per frame in
+# units of its width (a ConvNeXt block's input, its depthwise output, the intermediate layer at
+# intermediate/width, its GELU). The head's, in units of its projection's output per frame (the
+# spectrum, n_fft + 2 floats): the projection, its exp / cos / sin halves and the complex
+# spectrum's pieces (measured: 4.5 with torch.istft, 3.5 with vocos's own, at both sizes), beside
+# the backbone's output; with ``padding="same"`` (vocos's own overlap-add, the tiny checkpoint's)
+# also the inverse FFT's frames, windowed and folded (window-long frames), and the output; the
+# published ``"center"`` (torch.istft) holds none of those at its peak.
 VOCOS_BLOCK_COPIES = 4
-VOCOS_BYTES_PER_SAMPLE = 56
+VOCOS_SPECTRUM_COPIES = 5
+VOCOS_OVERLAP_ADD_FRAMES = 3
 
 
 class F5TTSEngine(Engine):
@@ -215,12 +222,17 @@ class F5TTSEngine(Engine):
 
     # ---- vocoder ---------------------------------------------------------------------------
     def vocoder_memory(self, frames: int) -> int:
-        """M45: Vocos's working memory for `frames` mel frames (float32)."""
-        backbone = self.vocos.backbone
+        """M45: Vocos's working memory for `frames` mel frames (float32): the larger of its
+        backbone's and its ISTFT head's (the backbone's output is live through the head)."""
+        backbone, head = self.vocos.backbone, self.vocos.head
         width = backbone.embed.out_channels
         inner = backbone.convnext[0].pwconv1.out_features if len(backbone.convnext) else width
-        per_frame = 4 * (VOCOS_BLOCK_COPIES * width + 2 * inner + self.vocos.head.out.out_features)
-        return frames * (per_frame + VOCOS_BYTES_PER_SAMPLE * self.hop)
+        blocks = 4 * (VOCOS_BLOCK_COPIES * width + 2 * inner)
+        istft = head.istft
+        spectrum = 4 * (width + VOCOS_SPECTRUM_COPIES * head.out.out_features)
+        if istft.padding == "same":
+            spectrum += 4 * (VOCOS_OVERLAP_ADD_FRAMES * istft.win_length + istft.hop_length)
+        return frames * max(blocks, spectrum)
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         mel = codes.tokens

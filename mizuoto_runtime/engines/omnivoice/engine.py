@@ -70,9 +70,14 @@ DEFAULT_STEPS = 32
 # Live activations of one Qwen3 layer per CFG row and position, in units of the hidden size
 # (residual, norm, q/k/v/o), besides the gated MLP's two intermediate-wide tensors alive at once.
 LLM_LAYER_COPIES = 4
-# Per 24 kHz reference sample: resampling to 16 kHz, HuBERT's conv front end, DAC's full-rate
-# encoder stage (channels x samples), and upstream's numpy prompt preparation.
-ENCODER_BYTES_PER_SAMPLE = 96
+# The voice prompt's peak is a Snake activation of DAC's full-rate encoder stage (encoder_hidden_size
+# channels x samples): its input, alpha x input, the sine, its square and the product alive at once
+# (measured at the tiny and the published width; issue 35: the published one read 0.91x when four
+# were counted and the fifth hid in the per-sample constant at the tiny width).
+ENCODER_STAGE_COPIES = 5
+# Per 24 kHz reference sample besides: the waveform, its 16 kHz resampling, upstream's numpy prompt
+# preparation.
+ENCODER_BYTES_PER_SAMPLE = 48
 
 
 @functools.cache
@@ -188,13 +193,13 @@ class OmniVoiceEngine(Engine):
 
     def voice_prompt_memory(self, samples: int) -> int:
         """M45: the codec encoder's working memory, from the reference length (24 kHz samples):
-        the widest DAC encoder stage (float32, its input and output) and the per-sample front-end
-        temporaries."""
+        the DAC encoder's full-rate stage (float32, `ENCODER_STAGE_COPIES` of it), HuBERT's
+        output and the per-sample front-end temporaries."""
         acoustic = self.codec.config.acoustic_model_config
         frames = samples // self.codec.config.hop_length + 1
-        widest = 4 * samples * acoustic.encoder_hidden_size * 2  # first block: doubled channels at full rate
+        stage = 4 * samples * acoustic.encoder_hidden_size * ENCODER_STAGE_COPIES
         semantic = 4 * frames * 2 * self.codec.config.semantic_model_config.hidden_size * 8
-        return widest * 2 + semantic + ENCODER_BYTES_PER_SAMPLE * samples
+        return stage + semantic + ENCODER_BYTES_PER_SAMPLE * samples
 
     # ---- llm -------------------------------------------------------------------------------
     def _task(self, text: str, voice: Voice, sampling: Sampling) -> Any:
@@ -217,16 +222,22 @@ class OmniVoiceEngine(Engine):
     def llm_memory(self, positions: int, rows: int = 1) -> int:
         """M45: the llm phase's working memory, from the request: 2 CFG rows per request row
         through one Qwen3 layer at a time, the (2 rows, positions, positions) boolean mask and one
-        head's attention scores at a time, and the logits over every codebook."""
+        head's attention scores at a time, the logits over every codebook, and the keys and
+        values of every layer: upstream calls its LLM with transformers' default ``use_cache``,
+        so each call builds a cache of all of them, alive until its logits are made (issue 35:
+        at the published depth, 28 layers, this read 0.37x without them)."""
         cfg = self.model.config
         llm = cfg.llm_config
         elem = element_size(self.dtype)
         cfg_rows = 2 * rows
+        head_dim = getattr(llm, "head_dim", None) or llm.hidden_size // llm.num_attention_heads
+        cache = cfg_rows * positions * llm.num_hidden_layers * 2 * llm.num_key_value_heads * head_dim * elem
+        cache *= bool(getattr(llm, "use_cache", True))
         layer = cfg_rows * positions * elem * (LLM_LAYER_COPIES * llm.hidden_size + 2 * llm.intermediate_size)
         scores = cfg_rows * positions * positions * (1 + elem)
         logits = cfg_rows * positions * cfg.num_audio_codebook * cfg.audio_vocab_size * elem
         embeds = cfg_rows * positions * (cfg.num_audio_codebook + 2) * llm.hidden_size * elem
-        return layer + scores + logits + embeds
+        return layer + scores + logits + embeds + cache
 
     def generate(self, ctx: RequestContext, text: str, voice: Voice, sampling: Sampling) -> Codes:
         task = self._task(text, voice, sampling)

@@ -60,6 +60,21 @@ def _model_config(folder: Path, dtype: torch.dtype) -> Any:
     return config
 
 
+def weight_norm_names(module: nn.Module) -> list[str]:
+    """The weights legacy weight norm computes for `module` (not its children) before each forward."""
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    return [h.name for h in module._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+
+
+def drop_computed_weights(module: nn.Module) -> None:
+    """Replace the weights legacy weight norm computed for `module` with meta placeholders: its
+    pre-hook computes them again before the next forward."""
+    for name in weight_norm_names(module):
+        computed = getattr(module, name)
+        setattr(module, name, torch.empty(computed.shape, dtype=computed.dtype, device="meta"))
+
+
 def _load_vae(vae: nn.Module, folder: Path) -> None:
     """The VAE's weights: `audiovae.safetensors` memory-mapped, else `audiovae.pth` (weights only)."""
     if not reading_weights():  # a shapes-only build (engines.published)
@@ -102,6 +117,10 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Any:
         # Float32, as it runs, and built for real: weight norm's set-up is slow on meta tensors
         # (~50 ms a conv), and a float32 module has no precision to save.
         vae = AudioVAEV2(config=config.audio_vae_config or AudioVAEConfigV2())
+        for module in vae.modules():
+            # Weight norm computed every normed layer's weight at construction, from the initial
+            # values: a second copy of the VAE (0.35 GB published) until its first forward (issue 35).
+            drop_computed_weights(module)
         with parameters_on_meta():
             model = VoxCPM2Model(config, tokenizer, vae, device="cpu")
     # As the package's from_local: everything but the VAE in the run dtype, on meta, so

@@ -97,7 +97,7 @@ from ..base import (
     Voice,
     typical_tokens,
 )
-from .checkpoint import check_layout, load_model
+from .checkpoint import check_layout, drop_computed_weights, load_model, weight_norm_names
 
 log = logging.getLogger(__name__)
 
@@ -124,29 +124,19 @@ DECODER_STAGE_COPIES = 6
 # 16 kHz waveform and the resampler's buffers per input sample.
 ENCODER_STAGE_COPIES = 6
 ENCODER_BYTES_PER_SAMPLE = 48
-
-
-def _weight_norm_names(module: nn.Module) -> list[str]:
-    """The weights legacy weight norm computes for `module` before each forward."""
-    from torch.nn.utils.weight_norm import WeightNorm
-
-    return [h.name for h in module._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+# At a strided conv: its input (the Snake's output before it, the causal padding's copy, one
+# more) and its output (and one more), beside its computed weight (`_strided_conv`).
+STRIDED_CONV_INPUTS = 3
+STRIDED_CONV_OUTPUTS = 2
 
 
 def _release_weight_norm(root: nn.Module) -> None:
     """After each forward, drop the weight that legacy weight norm computed for it (see the
-    module docstring)."""
+    module docstring; the one computed at construction is dropped at load,
+    `checkpoint.drop_computed_weights`)."""
     for module in root.modules():
-        names = _weight_norm_names(module)
-        if not names:
-            continue
-
-        def drop(mod: nn.Module, _args: Any, _out: Any, names: list[str] = names) -> None:
-            for name in names:
-                computed = getattr(mod, name)
-                setattr(mod, name, torch.empty(computed.shape, dtype=computed.dtype, device="meta"))
-
-        module.register_forward_hook(drop)
+        if weight_norm_names(module):
+            module.register_forward_hook(lambda mod, _args, _out: drop_computed_weights(mod))
 
 
 def _check_weight_norm_units(module: nn.Module, name: str) -> None:
@@ -154,7 +144,7 @@ def _check_weight_norm_units(module: nn.Module, name: str) -> None:
     registered before it: weight norm's, registered at construction, would compute from weights
     not yet there. So no unit may be a weight-normed layer itself (in VoxCPM 2 the units are
     whole blocks, the normed convs inside them)."""
-    bad = [u.name for u in ModelHandle.units_of(module) if _weight_norm_names(u.module)]
+    bad = [u.name for u in ModelHandle.units_of(module) if weight_norm_names(u.module)]
     if bad:
         raise MizuotoError(f"voxcpm2 {name}: units {', '.join(bad)} are weight-normed layers themselves; "
                            "their weights could not be streamed in before weight norm reads them")
@@ -183,6 +173,15 @@ class GenerationPlan:
     prompt_positions: int
     patches: int
     kv_positions: int
+
+
+def _strided_conv(channels_in: int, channels_out: int, rate: int, length_in: int, length_out: int) -> int:
+    """Floats alive at one of the VAE's strided convs (kernel 2 x stride): its weight, which
+    weight norm computes anew at each call (float32; at the published width the largest,
+    1024 x 2048 x 16, is 128 MB: more than a short request's activations, issue 35), beside
+    `STRIDED_CONV_INPUTS` copies of its input and `STRIDED_CONV_OUTPUTS` of its output."""
+    return (channels_in * channels_out * 2 * rate + STRIDED_CONV_INPUTS * channels_in * length_in
+            + STRIDED_CONV_OUTPUTS * channels_out * length_out)
 
 
 def _element(dtype: torch.dtype) -> int:
@@ -280,9 +279,16 @@ class VoxCPM2Engine(Engine):
     def voice_prompt_memory(self, input_samples: int, samples: int) -> int:
         """M45: the voice-prompt phase's working memory, from the reference's length (`samples`
         at the VAE's 16 kHz): the encoder's full-rate stage (float32), which later stages only
-        shrink, plus the waveform and the resampler's buffers."""
-        width = self.model.audio_vae.encoder_dim
-        return 4 * ENCODER_STAGE_COPIES * width * samples + ENCODER_BYTES_PER_SAMPLE * max(input_samples, samples)
+        shrink, or its widest strided conv (`_strided_conv`), plus the waveform and the
+        resampler's buffers."""
+        vae = self.model.audio_vae
+        channels, length, conv = vae.encoder_dim, samples, 0
+        for rate in vae.encoder_rates:  # each block doubles the channels as it downsamples
+            shorter = math.ceil(length / rate)
+            conv = max(conv, _strided_conv(channels, 2 * channels, rate, length, shorter))
+            channels, length = 2 * channels, shorter
+        stage = ENCODER_STAGE_COPIES * vae.encoder_dim * samples
+        return 4 * max(stage, conv) + ENCODER_BYTES_PER_SAMPLE * max(input_samples, samples)
 
     # ---- generate --------------------------------------------------------------------------
     def target_text(self, text: str, voice: Voice) -> str:
@@ -439,15 +445,16 @@ class VoxCPM2Engine(Engine):
     # ---- decoder ---------------------------------------------------------------------------
     def decoder_memory(self, frames: int) -> int:
         """M45: the VAE decoder's working memory for `frames` latent frames (float32): its widest
-        upsampling stage, plus the waveform."""
+        upsampling stage or its widest strided conv (`_strided_conv`), plus the waveform."""
         vae = self.model.audio_vae
         length, channels = frames, vae.decoder_dim
-        widest = channels * length
-        for rate in vae.decoder_rates:
+        widest, conv = channels * length, 0
+        for rate in vae.decoder_rates:  # each block halves the channels as it upsamples
+            conv = max(conv, _strided_conv(channels, channels // 2, rate, length, length * rate))
             channels //= 2
             length *= rate
             widest = max(widest, channels * length)
-        return 4 * (DECODER_STAGE_COPIES * widest + 2 * length)
+        return 4 * (max(DECODER_STAGE_COPIES * widest, conv) + 2 * length)
 
     def decode(self, ctx: RequestContext, codes: Codes, allow_fallback: bool | None = None) -> Audio:
         latent = codes.tokens
