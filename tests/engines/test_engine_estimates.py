@@ -15,6 +15,7 @@ weights fit whole, and over-reserving pushes weights out for nothing.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -450,3 +451,65 @@ def test_chatterbox_talker_at_the_published_t3_width(tokens: int) -> None:
                                    multilingual=False)
     ratio = ChatterboxEngine.talker_memory(engine, text.shape[-1], tokens) / tracker.peak  # type: ignore[arg-type]
     assert LOW <= ratio <= HIGH, f"{tokens} tokens: estimate / peak {ratio:.2f}"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_fishspeech_talker_at_the_published_s2_pro_size(tmp_path: Path) -> None:
+    """Issue 35: S2-Pro's talker at its published width and depth (36 slow layers 2560 wide over
+    8 KV heads of 128, MLP 9728, a 155776-token vocabulary), every slow layer running one
+    block's random weights (what is measured is activations and the KV cache, not weights), one
+    fast layer. A short request without a voice (it keeps the test fast): its decode steps,
+    where the slow cache grows, are the phase's peak at this depth. The cache grew into a new
+    list beside the old one, every layer's old buffers held until the last had grown (a whole
+    second cache): this request read 0.88x (now 1.11x), the full-size request (a 3 s voice, 8
+    frames) 0.81x (now 1.08x)."""
+    require_engine("fishspeech")
+    import copy
+    import dataclasses
+    import types
+
+    import torch
+
+    from mizuoto_runtime.engines.base import Sampling, Voice
+    from mizuoto_runtime.engines.fishspeech import published, tiny
+    from mizuoto_runtime.engines.fishspeech.checkpoint import DualAR
+    from mizuoto_runtime.engines.fishspeech.config import read_config
+    from mizuoto_runtime.engines.fishspeech.dual_ar import FastTransformer, SlowTransformer
+    from mizuoto_runtime.engines.fishspeech.engine import FishSpeechEngine
+    from mizuoto_runtime.engines.fishspeech.tokenizer import IM_END, load_tokenizer
+    from mizuoto_runtime.nn.loading import build_on_meta
+
+    data = copy.deepcopy(published.S2_PRO_CONFIG)
+    data["audio_decoder_config"]["n_layer"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(data), encoding="utf-8")
+    tiny.write_s2_tokenizer(tmp_path, data["audio_decoder_config"]["vocab_size"])
+    tokenizer = load_tokenizer(tmp_path)
+    cfg = read_config(tmp_path).with_semantic_range(tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
+    assert cfg.n_layer == 36 and cfg.dim == 2560 and cfg.vocab_size == 155776
+    g = torch.Generator().manual_seed(0)
+
+    def filled(module: torch.nn.Module) -> torch.nn.Module:
+        """Each parameter one random row repeated (sizes are what is measured; it fills fast)."""
+        module = module.to_empty(device="cpu")
+        with torch.no_grad():
+            for p in module.parameters():
+                row = torch.rand(p.shape[-1], generator=g) * 2 - 1
+                p.copy_(row if p.dim() == 1 else row * p.shape[-1] ** -0.5)
+        return module.eval()
+
+    slow = filled(build_on_meta(lambda: SlowTransformer(dataclasses.replace(cfg, n_layer=1)), torch.bfloat16))
+    slow.layers = torch.nn.ModuleList([slow.layers[0]] * cfg.n_layer)
+    slow.cfg = cfg
+    fast = filled(build_on_meta(lambda: FastTransformer(cfg), torch.bfloat16))
+    engine = FishSpeechEngine.__new__(FishSpeechEngine)
+    engine.model = DualAR("s2-pro", cfg, slow, fast, tokenizer, tokenizer.token_id(IM_END))
+    engine.dtype, engine.device = torch.bfloat16, torch.device("cpu")
+    engine.manager = types.SimpleNamespace(policy=types.SimpleNamespace(kv_cache="dynamic"))
+    voice, text = Voice("none", {"codes": None, "transcript": None}, "fishspeech"), "Hello there."
+    sampling = Sampling(seed=1, max_new_tokens=8)
+    prompt_len, frames = engine.plan_positions(text, voice, sampling)
+    ctx = types.SimpleNamespace(progress=lambda done, total: None)
+    with bench_engines.PeakTracker() as tracker:
+        engine._talk(ctx, engine._batches(text), voice, sampling, "dynamic", 8)  # type: ignore[arg-type]
+    ratio = engine.talker_memory(prompt_len, frames, "dynamic") / tracker.peak
+    assert LOW <= ratio <= HIGH, f"estimate / peak {ratio:.2f}"

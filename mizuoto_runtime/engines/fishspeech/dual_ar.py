@@ -143,13 +143,15 @@ class KVCache:
         if positions <= self.capacity:
             return
         capacity = capacity_for(positions) if self.kind == "static" else positions
-        grown = []
-        for keys, values in self.layers:  # one layer's old and new buffers live at a time
+        # Each layer's new buffers replace its old ones in the list before the next layer grows,
+        # so one layer's old and new buffers live at a time (`kv_cache.peak_bytes`); a new list
+        # filled beside the old one held every old buffer to the end: a whole second cache.
+        for i, (keys, values) in enumerate(self.layers):
             k, v = self._empty(capacity), self._empty(capacity)
             k[:, :, : self.capacity] = keys
             v[:, :, : self.capacity] = values
-            grown.append((k, v))
-        self.layers, self.capacity = grown, capacity
+            self.layers[i] = (k, v)
+        self.capacity = capacity
 
     @staticmethod
     def position_bytes(heads: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -214,9 +214,14 @@ class FishSpeechEngine(Engine):
     def talker_memory(self, prompt_len: int, frames: int, kv_cache: str | None = None) -> int:
         """M45/M46: the slow KV cache grown to the prompt and frames (`peak_bytes` of its kind),
         the fast one's ``num_codebooks`` positions, and the prefill's activations (hidden states,
-        MLP, one row of logits). No attention-score term: torch's fused attention (CPU and CUDA
-        sdpa) keeps none, and the tiny checkpoint's peak grows linearly with the prompt (measured
-        by `bench/engines.py --peaks`, 1.0-1.3x)."""
+        MLP) with four float32 vocabulary rows. No attention-score term: torch's fused attention
+        (CPU and CUDA sdpa) keeps none, and the tiny checkpoint's peak grows linearly with the
+        prompt (measured by `bench/engines.py --peaks`, 1.0-1.3x). A frame's sampling over the
+        vocabulary (a sort with its int64 order, softmax, cumulative sums, uniforms: 29 bytes an
+        entry in bfloat16, 41 in float32) runs once the prefill's activations are freed, which
+        cover it: S2-Pro's shortest chat prompt (46 positions) holds more. At S2-Pro's published
+        size (36 layers, 2560 wide, 155776 tokens; one block's weights in every layer) a 3 s
+        voice and 8 frames read 1.08x, a short request without a voice 1.11x."""
         cfg, elem = self.model.config, element_size(self.dtype)
         kind = kv_cache or self.manager.policy.kv_cache
         kv = peak_bytes(KVCache.position_bytes(cfg.n_local_heads, cfg.head_dim, self.dtype), cfg.n_layer,
