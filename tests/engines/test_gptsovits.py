@@ -194,6 +194,17 @@ def _runtime(placement: str) -> Runtime:
     return Runtime({"compute.simulate_vram_mb": 256, "compute.vram_mode": "none" if placement == "none" else "normal"})
 
 
+def _placed(folder: Path, placement: str, weights: str | None = None) -> tuple[GptSovitsEngine, Runtime]:
+    """The engine on the simulated device; "half" caps each handle midway between its minimum
+    working set and its whole size."""
+    rt = _runtime(placement)
+    engine = rt.engine("gptsovits", folder, weights=weights)
+    if placement == "half":
+        for h in engine.handles():
+            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
+    return engine, rt  # type: ignore[return-value]
+
+
 _plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -210,12 +221,7 @@ def _plain_run(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def test_every_placement_equals_plain(voices: Callable[..., Path], version: str, placement: str) -> None:
     folder = voices(version)
     expected_codes, expected_wav = _plain_run(folder)
-    rt = _runtime(placement)
-    engine = rt.engine("gptsovits", folder)
-    if placement == "half":
-        for h in engine.handles():
-            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
-    codes, wav, meta = _say(engine, rt)  # type: ignore[arg-type]
+    codes, wav, meta = _say(*_placed(folder, placement))
     assert torch.equal(codes, expected_codes), f"{version} ({placement}): tokens differ from the plain run"
     assert torch.equal(wav, expected_wav), f"{version} ({placement}): audio differs from the plain run"
     components = {k.split(":", 1)[1] for k in meta["memory"]["components"]}
@@ -242,12 +248,7 @@ def test_t2s_stored_small_streams_exactly(voices: Callable[..., Path], weights: 
     expected_codes, expected_wav = _small[weights]
     if weights.startswith("fp8"):  # int8's error is too small to change the tiny GPT's sampled tokens
         assert not torch.equal(expected_wav, _plain_run(folder)[1])  # the choice changes the audio
-    rt = _runtime(placement)
-    engine = rt.engine("gptsovits", folder, weights=weights)
-    if placement == "half":
-        for h in engine.handles():
-            h.cap_bytes = (h.min_working_set + h.size_bytes) // 2
-    codes, wav, meta = _say(engine, rt)  # type: ignore[arg-type]
+    codes, wav, meta = _say(*_placed(folder, placement, weights))
     assert torch.equal(codes, expected_codes), f"{weights} ({placement}): tokens differ from the plain run with it"
     assert torch.equal(wav, expected_wav), f"{weights} ({placement}): audio differs from the plain run with it"
     assert meta["applied"]["weights"] == {"generate": weights}
