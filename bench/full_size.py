@@ -969,12 +969,14 @@ def check_written(model: PublishedModel, folder: Path) -> int:
     writer's meta build of `model` has, as the loader's strict check asks; a sharded one, those
     its index names, in the files it names; a torch file, at their places in its object.
     Returns the number of tensors; raises ValueError naming the first difference."""
+    from mizuoto_runtime.nn.checkpoint import load_weights_only
+
     count = 0
     for weight_file in writer(model).weights(model, folder):
         path = folder / weight_file.path
         if path.suffix != ".safetensors" and weight_file.shard_bytes is None:
             want = tensors_in(weight_file.torch_object(checkpoint_tensors(weight_file)))
-            found = tensors_in(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
+            found = tensors_in(load_weights_only(path, mmap=True))
         else:
             want = {k: (t.dtype, tuple(t.shape)) for k, t in checkpoint_tensors(weight_file).items()}
             found = _safetensors_written(weight_file, path)
