@@ -176,14 +176,20 @@ def _streamed(folder: Path, placement: str,
 _plain: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+def _plain_run(folder: Path, weights: str = PUBLISHED) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain CPU run's codes and audio with `weights`, made once per module."""
+    if weights not in _plain:
+        _plain[weights] = _streamed(folder, "plain", weights)[:2]
+    return _plain[weights]
+
+
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_streams_exactly(dia_checkpoint: Checkpoint, placement: str) -> None:
     """M57 (M1, M15, M20): none / half / whole on the strict device equal the plain CPU run."""
     folder = dia_checkpoint()
-    if "plain" not in _plain:
-        _plain["plain"] = _streamed(folder, "plain")[:2]
+    expected_tokens, expected_wav = _plain_run(folder)
     tokens, wav, meta, streamed = _streamed(folder, placement)
-    assert torch.equal(tokens, _plain["plain"][0]) and torch.equal(wav, _plain["plain"][1])
+    assert torch.equal(tokens, expected_tokens) and torch.equal(wav, expected_wav)
     memory = meta["memory"]
     components = {key.split(":", 1)[1] for key in memory["components"]}
     assert components == {"dac_encoder", "quantizer", "talker", "dac_decoder"}
@@ -202,12 +208,9 @@ def test_talker_stored_small_streams_exactly(dia_checkpoint: Checkpoint, weights
     """Issue 36 (M57 with the option on): the talker stored in fp8 / int8, every placement equals
     the plain run with the same choice, streams, and says the choice."""
     folder = dia_checkpoint()
-    if "plain" not in _plain:
-        _plain["plain"] = _streamed(folder, "plain")[:2]
-    if weights not in _plain:
-        _plain[weights] = _streamed(folder, "plain", weights)[:2]
-    expected_tokens, expected_wav = _plain[weights]
-    assert not torch.equal(expected_wav, _plain["plain"][1])  # the choice changes the audio
+    _, plain_wav = _plain_run(folder)
+    expected_tokens, expected_wav = _plain_run(folder, weights)
+    assert not torch.equal(expected_wav, plain_wav)  # the choice changes the audio
     tokens, wav, meta, _ = _streamed(folder, placement, weights)
     assert torch.equal(tokens, expected_tokens), f"{weights} ({placement}): codes differ from the plain run with it"
     assert torch.equal(wav, expected_wav), f"{weights} ({placement}): audio differs from the plain run with it"
